@@ -1,0 +1,140 @@
+"""Turning a URL or a ready client into a redis-py client, and Redis errors into ours.
+
+URL forms (query-string options such as ``ssl_ca_certs`` pass through to redis-py):
+
+- ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path.sock?db=0``
+- ``redis+cluster://host:port`` (or ``rediss+cluster://``): Redis Cluster, any node
+- ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`` (or
+  ``rediss+sentinel://``): the master Sentinel names for ``service``
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+
+from .errors import SemaphoreBackendError, SemaphoreConnectionError
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _split(url: str) -> tuple[str, str, bool]:
+    scheme, _, rest = url.partition("://")
+    base, _, kind = scheme.partition("+")
+    if not rest or base not in _SCHEMES or kind not in ("", "cluster", "sentinel"):
+        raise ValueError(
+            f"redis URL {mask_url(url)!r} is not understood: use redis://, rediss://, unix://, "
+            "redis+cluster:// or redis+sentinel://host:port/service"
+        )
+    return base, kind, base == "rediss"
+
+
+def _sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any]]:
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    addresses = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        addresses.append((host or item, int(port) if host else 26379))
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ValueError(
+            f"redis URL {mask_url(url)!r} names no Sentinel service: "
+            "use redis+sentinel://host:port/<service name>[/db]"
+        )
+    options: dict[str, Any] = dict(parse_qsl(parts.query))
+    if len(path) > 1:
+        options["db"] = int(path[1])
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        options.update(username=unquote(user) or None, password=unquote(password) or None)
+    return addresses, path[0], options
+
+
+def connect(target: Any) -> tuple[SyncClient, str]:
+    """A sync client for ``target`` (URL or client) and a masked description of it."""
+    if isinstance(target, redis.Redis | redis.cluster.RedisCluster):
+        return target, describe(target)
+    if not isinstance(target, str):
+        raise TypeError(
+            "redis must be a URL string or a redis.Redis / RedisCluster client, "
+            f"got {type(target).__name__}"
+        )
+    base, kind, tls = _split(target)
+    plain = target.replace(f"{base}+{kind}://", f"{base}://", 1)
+    if kind == "cluster":
+        return redis.cluster.RedisCluster.from_url(plain), mask_url(target)
+    if kind == "sentinel":
+        addresses, service, options = _sentinel_parts(target)
+        sentinel = redis.sentinel.Sentinel(addresses, ssl=tls, **options)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(service), mask_url(target)  # type: ignore[no-untyped-call]
+    return redis.Redis.from_url(target), mask_url(target)
+
+
+def connect_async(target: Any) -> tuple[AsyncClient, str]:
+    """Like :func:`connect`, for ``redis.asyncio``."""
+    if isinstance(target, redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster):
+        return target, describe(target)
+    if not isinstance(target, str):
+        raise TypeError(
+            "redis must be a URL string or a redis.asyncio.Redis / RedisCluster client, "
+            f"got {type(target).__name__}"
+        )
+    base, kind, tls = _split(target)
+    plain = target.replace(f"{base}+{kind}://", f"{base}://", 1)
+    if kind == "cluster":
+        return redis.asyncio.cluster.RedisCluster.from_url(plain), mask_url(target)
+    if kind == "sentinel":
+        addresses, service, options = _sentinel_parts(target)
+        sentinel = redis.asyncio.sentinel.Sentinel(addresses, ssl=tls, **options)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(service), mask_url(target)
+    return redis.asyncio.Redis.from_url(target), mask_url(target)
+
+
+def describe(client: Any) -> str:
+    """A URL-like, password-free description of a client, for error messages."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", None) or {}
+    service = getattr(pool, "service_name", None)
+    if service:
+        return f"redis+sentinel://.../{service}"
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    if "host" in kwargs:
+        scheme = (
+            "rediss" if "ssl" in str(getattr(pool, "connection_class", "")).lower() else "redis"
+        )
+        user = f"{kwargs['username']}:***@" if kwargs.get("username") else ""
+        return f"{scheme}://{user}{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    nodes = getattr(client, "startup_nodes", None) or getattr(client, "nodes_manager", None)
+    if nodes is not None:
+        return "redis+cluster://..."
+    return type(client).__name__
+
+
+def translate(error: redis.RedisError, url: str) -> Exception:
+    """The package error for a redis-py error (WRONGTYPE is handled by the caller)."""
+    if isinstance(error, redis.ConnectionError | redis.TimeoutError):
+        return SemaphoreConnectionError(url, error)
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        return SemaphoreBackendError(
+            f"Redis at {url} denied a command: {error} (grant the ACL user +@scripting "
+            "+@sortedset +@hash +publish +time on the semaphore keys and channels)"
+        )
+    return SemaphoreBackendError(f"Redis at {url} answered with an error: {error}")

@@ -1,0 +1,63 @@
+"""The package's one exception tree.
+
+Every error raised by celery-semaphore on purpose is a :class:`SemaphoreError`.
+Argument validation raises the built-in :class:`ValueError` / :class:`TypeError`
+(as Python APIs do), with messages naming the argument and what is accepted.
+"""
+
+from __future__ import annotations
+
+
+class SemaphoreError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class SemaphoreTimeout(SemaphoreError, TimeoutError):
+    """No permit was granted within the allowed wait."""
+
+    def __init__(self, name: str, limit: int, waited: float, detail: str = "") -> None:
+        self.name = name
+        self.limit = limit
+        self.waited = waited
+        message = (
+            f"no permit of semaphore {name!r} (limit {limit}) was granted "
+            f"after waiting {waited:.1f}s"
+        )
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class SemaphoreConnectionError(SemaphoreError, ConnectionError):
+    """Redis could not be reached, or refused the credentials."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = url
+        hint = "check that Redis runs there and the URL is right"
+        if "auth" in type(cause).__name__.lower() or "WRONGPASS" in str(cause):
+            hint = "the server refused the credentials: put the right user/password in the URL"
+        super().__init__(f"Redis at {url} failed: {cause} ({hint})")
+
+
+class SemaphoreBackendError(SemaphoreError):
+    """Redis answered, but with an error the semaphore cannot work around."""
+
+
+class SemaphoreKeyTypeError(SemaphoreBackendError):
+    """A key the semaphore owns holds a value of the wrong Redis type."""
+
+    def __init__(self, key: str, actual: str, expected: str) -> None:
+        self.key = key
+        self.actual = actual
+        self.expected = expected
+        super().__init__(
+            f"Redis key {key!r} holds a {actual}, but the semaphore keeps a {expected} there: "
+            "another program writes to this key; delete it or choose another namespace"
+        )
+
+
+class PermitLost(SemaphoreError):
+    """A permit the caller believed it held is no longer held (lease expired or data lost)."""
+
+    def __init__(self, name: str, holder: str) -> None:
+        self.name = name
+        self.holder = holder
+        super().__init__(f"permit of {holder!r} on semaphore {name!r} is lost")

@@ -1,0 +1,74 @@
+-- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
+--
+-- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- ARGV[1] holder           id of the contender
+-- ARGV[2] declared limit   used unless meta.override is set
+-- ARGV[3] lease ms         lease of a granted permit
+-- ARGV[4] waiter lease ms  how long a refused contender keeps its place; 0: don't queue
+-- ARGV[5] ticket           a ticket presented again, or ''
+-- ARGV[6] info             free text stored with the holder/waiter (shown by status)
+-- ARGV[7] idle ms          every key expires after this long without use
+-- ARGV[8] wake channel     PUBLISHed to when reclaiming made room
+--
+-- Returns {1, fencing token, lease expiry ms, now ms, waited ms} when granted,
+-- {0, ticket, position, holders, effective limit, draining 0/1, earliest
+-- lease expiry ms or 0, now ms} when refused (ticket 0: not queued).
+-- A holder that already holds a live permit is granted again: same slot, new token.
+
+local holder, declared = ARGV[1], tonumber(ARGV[2])
+local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
+
+local reclaimed = reclaim()
+redis.call('HSET', meta, 'limit', declared)
+local limit, draining = effective_limit(declared)
+
+local held = redis.call('ZSCORE', holders, holder)
+local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
+if presented and (not ticket or presented < ticket) then
+  ticket = presented
+end
+local ahead
+if ticket then
+  ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
+else
+  ahead = redis.call('ZCARD', waiters)
+end
+local count = redis.call('ZCARD', holders)
+local free = limit - count
+if draining then free = 0 end
+
+local result
+if held or (free > 0 and ahead < free) then
+  local acquired = now_ms
+  if held then
+    acquired = tonumber(string.match(redis.call('HGET', hinfo, holder) or '', '^%d+|(%d+)|')) or now_ms
+  end
+  local waited = 0
+  local first = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|')
+  if first then waited = now_ms - tonumber(first) end
+  local token = next_seq('fence')
+  local expires = now_ms + lease_ms
+  redis.call('ZADD', holders, expires, holder)
+  redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
+  redis.call('ZREM', waiters, holder)
+  redis.call('ZREM', wexp, holder)
+  redis.call('HDEL', winfo, holder)
+  result = {1, token, expires, now_ms, waited}
+else
+  local queued = 0
+  if waiter_lease_ms > 0 then
+    if not ticket then ticket = next_seq('ticket') end
+    redis.call('ZADD', waiters, fmt(ticket), holder)
+    redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
+    if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
+      local first = string.match(redis.call('HGET', winfo, holder), '^(%d+)|') or fmt(now_ms)
+      redis.call('HSET', winfo, holder, first .. '|' .. info)
+    end
+    queued = ticket
+  end
+  result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms}
+end
+if reclaimed > 0 then wake(channel) end
+touch(idle_ms)
+return result

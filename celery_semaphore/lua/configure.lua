@@ -1,0 +1,25 @@
+-- configure.lua: set or clear a runtime setting of a live semaphore.
+--
+-- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- ARGV[1] field     'override' (the runtime limit) or 'draining' ('1': admit nobody)
+-- ARGV[2] value     the new value, or '' to clear the setting
+-- ARGV[3] idle ms
+-- ARGV[4] wake channel
+--
+-- Returns the previous value, or '' if it was not set. Waiters are woken so a
+-- raised limit or an ended drain admits them at once.
+
+local field, value, idle_ms, channel = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if field ~= 'override' and field ~= 'draining' then
+  return redis.error_reply('ERR unknown semaphore setting ' .. field)
+end
+local previous = redis.call('HGET', meta, field) or ''
+if value == '' then
+  redis.call('HDEL', meta, field)
+else
+  redis.call('HSET', meta, field, value)
+end
+reclaim()
+wake(channel)
+touch(idle_ms)
+return previous

@@ -1,0 +1,31 @@
+-- release.lua: give a permit back; without a token, also leave the line.
+--
+-- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- ARGV[1] holder
+-- ARGV[2] fencing token, or '' to release whatever this holder holds and drop
+--         its place in line (the by-id release of a worker that lost the child)
+-- ARGV[3] idle ms
+-- ARGV[4] wake channel
+--
+-- Returns {released 0/1, held ms (0 if nothing released)}. Idempotent: a second
+-- release, an unknown or expired holder, or a stale token returns {0, 0}.
+
+local holder, token, idle_ms, channel = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+
+local reclaimed = reclaim()
+local released, held_ms = 0, 0
+local record = redis.call('HGET', hinfo, holder)
+if redis.call('ZSCORE', holders, holder) and (token == '' or token_of(record) == token) then
+  redis.call('ZREM', holders, holder)
+  redis.call('HDEL', hinfo, holder)
+  released = 1
+  held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)
+end
+if token == '' then
+  redis.call('ZREM', waiters, holder)
+  redis.call('ZREM', wexp, holder)
+  redis.call('HDEL', winfo, holder)
+end
+if released == 1 or reclaimed > 0 then wake(channel) end
+touch(idle_ms)
+return {released, held_ms}

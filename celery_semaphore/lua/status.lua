@@ -1,0 +1,41 @@
+-- status.lua: read the state of one semaphore; changes nothing.
+--
+-- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- ARGV[1] most   at most this many holders and waiters are listed
+--
+-- Returns {now ms, declared limit or '', override or '', draining 0/1,
+-- live holders, live waiters,
+-- {holder, lease expiry ms, hinfo record, ...} earliest acquired first,
+-- {holder, ticket, waiter lease expiry ms, winfo record, ...} in line order}.
+-- Entries whose lease ran out (not yet reclaimed) are left out.
+
+local most = tonumber(ARGV[1])
+local m = redis.call('HMGET', meta, 'limit', 'override', 'draining')
+
+local listed_holders = {}
+local h = redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
+for i = 1, #h, 2 do
+  listed_holders[#listed_holders + 1] = h[i]
+  listed_holders[#listed_holders + 1] = h[i + 1]
+  listed_holders[#listed_holders + 1] = redis.call('HGET', hinfo, h[i]) or ''
+end
+
+local listed_waiters = {}
+local w = redis.call('ZRANGE', waiters, 0, most * 2 - 1, 'WITHSCORES')
+for i = 1, #w, 2 do
+  if #listed_waiters >= most * 4 then break end
+  local lease = tonumber(redis.call('ZSCORE', wexp, w[i]))
+  if lease and lease > now_ms then
+    listed_waiters[#listed_waiters + 1] = w[i]
+    listed_waiters[#listed_waiters + 1] = w[i + 1]
+    listed_waiters[#listed_waiters + 1] = fmt(lease)
+    listed_waiters[#listed_waiters + 1] = redis.call('HGET', winfo, w[i]) or ''
+  end
+end
+
+return {
+  now_ms, m[1] or '', m[2] or '', m[3] == '1' and 1 or 0,
+  redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
+  redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
+  listed_holders, listed_waiters,
+}

@@ -1,0 +1,238 @@
+"""What :class:`Semaphore` and :class:`AsyncSemaphore` share: settings, script
+arguments, and the one place where script replies become results or errors.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import validation
+from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
+
+DEFAULT_NAMESPACE = "celery_semaphore"
+DEFAULT_LEASE_TIMEOUT = 30.0
+DEFAULT_WAITER_LEASE = 20.0
+DEFAULT_RECHECK_INTERVAL = 2.0
+DEFAULT_IDLE_TTL = 7 * 24 * 3600.0
+STATUS_MOST = 1000
+
+
+@dataclass(frozen=True)
+class Place:
+    """A refused attempt: the contender's place in line.
+
+    ``ticket`` can be stored and presented again (``attempt(ticket=...)``) to
+    regain this place after a pause longer than the waiter lease; 0 means the
+    attempt did not queue. ``next_expiry_in`` is the time until the earliest
+    holder lease runs out (None if nobody holds a permit).
+    """
+
+    ticket: int
+    position: int
+    holders: int
+    limit: int
+    draining: bool
+    next_expiry_in: float | None
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    holder: str
+    fencing_token: int
+    acquired_at: float
+    expires_at: float
+    info: str
+
+
+@dataclass(frozen=True)
+class WaiterInfo:
+    holder: str
+    ticket: int
+    position: int
+    since: float
+    expires_at: float
+    info: str
+
+
+@dataclass(frozen=True)
+class SemaphoreStatus:
+    """One consistent reading of a semaphore (server time; lists capped at 1,000)."""
+
+    name: str
+    declared_limit: int | None
+    override: int | None
+    effective_limit: int
+    draining: bool
+    holder_count: int
+    waiter_count: int
+    holders: list[HolderInfo]
+    waiters: list[WaiterInfo]
+    server_time: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The fields of a granted reply, before a permit object wraps them."""
+
+    fencing_token: int
+    expires_at: float
+    waited: float
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def new_holder_id() -> str:
+    return uuid.uuid4().hex
+
+
+class SemaphoreSpec:
+    """Validated settings of one semaphore and the wire format of its scripts."""
+
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        *,
+        lease_timeout: float,
+        namespace: str,
+        waiter_lease: float,
+        recheck_interval: float,
+        idle_ttl: float,
+    ) -> None:
+        self.name = validation.check_name(name)
+        self.limit = validation.check_limit(limit)
+        self.lease_timeout = validation.check_seconds(lease_timeout, "lease_timeout")
+        self.namespace = validation.check_namespace(namespace)
+        self.waiter_lease = validation.check_seconds(waiter_lease, "waiter_lease")
+        self.recheck_interval = validation.check_seconds(recheck_interval, "recheck_interval")
+        idle = validation.check_seconds(idle_ttl, "idle_ttl")
+        self.keys: SemaphoreKeys = semaphore_keys(self.namespace, self.name)
+        self.idle_ms = int(1000 * max(idle, 2 * self.lease_timeout, 2 * self.waiter_lease))
+
+    def lease_ms(self, lease_timeout: float | None) -> int:
+        seconds = self.lease_timeout if lease_timeout is None else lease_timeout
+        return max(1, int(1000 * validation.check_seconds(seconds, "lease_timeout")))
+
+    def acquire_args(
+        self,
+        holder: str,
+        ticket: int | None,
+        *,
+        queue: bool,
+        wait_lease: float | None,
+        lease_timeout: float | None,
+        info: str,
+    ) -> list[Any]:
+        validation.check_holder(holder)
+        validation.check_ticket(ticket)
+        validation.check_info(info)
+        wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
+        wait_ms = int(1000 * validation.check_seconds(wait_seconds, "wait_lease")) if queue else 0
+        return [
+            holder,
+            self.limit,
+            self.lease_ms(lease_timeout),
+            wait_ms,
+            "" if ticket is None else ticket,
+            info,
+            self.idle_ms,
+            self.keys.channel,
+        ]
+
+    def release_args(self, holder: str, token: int | None) -> list[Any]:
+        validation.check_holder(holder)
+        return [holder, "" if token is None else token, self.idle_ms, self.keys.channel]
+
+    def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
+        args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel]
+        for holder, token in pairs:
+            args += [validation.check_holder(holder), "" if token is None else token]
+        return args
+
+    def configure_args(self, field: str, value: str) -> list[Any]:
+        return [field, value, self.idle_ms, self.keys.channel]
+
+    def pause(self, place: Place, remaining: float | None) -> float:
+        """How long a blocked waiter sleeps unless woken: never past the earliest
+        holder's lease end (whose reclaim may admit it) nor a third of its waiter lease."""
+        pause = min(self.recheck_interval, self.waiter_lease / 3)
+        if place.next_expiry_in is not None:
+            pause = min(pause, place.next_expiry_in + 0.002)
+        if remaining is not None:
+            pause = min(pause, remaining)
+        return max(pause, 0.001)
+
+    @staticmethod
+    def parse_acquire(reply: Sequence[Any]) -> Grant | Place:
+        code = int(reply[0])
+        if code == 1:
+            return Grant(int(reply[1]), int(reply[2]) / 1000, int(reply[4]) / 1000)
+        if code == 0:
+            earliest, now = int(reply[6]), int(reply[7])
+            return Place(
+                ticket=int(reply[1]),
+                position=int(reply[2]),
+                holders=int(reply[3]),
+                limit=int(reply[4]),
+                draining=bool(int(reply[5])),
+                next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
+            )
+        raise ValueError(f"acquire.lua answered with unknown code {code!r}")
+
+    @staticmethod
+    def parse_renew(reply: Sequence[Any]) -> tuple[float, set[str]]:
+        return int(reply[0]) / 1000, {text(h) for h in reply[1:]}
+
+    def parse_status(self, reply: Sequence[Any]) -> SemaphoreStatus:
+        now = int(reply[0]) / 1000
+        declared = int(text(reply[1])) if text(reply[1]) else None
+        override = int(text(reply[2])) if text(reply[2]) else None
+        holders: list[HolderInfo] = []
+        flat = [text(x) for x in reply[6]]
+        for i in range(0, len(flat), 3):
+            token, acquired, info = [*flat[i + 2].split("|", 2), "", ""][:3]
+            holders.append(
+                HolderInfo(
+                    flat[i],
+                    int(token or 0),
+                    int(acquired or 0) / 1000,
+                    float(flat[i + 1]) / 1000,
+                    info,
+                )
+            )
+        holders.sort(key=lambda h: h.acquired_at)
+        waiters: list[WaiterInfo] = []
+        flat = [text(x) for x in reply[7]]
+        for i in range(0, len(flat), 4):
+            since, _, info = flat[i + 3].partition("|")
+            waiters.append(
+                WaiterInfo(
+                    flat[i],
+                    int(float(flat[i + 1])),
+                    len(waiters) + 1,
+                    int(since or 0) / 1000,
+                    int(flat[i + 2]) / 1000,
+                    info,
+                )
+            )
+        effective = override if override is not None else (declared or self.limit)
+        return SemaphoreStatus(
+            name=self.name,
+            declared_limit=declared,
+            override=override,
+            effective_limit=effective,
+            draining=bool(int(reply[3])),
+            holder_count=int(reply[4]),
+            waiter_count=int(reply[5]),
+            holders=holders,
+            waiters=waiters,
+            server_time=now,
+        )
+
+    def expected_types(self) -> Iterable[tuple[str, str]]:
+        return zip(self.keys.script_keys, ROLE_TYPES, strict=True)

@@ -1,0 +1,301 @@
+"""The fair, leased, distributed counting semaphore (synchronous API).
+
+Timeline of a wait, and why no wake-up is lost::
+
+    waiter: attempt -> refused (queued, ticket T) -> SUBSCRIBE wake channel
+    waiter: attempt again -> refused -> sleep until a message, the earliest
+            holder's lease end, or the re-check interval
+    holder: release -> script PUBLISHes (there are waiters) -> waiter wakes
+    waiter: attempt -> granted if T is among the earliest live tickets
+
+A release that lands between the first refusal and SUBSCRIBE is caught by the
+second attempt, which runs after SUBSCRIBE.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from . import protocol, validation
+from .connection import SyncClient, connect, translate
+from .errors import SemaphoreKeyTypeError, SemaphoreTimeout
+from .protocol import Place, SemaphoreStatus
+from .scripts import NAMES, source
+
+
+class Permit:
+    """A granted permit. Use as a context manager to release on exit.
+
+    ``fencing_token`` is strictly increasing per semaphore: pass it to the
+    protected resource so it can reject writes from a holder whose lease ran out.
+    """
+
+    def __init__(
+        self,
+        semaphore: Semaphore,
+        holder: str,
+        fencing_token: int,
+        expires_at: float,
+        waited: float = 0.0,
+    ) -> None:
+        self.semaphore = semaphore
+        self.holder = holder
+        self.fencing_token = fencing_token
+        self.expires_at = expires_at
+        self.waited = waited
+
+    def release(self) -> bool:
+        """Give the permit back; False if it was already released or lost."""
+        return self.semaphore._release(self.holder, self.fencing_token)
+
+    def renew(self, lease_timeout: float | None = None) -> bool:
+        """Extend the lease from now; False once the permit is lost (never resurrects it)."""
+        lost = self.semaphore._renew([(self.holder, self.fencing_token)], lease_timeout)
+        return self.holder not in lost
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"Permit(semaphore={self.semaphore.name!r}, holder={self.holder!r}, "
+            f"fencing_token={self.fencing_token})"
+        )
+
+
+class Semaphore:
+    """At most ``limit`` holders at once across every client of one Redis.
+
+    Guarantees (all arithmetic on the Redis server clock, one script call per
+    operation):
+
+    - never more live holders than the effective limit (the runtime override
+      if set, else ``limit``);
+    - grants go to the earliest live tickets first (FIFO);
+    - a holder whose lease ran out is reclaimed by the next operation, and that
+      wakes blocked waiters;
+    - release and renew are idempotent and answer with a bool; acquiring with a
+      holder id that holds a live permit returns that permit with a new token.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        limit: int,
+        *,
+        lease_timeout: float = protocol.DEFAULT_LEASE_TIMEOUT,
+        namespace: str = protocol.DEFAULT_NAMESPACE,
+        waiter_lease: float = protocol.DEFAULT_WAITER_LEASE,
+        recheck_interval: float = protocol.DEFAULT_RECHECK_INTERVAL,
+        idle_ttl: float = protocol.DEFAULT_IDLE_TTL,
+    ) -> None:
+        self._spec = protocol.SemaphoreSpec(
+            name,
+            limit,
+            lease_timeout=lease_timeout,
+            namespace=namespace,
+            waiter_lease=waiter_lease,
+            recheck_interval=recheck_interval,
+            idle_ttl=idle_ttl,
+        )
+        self.client: SyncClient
+        self.client, self.url = connect(redis)
+        self._owns_client = isinstance(redis, str)
+        self._scripts = {n: self.client.register_script(source(n)) for n in NAMES}
+        self._held = threading.local()
+
+    name = property(lambda self: self._spec.name)
+    limit = property(lambda self: self._spec.limit)
+    lease_timeout = property(lambda self: self._spec.lease_timeout)
+    keys = property(lambda self: self._spec.keys)
+
+    def __repr__(self) -> str:
+        return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
+
+    def _call(self, script: str, args: list[Any]) -> Any:
+        try:
+            return self._scripts[script](keys=self._spec.keys.script_keys, args=args)
+        except redis.ResponseError as error:
+            if "WRONGTYPE" in str(error):
+                raise self._wrong_type() from error
+            raise translate(error, self.url) from error
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+
+    def _wrong_type(self) -> Exception:
+        for key, expected in self._spec.expected_types():
+            actual = protocol.text(self.client.type(key))
+            if actual not in ("none", expected):
+                return SemaphoreKeyTypeError(key, actual, expected)
+        return SemaphoreKeyTypeError(self._spec.keys.meta, "unknown type", "hash")
+
+    def attempt(
+        self,
+        holder: str | None = None,
+        ticket: int | None = None,
+        *,
+        queue: bool = True,
+        wait_lease: float | None = None,
+        lease_timeout: float | None = None,
+        info: str = "",
+    ) -> Permit | Place:
+        """Take a permit if one is free and nobody earlier waits; else a :class:`Place`.
+
+        With ``queue`` (the default) a refused contender keeps a place in line
+        for ``wait_lease`` seconds (default: the semaphore's ``waiter_lease``);
+        asking again within that time, or presenting the returned ticket later,
+        keeps the place.
+        """
+        holder = protocol.new_holder_id() if holder is None else holder
+        args = self._spec.acquire_args(
+            holder,
+            ticket,
+            queue=queue,
+            wait_lease=wait_lease,
+            lease_timeout=lease_timeout,
+            info=info,
+        )
+        result = self._spec.parse_acquire(self._call("acquire", args))
+        if isinstance(result, Place):
+            return result
+        return Permit(self, holder, result.fencing_token, result.expires_at, result.waited)
+
+    def try_acquire(self, holder: str | None = None, ticket: int | None = None) -> Permit | None:
+        """A permit if one can be granted now, else None (the contender keeps its place)."""
+        result = self.attempt(holder, ticket)
+        return result if isinstance(result, Permit) else None
+
+    def acquire(
+        self,
+        timeout: float | None = None,
+        holder: str | None = None,
+        ticket: int | None = None,
+        *,
+        info: str = "",
+    ) -> Permit:
+        """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s."""
+        if timeout is not None:
+            validation.check_seconds(timeout, "timeout", allow_zero=True)
+        holder = protocol.new_holder_id() if holder is None else holder
+        started = time.monotonic()
+        result = self.attempt(holder, ticket, info=info)
+        if isinstance(result, Permit):
+            return result
+        try:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub.subscribe(self._spec.keys.channel)
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        try:
+            while True:
+                result = self.attempt(holder, result.ticket or ticket, info=info)
+                if isinstance(result, Permit):
+                    return result
+                remaining = None if timeout is None else timeout - (time.monotonic() - started)
+                if remaining is not None and remaining <= 0:
+                    self._release(holder, None)
+                    raise SemaphoreTimeout(
+                        self.name,
+                        result.limit,
+                        time.monotonic() - started,
+                        f"position {result.position} in line, {result.holders} holders",
+                    )
+                pause = self._spec.pause(result, remaining)
+                try:
+                    pubsub.get_message(timeout=pause)
+                except redis.RedisError as error:
+                    raise translate(error, self.url) from error
+        finally:
+            pubsub.close()
+
+    def release(self, holder: str) -> bool:
+        """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
+        return self._release(holder, None)
+
+    def _release(self, holder: str, token: int | None) -> bool:
+        released, _held_ms = self._call("release", self._spec.release_args(holder, token))
+        return bool(released)
+
+    def renew_many(
+        self, holders: Iterable[str | Permit], lease_timeout: float | None = None
+    ) -> set[str]:
+        """Extend every live holder's lease in one round trip; return the lost ones."""
+        items = list(holders)
+        pairs = [(h.holder, h.fencing_token) if isinstance(h, Permit) else (h, None) for h in items]
+        return self._renew(pairs, lease_timeout, [h for h in items if isinstance(h, Permit)])
+
+    def _renew(
+        self,
+        pairs: Sequence[tuple[str, int | None]],
+        lease_timeout: float | None,
+        permits: Iterable[Permit] = (),
+    ) -> set[str]:
+        if not pairs:
+            return set()
+        lease_ms = self._spec.lease_ms(lease_timeout)
+        expires_at, lost = self._spec.parse_renew(
+            self._call("renew", self._spec.renew_args(pairs, lease_ms))
+        )
+        for permit in permits:
+            if permit.holder not in lost:
+                permit.expires_at = expires_at
+        return lost
+
+    def status(self) -> SemaphoreStatus:
+        """Limits, live holders (with lease expiry) and live waiters in line order."""
+        return self._spec.parse_status(self._call("status", [protocol.STATUS_MOST]))
+
+    def set_limit(self, limit: int) -> int | None:
+        """Override the limit at run time for every client; returns the previous override.
+
+        Lowering it below the current holders evicts nobody: it admits nobody
+        until they drop below. Raising it wakes waiters at once.
+        """
+        validation.check_limit(limit)
+        return self._configure("override", str(limit))
+
+    def clear_limit(self) -> int | None:
+        """Drop the runtime override: back to each client's declared limit."""
+        return self._configure("override", "")
+
+    def set_draining(self, draining: bool) -> bool:
+        """While draining, nobody new is admitted; holders finish. Returns the previous state."""
+        return self._configure("draining", "1" if draining else "") == 1
+
+    def _configure(self, field: str, value: str) -> int | None:
+        previous = protocol.text(self._call("configure", self._spec.configure_args(field, value)))
+        return int(previous) if previous else None
+
+    def __enter__(self) -> Permit:
+        permit = self.acquire()
+        stack: list[Permit] = self._held.__dict__.setdefault("stack", [])
+        stack.append(permit)
+        return permit
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._held.stack.pop().release()
+
+    def close(self) -> None:
+        """Close the client if this semaphore created it from a URL."""
+        if self._owns_client:
+            self.client.close()

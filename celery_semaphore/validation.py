@@ -1,0 +1,71 @@
+"""Argument checks at the public edge; messages name the argument and what is accepted."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_NAME_LENGTH = 200
+MAX_LIMIT = 1_000_000
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def check_name(name: Any, argument: str = "name") -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a str, got {type(name).__name__}")
+    if not name or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"{argument} must be 1 to {MAX_NAME_LENGTH} characters long, got {len(name)}"
+        )
+    return name
+
+
+def check_namespace(namespace: Any) -> str:
+    check_name(namespace, "namespace")
+    if "{" in namespace or "}" in namespace:
+        raise ValueError(
+            f"namespace must not contain braces (they delimit the Redis Cluster hash tag), "
+            f"got {namespace!r}"
+        )
+    return str(namespace)
+
+
+def check_limit(limit: Any, argument: str = "limit") -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"{argument} must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"{argument} must be an int from 1 to {MAX_LIMIT}, got {limit}")
+    return limit
+
+
+def check_seconds(value: Any, argument: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, got {value!r}")
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not low_ok or math.isnan(value) or value > MAX_SECONDS:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(
+            f"{argument} must be a number of seconds {bound} and at most {MAX_SECONDS:.0f}, "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
+def check_holder(holder: Any) -> str:
+    return check_name(holder, "holder")
+
+
+def check_ticket(ticket: Any) -> int | None:
+    if ticket is None:
+        return None
+    if isinstance(ticket, bool) or not isinstance(ticket, int) or ticket <= 0:
+        raise ValueError(
+            f"ticket must be None or the positive int a refused attempt returned, got {ticket!r}"
+        )
+    return ticket
+
+
+def check_info(info: Any) -> str:
+    if not isinstance(info, str):
+        raise TypeError(f"info must be a str, got {type(info).__name__}")
+    return info
