@@ -164,12 +164,38 @@ class AsyncSemaphore:
 
         Cancelling the waiting coroutine drops its place in line.
         """
-        if timeout is not None:
-            validation.check_seconds(timeout, "timeout", allow_zero=True)
         holder = protocol.new_holder_id() if holder is None else holder
         started = time.monotonic()
-        result = await self.attempt(holder, ticket, info=info)
+        try:
+            result = await self.wait_for_turn(timeout, holder, ticket, info=info)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._release(holder, None))
+            raise
         if isinstance(result, AsyncPermit):
+            return result
+        await self._release(holder, None)
+        raise SemaphoreTimeout(
+            self.name,
+            result.limit,
+            time.monotonic() - started,
+            f"position {result.position} in line, {result.holders} holders",
+        )
+
+    async def wait_for_turn(
+        self,
+        timeout: float | None,
+        holder: str,
+        ticket: int | None = None,
+        *,
+        wait_lease: float | None = None,
+        info: str = "",
+    ) -> AsyncPermit | Place:
+        """Like :meth:`acquire`, but on timeout return the :class:`Place`, still in line."""
+        if timeout is not None:
+            validation.check_seconds(timeout, "timeout", allow_zero=True)
+        started = time.monotonic()
+        result = await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
+        if isinstance(result, AsyncPermit) or timeout == 0:
             return result
         try:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
@@ -178,25 +204,17 @@ class AsyncSemaphore:
             raise translate(error, self.url) from error
         try:
             while True:
-                result = await self.attempt(holder, result.ticket or ticket, info=info)
+                ticket = result.ticket or ticket
+                result = await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
                 if isinstance(result, AsyncPermit):
                     return result
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 if remaining is not None and remaining <= 0:
-                    await self._release(holder, None)
-                    raise SemaphoreTimeout(
-                        self.name,
-                        result.limit,
-                        time.monotonic() - started,
-                        f"position {result.position} in line, {result.holders} holders",
-                    )
+                    return result
                 try:
                     await pubsub.get_message(timeout=self._spec.pause(result, remaining))
                 except redis.RedisError as error:
                     raise translate(error, self.url) from error
-        except asyncio.CancelledError:
-            await asyncio.shield(self._release(holder, None))
-            raise
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
 

@@ -27,7 +27,9 @@ class Place:
     ``ticket`` can be stored and presented again (``attempt(ticket=...)``) to
     regain this place after a pause longer than the waiter lease; 0 means the
     attempt did not queue. ``next_expiry_in`` is the time until the earliest
-    holder lease runs out (None if nobody holds a permit).
+    holder lease runs out (None if nobody holds a permit); ``hold_estimate`` a
+    moving average of how long permits of this semaphore were held (None before
+    the first release).
     """
 
     ticket: int
@@ -36,6 +38,7 @@ class Place:
     limit: int
     draining: bool
     next_expiry_in: float | None
+    hold_estimate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,7 @@ class SemaphoreSpec:
                 limit=int(reply[4]),
                 draining=bool(int(reply[5])),
                 next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
+                hold_estimate=int(reply[8]) / 1000 if int(reply[8]) else None,
             )
         raise ValueError(f"acquire.lua answered with unknown code {code!r}")
 

@@ -189,12 +189,34 @@ class Semaphore:
         info: str = "",
     ) -> Permit:
         """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s."""
-        if timeout is not None:
-            validation.check_seconds(timeout, "timeout", allow_zero=True)
         holder = protocol.new_holder_id() if holder is None else holder
         started = time.monotonic()
-        result = self.attempt(holder, ticket, info=info)
+        result = self.wait_for_turn(timeout, holder, ticket, info=info)
         if isinstance(result, Permit):
+            return result
+        self._release(holder, None)
+        raise SemaphoreTimeout(
+            self.name,
+            result.limit,
+            time.monotonic() - started,
+            f"position {result.position} in line, {result.holders} holders",
+        )
+
+    def wait_for_turn(
+        self,
+        timeout: float | None,
+        holder: str,
+        ticket: int | None = None,
+        *,
+        wait_lease: float | None = None,
+        info: str = "",
+    ) -> Permit | Place:
+        """Like :meth:`acquire`, but on timeout return the :class:`Place`, still in line."""
+        if timeout is not None:
+            validation.check_seconds(timeout, "timeout", allow_zero=True)
+        started = time.monotonic()
+        result = self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
+        if isinstance(result, Permit) or timeout == 0:
             return result
         try:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -203,21 +225,15 @@ class Semaphore:
             raise translate(error, self.url) from error
         try:
             while True:
-                result = self.attempt(holder, result.ticket or ticket, info=info)
+                ticket = result.ticket or ticket
+                result = self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
                 if isinstance(result, Permit):
                     return result
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 if remaining is not None and remaining <= 0:
-                    self._release(holder, None)
-                    raise SemaphoreTimeout(
-                        self.name,
-                        result.limit,
-                        time.monotonic() - started,
-                        f"position {result.position} in line, {result.holders} holders",
-                    )
-                pause = self._spec.pause(result, remaining)
+                    return result
                 try:
-                    pubsub.get_message(timeout=pause)
+                    pubsub.get_message(timeout=self._spec.pause(result, remaining))
                 except redis.RedisError as error:
                     raise translate(error, self.url) from error
         finally:

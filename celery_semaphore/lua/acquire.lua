@@ -12,7 +12,8 @@
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms} when granted,
 -- {0, ticket, position, holders, effective limit, draining 0/1, earliest
--- lease expiry ms or 0, now ms} when refused (ticket 0: not queued).
+-- lease expiry ms or 0, now ms, average hold ms or 0} when refused (ticket 0:
+-- not queued).
 -- A holder that already holds a live permit is granted again: same slot, new token.
 
 local holder, declared = ARGV[1], tonumber(ARGV[2])
@@ -67,7 +68,8 @@ else
     end
     queued = ticket
   end
-  result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms}
+  local hold_ms = tonumber(redis.call('HGET', meta, 'hold_ms')) or 0
+  result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms, hold_ms}
 end
 if reclaimed > 0 then wake(channel) end
 touch(idle_ms)

@@ -6,7 +6,7 @@
 --   KEYS[3] waiters  ZSET  holder -> ticket (place in line; lower goes first)
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
---   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket
+--   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.

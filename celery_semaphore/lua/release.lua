@@ -7,6 +7,7 @@
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
 --
+-- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters).
 -- Returns {released 0/1, held ms (0 if nothing released)}. Idempotent: a second
 -- release, an unknown or expired holder, or a stale token returns {0, 0}.
 
@@ -20,6 +21,9 @@ if redis.call('ZSCORE', holders, holder) and (token == '' or token_of(record) ==
   redis.call('HDEL', hinfo, holder)
   released = 1
   held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)
+  local average = tonumber(redis.call('HGET', meta, 'hold_ms'))
+  average = average and (0.8 * average + 0.2 * held_ms) or held_ms
+  redis.call('HSET', meta, 'hold_ms', fmt(average))
 end
 if token == '' then
   redis.call('ZREM', waiters, holder)

@@ -1,0 +1,128 @@
+"""Settings: every ``semaphore_*`` Celery setting, read once per app into a typed object.
+
+- ``semaphore_redis_url``: where the semaphores live. Default: the broker URL
+  if it is Redis, else ``redis://localhost:6379/0``.
+- ``semaphore_namespace`` (``"celery_semaphore"``): key prefix in Redis.
+- ``semaphore_lease_timeout`` (60 s): lease of a permit; the worker renews it.
+- ``semaphore_heartbeat_interval`` (lease / 4): how often the worker renews.
+- ``semaphore_backoff_base`` (0.5 s) and ``semaphore_backoff_max`` (60 s):
+  exponential backoff between waits when the turn can't be estimated; the
+  maximum stays far below the Redis broker's ``visibility_timeout``.
+- ``semaphore_backoff_jitter`` (True): full jitter on that backoff.
+- ``semaphore_max_block`` (0.25 s): a task whose turn is estimated within this
+  long waits for it in place instead of retrying.
+- ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
+  wait budget, in waits or seconds since the first ask; then the task fails
+  with :class:`~celery_semaphore.SemaphoreTimeout`.
+- ``semaphore_on_redis_error`` (``"retry"``): when Redis can't be reached,
+  ``"retry"`` later (never run without a permit), ``"fail"`` the task, or
+  ``"run"`` it without a permit.
+- ``semaphore_queue_limits`` (``{}``): ``{queue name: limit}`` caps per queue.
+
+A :class:`~celery_semaphore.LimitedTask` takes the same names as decorator
+options to override them per task (all but the Redis URL, the namespace and
+the queue limits), next to its own ``semaphore`` and ``limit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from . import validation
+
+REDIS_ERROR_POLICIES = ("retry", "fail", "run")
+PREFIX = "semaphore_"
+_cache: WeakKeyDictionary[Any, SemaphoreConfig] = WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class SemaphoreConfig:
+    redis_url: str = "redis://localhost:6379/0"
+    namespace: str = "celery_semaphore"
+    lease_timeout: float = 60.0
+    heartbeat_interval: float | None = None
+    backoff_base: float = 0.5
+    backoff_max: float = 60.0
+    backoff_jitter: bool = True
+    max_block: float = 0.25
+    max_waits: int | None = None
+    max_wait_time: float | None = None
+    on_redis_error: str = "retry"
+    queue_limits: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validation.check_namespace(self.namespace)
+        validation.check_seconds(self.lease_timeout, "lease_timeout")
+        if self.heartbeat_interval is not None:
+            validation.check_seconds(self.heartbeat_interval, "heartbeat_interval")
+            if self.heartbeat_interval >= self.lease_timeout:
+                raise ValueError(
+                    f"heartbeat_interval ({self.heartbeat_interval}s) must be shorter than "
+                    f"lease_timeout ({self.lease_timeout}s), or leases run out between renewals"
+                )
+        validation.check_seconds(self.backoff_base, "backoff_base")
+        validation.check_seconds(self.backoff_max, "backoff_max")
+        validation.check_seconds(self.max_block, "max_block", allow_zero=True)
+        if not isinstance(self.backoff_jitter, bool):
+            raise TypeError(f"backoff_jitter must be True or False, got {self.backoff_jitter!r}")
+        if self.max_waits is not None:
+            validation.check_limit(self.max_waits, "max_waits")
+        if self.max_wait_time is not None:
+            validation.check_seconds(self.max_wait_time, "max_wait_time")
+        if self.on_redis_error not in REDIS_ERROR_POLICIES:
+            raise ValueError(
+                f"on_redis_error must be one of {', '.join(REDIS_ERROR_POLICIES)}, "
+                f"got {self.on_redis_error!r}"
+            )
+        if not isinstance(self.queue_limits, dict):
+            raise TypeError(
+                f"queue_limits must be a dict of queue name -> limit, got {self.queue_limits!r}"
+            )
+        for queue, limit in self.queue_limits.items():
+            validation.check_name(queue, "queue_limits key")
+            validation.check_limit(limit, f"queue_limits[{queue!r}]")
+
+    @property
+    def renew_every(self) -> float:
+        return self.heartbeat_interval or self.lease_timeout / 4
+
+    def with_options(self, options: dict[str, Any], owner: str) -> SemaphoreConfig:
+        """This config with per-task overrides, errors naming ``owner`` (the task)."""
+        known = {f.name for f in fields(self)} - {"redis_url", "namespace", "queue_limits"}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(
+                f"{owner}: unknown semaphore option(s) {', '.join(sorted(unknown))}; "
+                f"accepted: semaphore, limit, {', '.join(sorted(known))}"
+            )
+        try:
+            return replace(self, **options)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{owner}: {error}") from None
+
+
+def default_redis_url(app: Any) -> str:
+    broker = app.conf.broker_url or ""
+    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
+        return broker.split(";")[0]
+    return "redis://localhost:6379/0"
+
+
+def get_config(app: Any) -> SemaphoreConfig:
+    """The app's settings, validated once and cached (errors name the setting)."""
+    config = _cache.get(app)
+    if config is None:
+        values: dict[str, Any] = {}
+        for f in fields(SemaphoreConfig):
+            value = app.conf.get(PREFIX + f.name)
+            if value is not None:
+                values[f.name] = value
+        values.setdefault("redis_url", default_redis_url(app))
+        try:
+            config = SemaphoreConfig(**values)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"Celery setting {PREFIX}{error}") from None
+        _cache[app] = config
+    return config
