@@ -11,11 +11,14 @@ from .errors import (
 )
 from .protocol import HolderInfo, Place, SemaphoreStatus, WaiterInfo
 from .semaphore import Permit, Semaphore
+from .task import LimitedTask
+from .worker import install
 
 __all__ = [
     "AsyncPermit",
     "AsyncSemaphore",
     "HolderInfo",
+    "LimitedTask",
     "Permit",
     "PermitLost",
     "Place",
@@ -27,4 +30,5 @@ __all__ = [
     "SemaphoreStatus",
     "SemaphoreTimeout",
     "WaiterInfo",
+    "install",
 ]

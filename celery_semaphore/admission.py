@@ -1,0 +1,293 @@
+"""Admission in the process that runs the task body.
+
+Before the body runs, the request takes a permit of each of its gates (queue
+cap, then task semaphore). If one is refused it gives back what it took (it
+never holds one permit while waiting for another) and either waits in place,
+when its turn is estimated within ``semaphore_max_block``, or is retried later
+with its tickets in the message headers, so it keeps its place in line::
+
+    attempt -> refused, position 12 of limit 4, holds ~0.2 s -> turn in ~0.6 s
+            -> retry(countdown=~0.6 s), headers carry {tickets, waits, first_ask}
+    attempt -> refused, position 2 -> turn in ~0.1 s <= max_block -> wait in place
+            -> granted -> body runs -> released in ``finally``
+
+Waits are counted in ``request.retries`` (so Flower shows them) but not against
+the task's own ``max_retries``: while the body runs, ``request.retries`` is
+the task's own count, and retries it publishes add the waits back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery.exceptions import Retry
+
+from . import signals
+from .config import SemaphoreConfig, get_config
+from .errors import SemaphoreBackendError, SemaphoreConnectionError, SemaphoreTimeout
+from .gates import GATES_HEADER, WAIT_HEADER, Gate, decode_gates, semaphores, task_gate
+from .protocol import Place
+from .semaphore import Permit
+
+logger = logging.getLogger(__name__)
+
+WAITS_MARK = "celery_semaphore_waits"
+MIN_COUNTDOWN = 0.02
+PLACE_GRACE = 5.0
+
+
+@dataclass
+class WaitState:
+    """What a waiting task carries across its retries, in the ``celery_semaphore`` header."""
+
+    tickets: dict[str, int] = field(default_factory=dict)
+    waits: int = 0
+    first_ask: float | None = None
+
+    @classmethod
+    def of(cls, request: Any) -> WaitState:
+        raw = getattr(request, WAIT_HEADER, None)
+        if not isinstance(raw, dict):
+            return cls()
+        tickets = raw.get("tickets") or {}
+        return cls(
+            {str(k): int(v) for k, v in tickets.items() if v},
+            int(raw.get("waits") or 0),
+            raw.get("first_ask"),
+        )
+
+    def encode(self) -> dict[str, Any]:
+        return {"tickets": self.tickets, "waits": self.waits, "first_ask": self.first_ask}
+
+
+def task_config(task: Any) -> SemaphoreConfig:
+    """The app's settings with the task's ``semaphore_*`` options applied (cached per task)."""
+    cached: SemaphoreConfig | None = task.__dict__.get("_semaphore_config")
+    if cached is None:
+        options = getattr(type(task), "semaphore_options", None) or {}
+        cached = get_config(task.app).with_options(options, f"task {task.name}")
+        task.__dict__["_semaphore_config"] = cached
+    return cached
+
+
+def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Gate]:
+    """The gates the worker's main process computed, or, where it did not, the task's own."""
+    raw = getattr(request, GATES_HEADER, None)
+    if raw is not None:
+        return decode_gates(raw)
+    gate = task_gate(task, args, kwargs)
+    return [gate] if gate else []
+
+
+def estimate_turn(place: Place) -> float | None:
+    """Seconds until ``place`` is likely served: its position times the mean hold
+    time, over the limit (the rate at which permits free up in steady state)."""
+    if place.draining or place.hold_estimate is None:
+        return None
+    return place.position * place.hold_estimate / max(place.limit, 1)
+
+
+def countdown(waits: int, place: Place | None, config: SemaphoreConfig) -> float:
+    """When to ask again: at the estimated turn, else exponential backoff with full jitter."""
+    turn = estimate_turn(place) if place is not None else None
+    if turn is not None:
+        delay = turn * (random.uniform(0.9, 1.0) if config.backoff_jitter else 1.0)
+    else:
+        cap = min(config.backoff_max, config.backoff_base * 2.0**waits)
+        delay = random.uniform(0.0, cap) if config.backoff_jitter else cap
+    return min(max(delay, MIN_COUNTDOWN), config.backoff_max)
+
+
+def _info(task: Any, request: Any) -> str:
+    return json.dumps({"task": task.name, "worker": request.hostname, "pid": os.getpid()})
+
+
+class Admission:
+    """Taking (and later giving back) the permits of one execution of a task."""
+
+    def __init__(self, task: Any, request: Any, gates: list[Gate], config: SemaphoreConfig):
+        self.task = task
+        self.request = request
+        self.gates = gates
+        self.config = config
+        self.state = WaitState.of(request)
+        self.permits: list[tuple[Gate, Permit]] = []
+
+    def _sem(self, gate: Gate) -> Any:
+        return semaphores.get(gate, self.config)
+
+    def enter(self) -> None:
+        """Take every gate's permit, or raise ``Retry`` / :class:`SemaphoreTimeout`."""
+        holder, info = self.request.id, _info(self.task, self.request)
+        if self.state.first_ask is None:
+            self.state.first_ask = time.time()
+        try:
+            for gate in self.gates:
+                sem = self._sem(gate)
+                ticket = self.state.tickets.get(gate.name)
+                result = sem.attempt(holder, ticket, wait_lease=PLACE_GRACE, info=info)
+                if isinstance(result, Place):
+                    result = self._wait_in_place(gate, result, info)
+                if isinstance(result, Place):
+                    self.exit()
+                    self._come_back_later(gate, result, info)
+                self.permits.append((gate, result))
+                self._send(signals.permit_granted, gate, waited=time.time() - self.state.first_ask)
+        except (SemaphoreConnectionError, SemaphoreBackendError) as error:
+            self._on_redis_error(error)
+
+    def _wait_in_place(self, gate: Gate, place: Place, info: str) -> Permit | Place:
+        self.state.tickets[gate.name] = place.ticket
+        turn = estimate_turn(place)
+        if turn is None or turn > self.config.max_block or self.config.max_block == 0:
+            return place
+        return self._sem(gate).wait_for_turn(  # type: ignore[no-any-return]
+            self.config.max_block,
+            self.request.id,
+            place.ticket,
+            wait_lease=self.config.max_block + PLACE_GRACE,
+            info=info,
+        )
+
+    def _come_back_later(self, gate: Gate, place: Place | None, info: str) -> None:
+        waited = time.time() - (self.state.first_ask or time.time())
+        config = self.config
+        over_count = config.max_waits is not None and self.state.waits >= config.max_waits
+        over_time = config.max_wait_time is not None and waited >= config.max_wait_time
+        if over_count or over_time:
+            self.drop_places()
+            raise SemaphoreTimeout(
+                gate.name,
+                place.limit if place else gate.limit,
+                waited,
+                f"task {self.task.name}[{self.request.id}] gave up after {self.state.waits} "
+                "waits (semaphore_max_waits / semaphore_max_wait_time)",
+            )
+        delay = countdown(self.state.waits, place, config)
+        if place is not None and delay + PLACE_GRACE > PLACE_GRACE * 1.5:
+            refreshed = self._sem(gate).attempt(
+                self.request.id, place.ticket, wait_lease=delay * 1.5 + PLACE_GRACE, info=info
+            )
+            if isinstance(refreshed, Permit):
+                refreshed.release()
+        self._send(
+            signals.permit_waiting, gate, position=place.position if place else 0, countdown=delay
+        )
+        self.state.waits += 1
+        raise self._retry(delay)
+
+    def _retry(self, delay: float) -> Retry:
+        request = self.request
+        headers = {**(request.headers or {}), WAIT_HEADER: self.state.encode()}
+        headers.pop(GATES_HEADER, None)
+        signature = self.task.signature_from_request(
+            request, countdown=delay, retries=request.retries + 1, headers=headers
+        )
+        signature.apply_async()
+        return Retry(
+            f"waiting for a semaphore permit (wait {self.state.waits})",
+            None,
+            when=delay,
+            sig=signature,
+        )
+
+    def _on_redis_error(self, error: Exception) -> None:
+        policy = self.config.on_redis_error
+        self.exit()
+        if policy == "fail":
+            raise error
+        if policy == "run":
+            logger.warning(
+                "%s[%s] runs without a permit: %s", self.task.name, self.request.id, error
+            )
+            return
+        logger.warning("%s[%s] will ask again: %s", self.task.name, self.request.id, error)
+        self._come_back_later(self.gates[0], None, "")
+
+    def exit(self) -> None:
+        """Give back every permit taken; errors are logged (the lease is the backstop)."""
+        while self.permits:
+            gate, permit = self.permits.pop()
+            try:
+                released = permit.release()
+            except (SemaphoreConnectionError, SemaphoreBackendError) as error:
+                logger.warning("could not release %r (its lease will run out): %s", permit, error)
+                continue
+            if not released:
+                logger.warning("%r was lost before the task ended", permit)
+            self._send(signals.permit_released, gate, released=released)
+
+    def drop_places(self) -> None:
+        for gate in self.gates:
+            self._sem(gate).release(self.request.id)
+
+    def _send(self, signal: Any, gate: Gate, **fields: Any) -> None:
+        signal.send(
+            sender=self.task,
+            semaphore=gate.name,
+            task_id=self.request.id,
+            task_name=self.task.name,
+            **fields,
+        )
+
+
+def admitted_call(
+    task: Any, body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """Run ``body`` holding the permits of every gate of the current request."""
+    request = task.request
+    if request.called_directly:
+        return body(*args, **kwargs)
+    gates = gates_of(task, request, args, kwargs)
+    if not gates:
+        return body(*args, **kwargs)
+    admission = Admission(task, request, gates, task_config(task))
+    if request.is_eager:
+        return _eager_call(admission, body, args, kwargs)
+    admission.enter()
+    total, waits = request.retries, admission.state.waits
+    request.retries = max(0, total - waits)
+    setattr(request, WAITS_MARK, waits)
+    try:
+        return body(*args, **kwargs)
+    finally:
+        request.retries = total
+        setattr(request, WAITS_MARK, None)
+        admission.exit()
+
+
+def _eager_call(
+    admission: Admission, body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """Eager mode (``task_always_eager``, ``apply()``): take the permits now or fail; no retry."""
+    info = _info(admission.task, admission.request)
+    for gate in admission.gates:
+        result = admission._sem(gate).attempt(admission.request.id, queue=False, info=info)
+        if isinstance(result, Place):
+            admission.exit()
+            raise SemaphoreTimeout(
+                gate.name,
+                result.limit,
+                0.0,
+                "eager execution does not wait, and all permits are taken",
+            )
+        admission.permits.append((gate, result))
+    try:
+        return body(*args, **kwargs)
+    finally:
+        admission.exit()
+
+
+def with_waits_added(request: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Options of a retry published from inside the body, with the waits counted back in."""
+    waits = getattr(request, WAITS_MARK, None) if request is not None else None
+    if waits and "retries" in options:
+        return {**options, "retries": options["retries"] + waits}
+    return options

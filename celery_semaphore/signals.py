@@ -1,0 +1,29 @@
+"""Signals this package sends, for users and for the metrics module.
+
+Connect like any Celery signal::
+
+    from celery_semaphore.signals import permit_lost
+
+    @permit_lost.connect
+    def page_someone(sender, semaphore, task_id, **kwargs): ...
+"""
+
+from celery.utils.dispatch import Signal
+
+#: A running task's permit was found lost by the worker's heartbeat (its lease
+#: ran out or Redis lost its data). The task keeps running; it no longer counts
+#: against the limit. Sent in the worker's main process.
+#: Arguments: ``semaphore`` (name), ``task_id``, ``task_name``.
+permit_lost = Signal(name="semaphore_permit_lost")
+
+#: A task was refused a permit and will ask again. Sent in the process that asked.
+#: Arguments: ``semaphore``, ``task_id``, ``task_name``, ``position``, ``countdown``.
+permit_waiting = Signal(name="semaphore_permit_waiting")
+
+#: A task was granted a permit. Arguments: ``semaphore``, ``task_id``,
+#: ``task_name``, ``waited`` (seconds since the task first asked).
+permit_granted = Signal(name="semaphore_permit_granted")
+
+#: A task gave a permit back. Arguments: ``semaphore``, ``task_id``,
+#: ``task_name``, ``released`` (False if it was already lost).
+permit_released = Signal(name="semaphore_permit_released")

@@ -1,0 +1,90 @@
+"""The Celery task base class: ``@app.task(base=LimitedTask, semaphore=..., limit=...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, ClassVar
+
+from celery import Task
+
+from . import validation
+from .admission import admitted_call, with_waits_added
+from .config import PREFIX, SemaphoreConfig
+from .patching import PATCHED
+from .worker import install
+
+TASK_WIDE = {"redis_url", "namespace", "queue_limits"}
+TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in TASK_WIDE)
+
+
+class LimitedTask(Task):  # type: ignore[misc]
+    """At most ``limit`` executions at once across every worker, started in FIFO order.
+
+    Options (decorator keywords)::
+
+        semaphore   name of the semaphore (tasks sharing a name share the cap), or a
+                    function of the task's arguments returning it (per-key caps:
+                    ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``)
+        limit       the cap (int >= 1)
+        semaphore_<setting>  a per-task value of any ``semaphore_*`` setting but the
+                    Redis URL, namespace and queue limits (see :mod:`.config`)
+
+    The permit is taken in the worker right before the body runs and given
+    back when it ends, however it ends. Calling the task directly bypasses the
+    semaphore; eager execution takes the permit or fails at once.
+    """
+
+    semaphore: ClassVar[str | Callable[..., str] | None] = None
+    limit: ClassVar[int | None] = None
+    semaphore_options: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        super().on_bound(app)
+        name = f"task {cls.name}"
+        if cls.semaphore is None:
+            raise TypeError(f"{name}: LimitedTask needs semaphore= (a name or a key function)")
+        if not callable(cls.semaphore):
+            validation.check_name(cls.semaphore, f"{name}: semaphore")
+        if cls.limit is None:
+            raise TypeError(f"{name}: LimitedTask needs limit= (an int >= 1)")
+        validation.check_limit(cls.limit, f"{name}: limit")
+        options = {}
+        for attribute in dir(cls):
+            if attribute.startswith(PREFIX) and attribute != "semaphore_options":
+                option = attribute[len(PREFIX) :]
+                if option not in TASK_OPTIONS:
+                    raise ValueError(
+                        f"{name}: unknown option {attribute}; accepted: semaphore, limit, "
+                        + ", ".join(PREFIX + o for o in TASK_OPTIONS)
+                    )
+                options[option] = getattr(cls, attribute)
+        for option in TASK_OPTIONS:
+            if option in cls.__dict__:
+                raise ValueError(f"{name}: unknown option {option}; did you mean {PREFIX}{option}?")
+        try:
+            SemaphoreConfig(**options)  # type and range checks now; app settings join at first use
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name}: {PREFIX}{error}") from None
+        cls.semaphore_options = options
+        install(app)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return admitted_call(self, super().__call__, args, kwargs)
+
+    def signature_from_request(
+        self,
+        request: Any = None,
+        args: Any = None,
+        kwargs: Any = None,
+        queue: Any = None,
+        **extra_options: Any,
+    ) -> Any:
+        request = self.request if request is None else request
+        return super().signature_from_request(
+            request, args, kwargs, queue, **with_waits_added(request, extra_options)
+        )
+
+
+setattr(LimitedTask, PATCHED, True)  # queue caps: admission is built in, nothing to patch

@@ -1,0 +1,88 @@
+"""Fixtures that run real, throwaway Redis servers (see servers.py).
+
+Each fixture starts its own processes on free loopback ports and stops them at
+teardown, whatever the outcome of the test. The shared Redis on 6379 is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from servers import (
+    AclRedisServer,
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    TlsNotSupportedError,
+    TlsRedisServer,
+    UnixSocketRedisServer,
+)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """Fresh, empty server for this test only; tests may kill or restart it."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_session_server() -> Iterator[RedisServer]:
+    """Server shared by the whole session; tests must use unique keys and not stop it."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of this test's fresh server (the same one as ``redis_server``)."""
+    return redis_server.url
+
+
+@pytest.fixture
+def tls_redis() -> Iterator[TlsRedisServer]:
+    """Fresh TLS-only server; skips only if redis-server was built without TLS."""
+    server = TlsRedisServer()
+    with contextlib.closing(server):
+        try:
+            server.start()
+        except TlsNotSupportedError as exc:
+            pytest.skip(str(exc))
+        yield server
+
+
+@pytest.fixture
+def acl_redis() -> Iterator[AclRedisServer]:
+    """Fresh server with ``requirepass`` and an ACL user; ``url`` logs in as that user."""
+    with AclRedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def unix_redis() -> Iterator[UnixSocketRedisServer]:
+    """Fresh server whose ``url`` is a ``unix://`` socket URL."""
+    with UnixSocketRedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _redis_cluster_servers() -> Iterator[RedisClusterServers]:
+    """Starting a cluster takes about 2 s (Redis delays cluster_state:ok), so start it once."""
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster(_redis_cluster_servers: RedisClusterServers) -> RedisClusterServers:
+    """Three-master cluster shared by the session, emptied with FLUSHALL before each test."""
+    _redis_cluster_servers.flushall()
+    return _redis_cluster_servers
+
+
+@pytest.fixture
+def redis_sentinel() -> Iterator[RedisSentinelServers]:
+    """Fresh master + replica + Sentinel; per test because ``failover()`` is one-way."""
+    with RedisSentinelServers() as sentinel:
+        yield sentinel
