@@ -2,13 +2,15 @@
 
 Before the body runs, the request takes a permit of each of its gates (queue
 cap, then task semaphore). If one is refused it gives back what it took (it
-never holds one permit while waiting for another) and either waits in place,
-when its turn is estimated within ``semaphore_max_block``, or is retried later
-with its tickets in the message headers, so it keeps its place in line::
+never holds one permit while waiting for another). A request among the next
+``limit`` in line whose turn is due within ``semaphore_max_block`` waits for
+it in place (so a freed permit never idles while its next owner sleeps); any
+other is retried later with its tickets in the message headers, keeping its
+place in line, and comes back about half a hold before its turn::
 
-    attempt -> refused, position 12 of limit 4, holds ~0.2 s -> turn in ~0.6 s
-            -> retry(countdown=~0.6 s), headers carry {tickets, waits, first_ask}
-    attempt -> refused, position 2 -> turn in ~0.1 s <= max_block -> wait in place
+    attempt -> refused, position 12, limit 4, holds ~0.2 s -> turn in ~0.6 s
+            -> retry(countdown ~0.5 s), headers carry {tickets, waits, first_ask}
+    attempt -> refused, position 2 -> turn in ~0.1 s -> wait in place (pub/sub)
             -> granted -> body runs -> released in ``finally``
 
 Waits are counted in ``request.retries`` (so Flower shows them) but not against
@@ -94,11 +96,22 @@ def estimate_turn(place: Place) -> float | None:
     return place.position * place.hold_estimate / max(place.limit, 1)
 
 
+def should_wait_in_place(place: Place, max_block: float) -> bool:
+    """Only the next ``limit`` in line wait in place, and only for a turn due soon."""
+    if max_block <= 0 or place.draining or place.position > place.limit:
+        return False
+    turn = estimate_turn(place)
+    return turn is None or turn <= max_block
+
+
 def countdown(waits: int, place: Place | None, config: SemaphoreConfig) -> float:
-    """When to ask again: at the estimated turn, else exponential backoff with full jitter."""
+    """When to ask again: half a hold before the estimated turn (so the request
+    arrives among the next ``limit`` and waits in place briefly), else
+    exponential backoff with full jitter when the semaphore can't estimate."""
     turn = estimate_turn(place) if place is not None else None
-    if turn is not None:
-        delay = turn * (random.uniform(0.9, 1.0) if config.backoff_jitter else 1.0)
+    if turn is not None and place is not None and place.hold_estimate is not None:
+        early = turn - place.hold_estimate / 2
+        delay = early * (random.uniform(0.9, 1.0) if config.backoff_jitter else 1.0)
     else:
         cap = min(config.backoff_max, config.backoff_base * 2.0**waits)
         delay = random.uniform(0.0, cap) if config.backoff_jitter else cap
@@ -145,8 +158,7 @@ class Admission:
 
     def _wait_in_place(self, gate: Gate, place: Place, info: str) -> Permit | Place:
         self.state.tickets[gate.name] = place.ticket
-        turn = estimate_turn(place)
-        if turn is None or turn > self.config.max_block or self.config.max_block == 0:
+        if not should_wait_in_place(place, self.config.max_block):
             return place
         return self._sem(gate).wait_for_turn(  # type: ignore[no-any-return]
             self.config.max_block,

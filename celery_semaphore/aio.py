@@ -42,7 +42,9 @@ class AsyncPermit:
 
     async def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost."""
-        lost = await self.semaphore._renew([(self.holder, self.fencing_token)], lease_timeout)
+        lost = await self.semaphore._renew(
+            [(self.holder, self.fencing_token)], lease_timeout, [self]
+        )
         return self.holder not in lost
 
     async def __aenter__(self) -> AsyncPermit:
@@ -144,6 +146,11 @@ class AsyncSemaphore:
         if isinstance(result, Place):
             return result
         return AsyncPermit(self, holder, result.fencing_token, result.expires_at, result.waited)
+
+    async def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
+        """See :meth:`celery_semaphore.Semaphore.enqueue`."""
+        args = self._spec.enqueue_args(holder, wait_lease, info)
+        return int(await self._call("enqueue", args))
 
     async def try_acquire(
         self, holder: str | None = None, ticket: int | None = None

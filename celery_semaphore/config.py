@@ -9,8 +9,9 @@
   exponential backoff between waits when the turn can't be estimated; the
   maximum stays far below the Redis broker's ``visibility_timeout``.
 - ``semaphore_backoff_jitter`` (True): full jitter on that backoff.
-- ``semaphore_max_block`` (0.25 s): a task whose turn is estimated within this
-  long waits for it in place instead of retrying.
+- ``semaphore_max_block`` (1.0 s): a task among the next ``limit`` in line
+  whose turn is due within this long waits for it in place (blocking its
+  worker process at most this long) instead of retrying; 0 never waits in place.
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
   with :class:`~celery_semaphore.SemaphoreTimeout`.
@@ -46,7 +47,7 @@ class SemaphoreConfig:
     backoff_base: float = 0.5
     backoff_max: float = 60.0
     backoff_jitter: bool = True
-    max_block: float = 0.25
+    max_block: float = 1.0
     max_waits: int | None = None
     max_wait_time: float | None = None
     on_redis_error: str = "retry"

@@ -11,8 +11,8 @@ URL forms (query-string options such as ``ssl_ca_certs`` pass through to redis-p
 from __future__ import annotations
 
 import re
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -27,11 +27,15 @@ SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 _SCHEMES = ("redis", "rediss", "unix")
+_SCRIPT_DENIED = "user executing the script can't"
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """The URL with any password replaced by ``***``: in the user-info part (which
+    ends at the last ``@`` before the path, as redis-py parses it) and in a
+    ``password=`` query option (which redis-py honours too)."""
+    url = re.sub(r"(://[^:/?#]*:)[^/?#]*@", r"\1***@", url)
+    return re.sub(r"([?&]\w*password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def _split(url: str) -> tuple[str, str, bool]:
@@ -58,13 +62,34 @@ def _sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, dict[str, Any
             f"redis URL {mask_url(url)!r} names no Sentinel service: "
             "use redis+sentinel://host:port/<service name>[/db]"
         )
-    options: dict[str, Any] = dict(parse_qsl(parts.query))
-    if len(path) > 1:
-        options["db"] = int(path[1])
-    if userinfo:
-        user, _, password = userinfo.partition(":")
-        options.update(username=unquote(user) or None, password=unquote(password) or None)
+    # redis-py's own parser: unquoted credentials, typed query options (socket_timeout=...).
+    db = f"/{path[1]}" if len(path) > 1 else ""
+    credentials = f"{userinfo}@" if userinfo else ""
+    options: dict[str, Any] = redis.connection.parse_url(  # type: ignore[no-untyped-call]
+        f"redis://{credentials}sentinel{db}?{parts.query}"
+    )
+    del options["host"]
     return addresses, path[0], options
+
+
+class _SentinelMaster(redis.Redis):
+    """The master client of a Sentinel URL: closing it also closes its Sentinel clients."""
+
+    def close(self) -> None:
+        super().close()
+        pool = cast(redis.sentinel.SentinelConnectionPool, self.connection_pool)
+        for sentinel in pool.sentinel_manager.sentinels:
+            sentinel.close()
+
+
+class _AsyncSentinelMaster(redis.asyncio.Redis):
+    """Like :class:`_SentinelMaster`, for ``redis.asyncio``."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        pool = cast(redis.asyncio.sentinel.SentinelConnectionPool, self.connection_pool)
+        for sentinel in pool.sentinel_manager.sentinels:
+            await sentinel.aclose()
 
 
 def connect(target: Any) -> tuple[SyncClient, str]:
@@ -83,7 +108,8 @@ def connect(target: Any) -> tuple[SyncClient, str]:
     if kind == "sentinel":
         addresses, service, options = _sentinel_parts(target)
         sentinel = redis.sentinel.Sentinel(addresses, ssl=tls, **options)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(service), mask_url(target)  # type: ignore[no-untyped-call]
+        master = sentinel.master_for(service, redis_class=_SentinelMaster)  # type: ignore[no-untyped-call]
+        return master, mask_url(target)
     return redis.Redis.from_url(target), mask_url(target)
 
 
@@ -103,7 +129,7 @@ def connect_async(target: Any) -> tuple[AsyncClient, str]:
     if kind == "sentinel":
         addresses, service, options = _sentinel_parts(target)
         sentinel = redis.asyncio.sentinel.Sentinel(addresses, ssl=tls, **options)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(service), mask_url(target)
+        return sentinel.master_for(service, redis_class=_AsyncSentinelMaster), mask_url(target)
     return redis.asyncio.Redis.from_url(target), mask_url(target)
 
 
@@ -132,9 +158,11 @@ def translate(error: redis.RedisError, url: str) -> Exception:
     """The package error for a redis-py error (WRONGTYPE is handled by the caller)."""
     if isinstance(error, redis.ConnectionError | redis.TimeoutError):
         return SemaphoreConnectionError(url, error)
-    if isinstance(error, redis.exceptions.NoPermissionError):
+    # Redis < 7.2 reports an ACL denial inside a script as a plain ERR, not NOPERM.
+    if isinstance(error, redis.exceptions.NoPermissionError) or _SCRIPT_DENIED in str(error):
         return SemaphoreBackendError(
             f"Redis at {url} denied a command: {error} (grant the ACL user +@scripting "
-            "+@sortedset +@hash +publish +time on the semaphore keys and channels)"
+            "+@sortedset +@hash +pexpire +time +publish +subscribe on the semaphore keys "
+            "and channels)"
         )
     return SemaphoreBackendError(f"Redis at {url} answered with an error: {error}")

@@ -15,6 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from . import validation
 from .config import SemaphoreConfig
 from .connection import SyncClient, connect, mask_url
@@ -23,6 +27,7 @@ from .semaphore import Semaphore
 GATES_HEADER = "celery_semaphore_gates"
 WAIT_HEADER = "celery_semaphore"
 QUEUE_PREFIX = "queue:"
+QUICK_TIMEOUT = 0.25
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,15 @@ def decode_gates(raw: Any) -> list[Gate]:
     return [Gate.decode(item) for item in raw]
 
 
+def _client(url: str, quick: bool) -> SyncClient:
+    if quick and url.startswith(("redis://", "rediss://", "unix://")):
+        return redis.Redis.from_url(
+            url, socket_timeout=QUICK_TIMEOUT, socket_connect_timeout=QUICK_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )  # fmt: skip
+    return connect(url)[0]
+
+
 class Semaphores:
     """One client per Redis URL and one :class:`Semaphore` per gate, per process.
 
@@ -86,17 +100,22 @@ class Semaphores:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._clients: dict[str, SyncClient] = {}
+        self._clients: dict[tuple[str, bool], SyncClient] = {}
         self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
 
-    def get(self, gate: Gate, config: SemaphoreConfig) -> Semaphore:
-        key = (config.redis_url, config.namespace, gate.name, gate.limit, config.lease_timeout)
+    def get(self, gate: Gate, config: SemaphoreConfig, *, quick: bool = False) -> Semaphore:
+        """The gate's semaphore; ``quick``: on a client that gives up within
+        :data:`QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
+        key = (config.redis_url, config.namespace, gate.name, gate.limit, config.lease_timeout,
+               quick)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is None:
             with self._lock:
-                client = self._clients.get(config.redis_url)
+                client = self._clients.get((config.redis_url, quick))
                 if client is None:
-                    client = self._clients[config.redis_url] = connect(config.redis_url)[0]
+                    client = self._clients[(config.redis_url, quick)] = _client(
+                        config.redis_url, quick
+                    )
                 semaphore = Semaphore(
                     client,
                     gate.name,

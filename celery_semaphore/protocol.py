@@ -147,6 +147,13 @@ class SemaphoreSpec:
             self.keys.channel,
         ]
 
+    def enqueue_args(self, holder: str, wait_lease: float | None, info: str) -> list[Any]:
+        validation.check_holder(holder)
+        validation.check_info(info)
+        seconds = self.waiter_lease if wait_lease is None else wait_lease
+        wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
+        return [holder, wait_ms, info, self.idle_ms]
+
     def release_args(self, holder: str, token: int | None) -> list[Any]:
         validation.check_holder(holder)
         return [holder, "" if token is None else token, self.idle_ms, self.keys.channel]

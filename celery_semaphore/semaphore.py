@@ -56,7 +56,7 @@ class Permit:
 
     def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""
-        lost = self.semaphore._renew([(self.holder, self.fencing_token)], lease_timeout)
+        lost = self.semaphore._renew([(self.holder, self.fencing_token)], lease_timeout, [self])
         return self.holder not in lost
 
     def __enter__(self) -> Permit:
@@ -174,6 +174,15 @@ class Semaphore:
         if isinstance(result, Place):
             return result
         return Permit(self, holder, result.fencing_token, result.expires_at, result.waited)
+
+    def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
+        """Take a place in line for ``holder`` without asking for a permit; returns its ticket.
+
+        For a producer that wants its jobs served in submission order: the
+        place holds for ``wait_lease`` s; later the job presents the ticket.
+        """
+        args = self._spec.enqueue_args(holder, wait_lease, info)
+        return int(self._call("enqueue", args))
 
     def try_acquire(self, holder: str | None = None, ticket: int | None = None) -> Permit | None:
         """A permit if one can be granted now, else None (the contender keeps its place)."""

@@ -30,6 +30,7 @@ from .config import get_config
 from .errors import SemaphoreError
 from .gates import GATES_HEADER, Gate, decode_gates, encode_gates, queue_gate, semaphores, task_gate
 from .patching import admit_every_task
+from .publish import installed_apps
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def install(app: Any) -> None:
     """Add the worker bootstep to ``app`` (LimitedTask does this itself; call it
     when only ``semaphore_queue_limits`` is used). Idempotent."""
     app.steps["worker"].add(SemaphoreStep)
+    installed_apps.add(app)
 
 
 # -- the gates of each request, decided in the main process --------------------------------

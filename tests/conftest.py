@@ -7,9 +7,12 @@ teardown, whatever the outcome of the test. The shared Redis on 6379 is never us
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from celery_harness import Cluster
 from servers import (
     AclRedisServer,
     RedisClusterServers,
@@ -86,3 +89,18 @@ def redis_sentinel() -> Iterator[RedisSentinelServers]:
     """Fresh master + replica + Sentinel; per test because ``failover()`` is one-way."""
     with RedisSentinelServers() as sentinel:
         yield sentinel
+
+
+@pytest.fixture
+def celery_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """Factory of a :class:`celery_harness.Cluster` on this test's own Redis; stops every worker."""
+    made: list[Cluster] = []
+
+    def make(**kwargs: Any) -> Cluster:
+        cluster = Cluster(redis_server.url, tmp_path, **kwargs)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()

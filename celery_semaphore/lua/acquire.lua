@@ -20,20 +20,29 @@ local holder, declared = ARGV[1], tonumber(ARGV[2])
 local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
 
-local reclaimed = reclaim()
-redis.call('HSET', meta, 'limit', declared)
-local limit, draining = effective_limit(declared)
+local waiting = redis.call('ZCARD', waiters)
+local reclaimed, lapsed = reclaim(waiting)
+if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
+-- The runtime override wins over the declared limit; draining admits nobody.
+local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms')
+local limit, draining = tonumber(m[2]) or declared, m[3] == '1'
+local meta_writes = {}  -- field, value, ...: one HSET at the end
+if m[1] ~= ARGV[2] then
+  meta_writes = {'limit', ARGV[2]}
+end
 
 local held = redis.call('ZSCORE', holders, holder)
-local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
+local ticket
+if waiting > 0 then
+  ticket = tonumber(redis.call('ZSCORE', waiters, holder))
+end
+local in_line = ticket ~= nil
 if presented and (not ticket or presented < ticket) then
   ticket = presented
 end
-local ahead
-if ticket then
+local ahead = waiting
+if ticket and waiting > 0 then
   ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
-else
-  ahead = redis.call('ZCARD', waiters)
 end
 local count = redis.call('ZCARD', holders)
 local free = limit - count
@@ -46,20 +55,28 @@ if held or (free > 0 and ahead < free) then
     acquired = tonumber(string.match(redis.call('HGET', hinfo, holder) or '', '^%d+|(%d+)|')) or now_ms
   end
   local waited = 0
-  local first = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|')
-  if first then waited = now_ms - tonumber(first) end
-  local token = next_seq('fence')
+  if in_line then
+    local first = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|')
+    if first then waited = now_ms - tonumber(first) end
+    redis.call('ZREM', waiters, holder)
+    redis.call('ZREM', wexp, holder)
+    redis.call('HDEL', winfo, holder)
+  end
+  local token = next_seq(m[4])
+  meta_writes[#meta_writes + 1] = 'fence'
+  meta_writes[#meta_writes + 1] = fmt(token)
   local expires = now_ms + lease_ms
   redis.call('ZADD', holders, expires, holder)
   redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
-  redis.call('ZREM', waiters, holder)
-  redis.call('ZREM', wexp, holder)
-  redis.call('HDEL', winfo, holder)
   result = {1, token, expires, now_ms, waited}
 else
   local queued = 0
   if waiter_lease_ms > 0 then
-    if not ticket then ticket = next_seq('ticket') end
+    if not ticket then
+      ticket = next_seq(m[5])
+      meta_writes[#meta_writes + 1] = 'ticket'
+      meta_writes[#meta_writes + 1] = fmt(ticket)
+    end
     redis.call('ZADD', waiters, fmt(ticket), holder)
     redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
     if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
@@ -67,10 +84,14 @@ else
       redis.call('HSET', winfo, holder, first .. '|' .. info)
     end
     queued = ticket
+    waiting = waiting + 1
   end
-  local hold_ms = tonumber(redis.call('HGET', meta, 'hold_ms')) or 0
+  local hold_ms = tonumber(m[6]) or 0
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms, hold_ms}
 end
+if #meta_writes > 0 then
+  redis.call('HSET', meta, unpack(meta_writes))
+end
 if reclaimed > 0 then wake(channel) end
-touch(idle_ms)
+touch(idle_ms, waiting == 0)
 return result

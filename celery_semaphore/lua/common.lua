@@ -10,6 +10,11 @@
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.
+--
+-- holders and hinfo hold the same members, and so do waiters, wexp and winfo:
+-- each group is written and deleted together by one script, and touch() gives
+-- all six keys the same expiry. So ZCARD waiters == 0 means that wexp and winfo
+-- are absent too, which lets the hot paths skip the waiter keys entirely.
 
 local holders, hinfo, waiters, wexp, winfo, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local clock = redis.call('TIME')
@@ -21,11 +26,10 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
-local function next_seq(field)
-  local last = tonumber(redis.call('HGET', meta, field) or '0') or 0
-  local value = math.max(last + 1, now_us)
-  redis.call('HSET', meta, field, fmt(value))
-  return value
+-- The next fence or ticket after ``last`` (the meta field's value, or nil); the
+-- caller stores it (acquire writes all its meta fields in one HSET).
+local function next_seq(last)
+  return math.max((tonumber(last) or 0) + 1, now_us)
 end
 
 local function token_of(record)
@@ -33,27 +37,26 @@ local function token_of(record)
   return string.match(record, '^(%d+)|')
 end
 
--- Drops holders and waiters whose leases ran out; returns how many went.
-local function reclaim()
+-- Drops holders and waiters whose leases ran out; returns how many went, and
+-- how many of those were waiters. ``waiting``: ZCARD waiters if the caller read
+-- it, else nil; 0 skips the scan of wexp (no waiters, so none lapsed).
+local function reclaim(waiting)
   local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms, 'LIMIT', 0, BATCH)
   if #gone > 0 then
     redis.call('ZREM', holders, unpack(gone))
     redis.call('HDEL', hinfo, unpack(gone))
   end
-  local lapsed = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_ms, 'LIMIT', 0, BATCH)
-  if #lapsed > 0 then
-    redis.call('ZREM', waiters, unpack(lapsed))
-    redis.call('ZREM', wexp, unpack(lapsed))
-    redis.call('HDEL', winfo, unpack(lapsed))
+  local lapsed = 0
+  if waiting ~= 0 then
+    local list = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_ms, 'LIMIT', 0, BATCH)
+    if #list > 0 then
+      redis.call('ZREM', waiters, unpack(list))
+      redis.call('ZREM', wexp, unpack(list))
+      redis.call('HDEL', winfo, unpack(list))
+    end
+    lapsed = #list
   end
-  return #gone + #lapsed
-end
-
--- The runtime override wins over the declared limit; draining admits nobody.
-local function effective_limit(declared)
-  local m = redis.call('HMGET', meta, 'override', 'draining')
-  local limit = tonumber(m[1]) or declared
-  return limit, m[2] == '1'
+  return #gone + lapsed, lapsed
 end
 
 local function wake(channel)
@@ -62,9 +65,13 @@ local function wake(channel)
   end
 end
 
-local function touch(idle_ms)
+-- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
+-- waiter keys are absent (PEXPIRE would do nothing on them), so it skips them.
+local function touch(idle_ms, no_waiters)
   for i = 1, 6 do
-    redis.call('PEXPIRE', KEYS[i], idle_ms)
+    if not (no_waiters and i >= 3 and i <= 5) then
+      redis.call('PEXPIRE', KEYS[i], idle_ms)
+    end
   end
 end
 

@@ -13,11 +13,12 @@
 
 local holder, token, idle_ms, channel = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
-local reclaimed = reclaim()
+local waiting = redis.call('ZCARD', waiters)
+local reclaimed, lapsed = reclaim(waiting)
+if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
-if redis.call('ZSCORE', holders, holder) and (token == '' or token_of(record) == token) then
-  redis.call('ZREM', holders, holder)
+if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, holder) == 1 then
   redis.call('HDEL', hinfo, holder)
   released = 1
   held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)
@@ -25,11 +26,11 @@ if redis.call('ZSCORE', holders, holder) and (token == '' or token_of(record) ==
   average = average and (0.8 * average + 0.2 * held_ms) or held_ms
   redis.call('HSET', meta, 'hold_ms', fmt(average))
 end
-if token == '' then
+if token == '' and waiting > 0 then
   redis.call('ZREM', waiters, holder)
   redis.call('ZREM', wexp, holder)
   redis.call('HDEL', winfo, holder)
 end
-if released == 1 or reclaimed > 0 then wake(channel) end
-touch(idle_ms)
+if (released == 1 or reclaimed > 0) and waiting > 0 then wake(channel) end
+touch(idle_ms, waiting == 0)
 return {released, held_ms}

@@ -1,0 +1,186 @@
+"""Real ``celery worker`` subprocesses for the worker tests (see celery_apps/limited_app.py).
+
+A :class:`Cluster` owns a private broker/result/semaphore Redis (the test's own
+``redis-server``), starts workers as separate processes, and observes them from
+outside: the ``events`` list the task bodies write and the semaphores' state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+from servers import wait_until
+
+from celery_semaphore import Semaphore
+
+APPS = Path(__file__).parent / "celery_apps"
+
+
+class Worker:
+    """One ``celery worker`` process (and its pool children)."""
+
+    def __init__(self, env: dict[str, str], name: str, pool: str, concurrency: int,
+                 queues: str | None, log: Path, app: str, extra: list[str]) -> None:
+        self.name = name
+        self.log = log
+        command = [
+            sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool,
+            "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
+        ]
+        if queues:
+            command += ["-Q", queues]
+        self._log_file = log.open("wb")
+        self.process = subprocess.Popen(
+            command, env=env, cwd=APPS, stdout=self._log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited:\n{self.text()[-3000:]}")
+            return " ready." in self.text()
+
+        wait_until(ready, timeout, f"worker {self.name} ready")
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill_all(self) -> None:
+        """SIGKILL the worker and its children at once (a machine dying)."""
+        if self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.process.wait(timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+        self._log_file.close()
+
+
+class Cluster:
+    """Workers sharing one private Redis (broker db 0, results and semaphores db 1)."""
+
+    def __init__(self, redis_url: str, tmp: Path, *, broker_url: str | None = None,
+                 limit: int = 2, lease: float = 60.0,
+                 queue_limits: dict[str, int] | None = None,
+                 extra_conf: dict[str, Any] | None = None) -> None:
+        base = redis_url.rsplit("/", 1)[0]
+        self.state_url = f"{base}/1"
+        self.broker_url = broker_url or f"{base}/0"
+        self.limit = limit
+        self.lease = lease
+        self.tmp = tmp
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+            "CS_BROKER_URL": self.broker_url,
+            "CS_REDIS_URL": self.state_url,
+            "CS_LIMIT": str(limit),
+            "CS_LEASE": str(lease),
+            "CS_QUEUE_LIMITS": json.dumps(queue_limits or {}),
+            "CS_EXTRA_CONF": json.dumps(extra_conf or {}),
+        }
+        self.workers: list[Worker] = []
+        self.redis = redis.Redis.from_url(self.state_url)
+        self._semaphores: dict[tuple[str, int], Semaphore] = {}
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith("CS_")})
+        sys.path.insert(0, str(APPS))
+        import limited_app
+
+        self.app_module = limited_app
+        self._configure_client_app()
+
+    def _configure_client_app(self) -> None:
+        app = self.app_module.app
+        app.conf.broker_url = self.broker_url
+        app.conf.result_backend = self.state_url
+        self.app_module._log = redis.Redis.from_url(self.state_url)
+        app.conf.update(json.loads(self.env["CS_EXTRA_CONF"]))
+
+    def worker(self, name: str = "w1", *, pool: str = "prefork", concurrency: int = 2,
+               queues: str | None = None, extra: list[str] | None = None,
+               app: str = "limited_app", wait: bool = True) -> Worker:
+        worker = Worker(self.env, name, pool, concurrency, queues,
+                        self.tmp / f"{name}.log", app, extra or [])
+        self.workers.append(worker)
+        if wait:
+            worker.wait_ready()
+        return worker
+
+    def semaphore(self, name: str = "hold", limit: int | None = None) -> Semaphore:
+        key = (name, limit or self.limit)
+        if key not in self._semaphores:
+            self._semaphores[key] = Semaphore(self.redis, name, key[1], lease_timeout=self.lease)
+        return self._semaphores[key]
+
+    def holders(self, name: str = "hold") -> int:
+        return self.semaphore(name).status().holder_count
+
+    def waiters(self, name: str = "hold") -> int:
+        return self.semaphore(name).status().waiter_count
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.redis.lrange("events", 0, -1)]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        try:
+            wait_until(predicate, timeout, what)
+        except Exception as error:
+            logs = "\n".join(f"--- {w.name}\n{w.text()[-4000:]}" for w in self.workers)
+            raise AssertionError(f"{error}\n{logs}") from error
+
+    def started(self, task_id: str) -> bool:
+        return any(e["id"] == task_id and e["event"] == "start" for e in self.events())
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self.redis.close()
+        for semaphore in self._semaphores.values():
+            semaphore.close()
+        sys.path.remove(str(APPS))
+
+
+def max_overlap(events: list[dict[str, Any]]) -> int:
+    """Most task bodies running at once, from their start/end records."""
+    points = sorted((e["at"], 1 if e["event"] == "start" else -1) for e in events
+                    if e["event"] in ("start", "end"))
+    running = peak = 0
+    for _, step in points:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def settle(seconds: float) -> None:
+    time.sleep(seconds)

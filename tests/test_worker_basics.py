@@ -1,0 +1,25 @@
+"""LimitedTask in real ``celery worker`` processes: the cap, FIFO order, waits as retries."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_harness import max_overlap
+
+pytestmark = pytest.mark.slow
+
+
+def test_cap_holds_across_two_workers_and_start_order_is_fifo(celery_cluster):
+    cluster = celery_cluster(limit=2)
+    cluster.worker("w1", concurrency=3)
+    cluster.worker("w2", concurrency=3)
+    results = [cluster.app_module.hold.delay(0.3, i) for i in range(12)]
+    assert [r.get(timeout=60) for r in results] == list(range(12))
+    events = cluster.events()
+    assert max_overlap(events) == 2
+    starts = [e["tag"] for e in sorted(events, key=lambda e: e["at"]) if e["event"] == "start"]
+    assert len(starts) == 12
+    inversions = sum(1 for i, a in enumerate(starts) for b in starts[i + 1 :] if a > b)
+    assert inversions <= 3, starts
+    cluster.wait_for(lambda: cluster.holders() == 0, 1.0, "holders back to zero")
+    assert cluster.waiters() == 0
