@@ -1,0 +1,55 @@
+"""Finding the semaphores that exist in Redis, for operators (CLI, metrics).
+
+Listing uses SCAN over the ``meta`` keys: fine for an operator's command or a
+metrics scrape, never used on a task's path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from .connection import SyncClient, translate
+from .errors import SemaphoreError
+from .keys import name_from_meta_key, semaphore_keys
+from .protocol import text
+from .semaphore import Semaphore
+
+
+class UnknownSemaphore(SemaphoreError, LookupError):
+    """No semaphore of that name has been used (or it expired while idle)."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name = name
+        super().__init__(
+            f"no semaphore named {name!r} in namespace {namespace!r} "
+            "(it was never used, or expired while idle): check the name and semaphore_namespace"
+        )
+
+
+def semaphore_names(client: SyncClient, namespace: str, url: str = "") -> list[str]:
+    """Names of every semaphore with state in Redis, sorted."""
+    try:
+        keys = client.scan_iter(match=f"{namespace}:{{*}}:meta", count=1000)
+        names = {name_from_meta_key(namespace, text(key)) for key in keys}
+    except redis.RedisError as error:
+        raise translate(error, url or "redis") from error
+    return sorted(n for n in names if n is not None)
+
+
+def open_semaphore(
+    client: SyncClient, namespace: str, name: str, url: str = "", **kwargs: Any
+) -> Semaphore:
+    """The existing semaphore ``name``, with the limit its users declared."""
+    meta = semaphore_keys(namespace, name).meta
+    try:
+        declared = client.hget(meta, "limit")
+    except redis.RedisError as error:
+        raise translate(error, url or "redis") from error
+    if declared is None:
+        raise UnknownSemaphore(name, namespace)
+    semaphore = Semaphore(client, name, int(text(declared)), namespace=namespace, **kwargs)
+    if url:
+        semaphore.url = url
+    return semaphore
