@@ -1,5 +1,6 @@
 """Cluster-wide, fair, leased concurrency caps for Celery tasks, backed by Redis."""
 
+from . import events as _events  # noqa: F401  (connects the Celery event senders)
 from .aio import AsyncPermit, AsyncSemaphore
 from .errors import (
     PermitLost,

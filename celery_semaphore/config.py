@@ -19,6 +19,8 @@
   ``"retry"`` later (never run without a permit), ``"fail"`` the task, or
   ``"run"`` it without a permit.
 - ``semaphore_queue_limits`` (``{}``): ``{queue name: limit}`` caps per queue.
+- ``semaphore_send_events`` (None: as the worker's ``-E``): send the Celery
+  events ``semaphore-waiting``, ``semaphore-granted`` and ``semaphore-lost``.
 
 A :class:`~celery_semaphore.LimitedTask` takes the same names as decorator
 options to override them per task (all but the Redis URL, the namespace and
@@ -35,6 +37,7 @@ from . import validation
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 PREFIX = "semaphore_"
+APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events"})
 _cache: WeakKeyDictionary[Any, SemaphoreConfig] = WeakKeyDictionary()
 
 
@@ -52,6 +55,7 @@ class SemaphoreConfig:
     max_wait_time: float | None = None
     on_redis_error: str = "retry"
     queue_limits: dict[str, int] = field(default_factory=dict)
+    send_events: bool | None = None
 
     def __post_init__(self) -> None:
         validation.check_namespace(self.namespace)
@@ -66,6 +70,8 @@ class SemaphoreConfig:
         validation.check_seconds(self.backoff_base, "backoff_base")
         validation.check_seconds(self.backoff_max, "backoff_max")
         validation.check_seconds(self.max_block, "max_block", allow_zero=True)
+        if self.send_events is not None and not isinstance(self.send_events, bool):
+            raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")
         if not isinstance(self.backoff_jitter, bool):
             raise TypeError(f"backoff_jitter must be True or False, got {self.backoff_jitter!r}")
         if self.max_waits is not None:
@@ -91,7 +97,7 @@ class SemaphoreConfig:
 
     def with_options(self, options: dict[str, Any], owner: str) -> SemaphoreConfig:
         """This config with per-task overrides, errors naming ``owner`` (the task)."""
-        known = {f.name for f in fields(self)} - {"redis_url", "namespace", "queue_limits"}
+        known = {f.name for f in fields(self)} - APP_WIDE
         unknown = set(options) - known
         if unknown:
             raise ValueError(
@@ -109,6 +115,11 @@ def default_redis_url(app: Any) -> str:
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
         return broker.split(";")[0]
     return "redis://localhost:6379/0"
+
+
+def forget_config(app: Any) -> None:
+    """Drop the cached settings (the worker sets ``semaphore_send_events`` at start)."""
+    _cache.pop(app, None)
 
 
 def get_config(app: Any) -> SemaphoreConfig:

@@ -10,12 +10,11 @@ from celery import Task
 
 from . import validation
 from .admission import admitted_call, with_waits_added
-from .config import PREFIX, SemaphoreConfig
+from .config import APP_WIDE, PREFIX, SemaphoreConfig
 from .patching import PATCHED
 from .worker import install
 
-TASK_WIDE = {"redis_url", "namespace", "queue_limits"}
-TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in TASK_WIDE)
+TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in APP_WIDE)
 
 
 class LimitedTask(Task):  # type: ignore[misc]

@@ -1,0 +1,46 @@
+"""Celery events for permit waits, grants and losses.
+
+Their types do not start with ``task-``: Flower would take a custom ``task-*``
+event as the task's new state. Event consumers count them (Flower's
+``/metrics``: ``flower_events_total{type="semaphore-granted"}``; ``celery
+events``). Sent only when ``semaphore_send_events`` is on, which by default
+follows the worker's ``-E``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from . import signals
+from .config import get_config
+
+logger = logging.getLogger(__name__)
+
+
+def send(app: Any, hostname: str | None, type_: str, task_id: str, **fields: Any) -> None:
+    if not get_config(app).send_events:
+        return
+    try:
+        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+            dispatcher.send(type_, uuid=task_id, retry=False, **fields)
+    except Exception as error:  # monitoring must never break a task
+        logger.debug("could not send %s event: %s", type_, error)
+
+
+def _from_task(type_: str) -> Any:
+    def handler(sender: Any = None, task_id: str = "", **fields: Any) -> None:
+        fields.pop("signal", None)
+        hostname = getattr(getattr(sender, "request", None), "hostname", None)
+        send(sender.app, fields.pop("hostname", None) or hostname, type_, task_id, **fields)
+
+    return handler
+
+
+_handlers = {
+    signals.permit_waiting: _from_task("semaphore-waiting"),
+    signals.permit_granted: _from_task("semaphore-granted"),
+    signals.permit_lost: _from_task("semaphore-lost"),
+}
+for _signal, _handler in _handlers.items():
+    _signal.connect(_handler, weak=False)
