@@ -28,20 +28,48 @@ APPS = Path(__file__).parent / "celery_apps"
 class Worker:
     """One ``celery worker`` process (and its pool children)."""
 
-    def __init__(self, env: dict[str, str], name: str, pool: str, concurrency: int,
-                 queues: str | None, log: Path, app: str, extra: list[str]) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        name: str,
+        pool: str,
+        concurrency: int,
+        queues: str | None,
+        log: Path,
+        app: str,
+        extra: list[str],
+    ) -> None:
         self.name = name
         self.log = log
         command = [
-            sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool,
-            "-c", str(concurrency), "-n", f"{name}@%h", "-l", "info",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra,
         ]
         if queues:
             command += ["-Q", queues]
         self._log_file = log.open("wb")
         self.process = subprocess.Popen(
-            command, env=env, cwd=APPS, stdout=self._log_file, stderr=subprocess.STDOUT,
+            command,
+            env=env,
+            cwd=APPS,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -90,10 +118,17 @@ class Worker:
 class Cluster:
     """Workers sharing one private Redis (broker db 0, results and semaphores db 1)."""
 
-    def __init__(self, redis_url: str, tmp: Path, *, broker_url: str | None = None,
-                 limit: int = 2, lease: float = 60.0,
-                 queue_limits: dict[str, int] | None = None,
-                 extra_conf: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        tmp: Path,
+        *,
+        broker_url: str | None = None,
+        limit: int = 2,
+        lease: float = 60.0,
+        queue_limits: dict[str, int] | None = None,
+        extra_conf: dict[str, Any] | None = None,
+    ) -> None:
         base = redis_url.rsplit("/", 1)[0]
         self.state_url = f"{base}/1"
         self.broker_url = broker_url or f"{base}/0"
@@ -127,11 +162,20 @@ class Cluster:
         self.app_module._log = redis.Redis.from_url(self.state_url)
         app.conf.update(json.loads(self.env["CS_EXTRA_CONF"]))
 
-    def worker(self, name: str = "w1", *, pool: str = "prefork", concurrency: int = 2,
-               queues: str | None = None, extra: list[str] | None = None,
-               app: str = "limited_app", wait: bool = True) -> Worker:
-        worker = Worker(self.env, name, pool, concurrency, queues,
-                        self.tmp / f"{name}.log", app, extra or [])
+    def worker(
+        self,
+        name: str = "w1",
+        *,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: str | None = None,
+        extra: list[str] | None = None,
+        app: str = "limited_app",
+        wait: bool = True,
+    ) -> Worker:
+        worker = Worker(
+            self.env, name, pool, concurrency, queues, self.tmp / f"{name}.log", app, extra or []
+        )
         self.workers.append(worker)
         if wait:
             worker.wait_ready()
@@ -173,8 +217,11 @@ class Cluster:
 
 def max_overlap(events: list[dict[str, Any]]) -> int:
     """Most task bodies running at once, from their start/end records."""
-    points = sorted((e["at"], 1 if e["event"] == "start" else -1) for e in events
-                    if e["event"] in ("start", "end"))
+    points = sorted(
+        (e["at"], 1 if e["event"] == "start" else -1)
+        for e in events
+        if e["event"] in ("start", "end")
+    )
     running = peak = 0
     for _, step in points:
         running += step

@@ -1,0 +1,351 @@
+"""The example project: docker-compose.yml agrees with the code, and the demo runs end to end.
+
+No Docker engine runs here, so the compose file is checked statically against the example
+project: every app module a command names imports, every queue a worker consumes is one the
+app routes to (and the other way round), every DEMO_* variable is one the code reads, every
+command's flags are accepted by the module it runs, build and depends_on references resolve,
+and Flower shows the Retries column. The slow test runs ``python -m example_project.demo
+--quick`` for real: its private redis-server, the partner API and two prefork workers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+EXAMPLE = ROOT / "example_project"
+# Columns Flower's tasks page knows (flower docs, "tasks_columns").
+FLOWER_COLUMNS = {
+    "name", "uuid", "state", "args", "kwargs", "result", "received", "started", "runtime",
+    "worker", "exchange", "routing_key", "retries", "revoked", "exception", "expires", "eta",
+}  # fmt: skip
+# Prints what a Celery app module declares, importing it in a fresh interpreter (as a worker
+# would) so this test process keeps no app, signal handler or client of it.
+DESCRIBE_APP = """
+import importlib, json, sys
+module, _, attribute = sys.argv[1].partition(":")
+app = getattr(importlib.import_module(module), attribute or "app")
+routes = app.conf.task_routes or {}
+print(json.dumps({
+    "main": app.main,
+    "default_queue": app.conf.task_default_queue,
+    "routed_queues": sorted({r["queue"] for r in routes.values() if "queue" in r}),
+    "queue_limits": app.conf.semaphore_queue_limits or {},
+    "tasks": sorted(n for n in app.tasks if not n.startswith("celery.")),
+}))
+"""
+
+
+# -- docker-compose.yml ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict[str, Any]]:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    found: dict[str, dict[str, Any]] = compose["services"]
+    return found
+
+
+def command_of(service: dict[str, Any]) -> list[str]:
+    command = service.get("command") or []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def option(command: list[str], *names: str) -> str | None:
+    """The value of ``-X value``, ``--long value`` or ``--long=value`` in a command."""
+    for i, word in enumerate(command):
+        for name in names:
+            if word == name and i + 1 < len(command):
+                return command[i + 1]
+            if name.startswith("--") and word.startswith(name + "="):
+                return word.split("=", 1)[1]
+    return None
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def celery_services(services: dict[str, dict[str, Any]], subcommand: str) -> dict[str, list[str]]:
+    out = {}
+    for name, service in services.items():
+        command = command_of(service)
+        if command[:1] == ["celery"] and subcommand in command:
+            out[name] = command
+    return out
+
+
+@functools.cache
+def describe_app(spec: str) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "DEMO_REDIS_URL": "redis://127.0.0.1:1/0",  # never contacted: importing connects nothing
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", DESCRIBE_APP, spec],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"-A {spec} does not import:\n{result.stderr}"
+    described: dict[str, Any] = json.loads(result.stdout)
+    return described
+
+
+def env_vars_read_by_the_code() -> set[str]:
+    pattern = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z0-9_]+)["']""")
+    return {m for path in EXAMPLE.glob("*.py") for m in pattern.findall(path.read_text())}
+
+
+def test_compose_has_the_services(services: dict[str, dict[str, Any]]) -> None:
+    assert {"redis", "downstream", "worker1", "worker2", "flower", "demo"} <= set(services)
+    assert len(celery_services(services, "worker")) >= 2
+
+
+def test_builds_and_depends_on_resolve(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        assert "build" in service or "image" in service, f"{name}: neither build nor image"
+        build = service.get("build")
+        if build is not None:
+            context = ROOT / (build if isinstance(build, str) else build.get("context", "."))
+            dockerfile = context / (
+                "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+            )
+            assert context.is_dir(), f"{name}: build context {context} does not exist"
+            assert dockerfile.is_file(), f"{name}: {dockerfile} does not exist"
+        depends = service.get("depends_on") or []
+        for target in depends if isinstance(depends, list) else depends.keys():
+            assert target in services, f"{name} depends on {target}, which is not a service"
+            assert target != name
+
+
+def test_dockerfile_copies_what_exists() -> None:
+    dockerfile = (EXAMPLE / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", dockerfile, re.M)
+    sources = []
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            sources += [w for w in line.split()[1:-1] if not w.startswith("--")]
+    assert "celery_semaphore" in sources
+    assert "example_project" in sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which does not exist"
+
+
+def test_celery_commands_name_an_importable_app(services: dict[str, dict[str, Any]]) -> None:
+    specs = set()
+    for name, command in {
+        **celery_services(services, "worker"),
+        **celery_services(services, "flower"),
+    }.items():
+        spec = option(command, "-A", "--app")
+        assert spec, f"{name}: celery command without -A: {command}"
+        specs.add(spec)
+    for spec in specs:
+        described = describe_app(spec)
+        assert "example_project.tasks.call_partner" in described["tasks"]
+
+
+def test_worker_queues_match_the_routes(services: dict[str, dict[str, Any]]) -> None:
+    workers = celery_services(services, "worker")
+    consumed: set[str] = set()
+    for name, command in workers.items():
+        described = describe_app(option(command, "-A", "--app") or "")
+        known = {described["default_queue"], *described["routed_queues"]}
+        known |= set(described["queue_limits"])
+        queues = (option(command, "-Q", "--queues") or described["default_queue"]).split(",")
+        assert set(queues) <= known, f"{name} consumes {set(queues) - known}, which no task uses"
+        consumed |= set(queues)
+        assert option(command, "-n", "--hostname"), f"{name}: give each worker its own -n"
+    routed = {described["default_queue"], *described["routed_queues"]}
+    assert routed <= consumed, f"no worker consumes {routed - consumed}: those tasks would sit"
+    assert set(described["queue_limits"]) <= consumed
+    names = [option(c, "-n", "--hostname") for c in workers.values()]
+    assert len(set(names)) == len(names), "two workers share a node name"
+
+
+def test_environment_matches_the_code(services: dict[str, dict[str, Any]]) -> None:
+    read = env_vars_read_by_the_code()
+    assert {"DEMO_REDIS_URL", "DEMO_DOWNSTREAM_URL"} <= read
+    uses_the_app = {
+        *celery_services(services, "worker"),
+        *celery_services(services, "flower"),
+        "demo",
+    }
+    for name, service in services.items():
+        env = environment(service)
+        unknown = {k for k in env if k.startswith("DEMO_")} - read
+        assert not unknown, f"{name} sets {unknown}, which the example code never reads"
+        if name not in uses_the_app:
+            continue
+        for variable in ("DEMO_REDIS_URL", "DEMO_DOWNSTREAM_URL"):
+            assert variable in env, f"{name} imports the app but does not set {variable}"
+        redis_host = urlsplit(env["DEMO_REDIS_URL"]).hostname
+        assert redis_host in services, f"{name}: DEMO_REDIS_URL names no service"
+        partner = urlsplit(env["DEMO_DOWNSTREAM_URL"])
+        assert partner.hostname == "downstream"
+        downstream = command_of(services["downstream"])
+        assert str(partner.port) == option(downstream, "--port")
+
+
+def test_commands_are_accepted_by_their_modules(services: dict[str, dict[str, Any]]) -> None:
+    if str(ROOT) not in sys.path:  # run from elsewhere than the repository root
+        sys.path.insert(0, str(ROOT))
+    from example_project import demo, downstream
+
+    downstream_command = command_of(services["downstream"])
+    assert downstream_command[:3] == ["python", "-m", "example_project.downstream"]
+    partner = downstream.parse_args(downstream_command[3:])
+    assert partner.host == "0.0.0.0", "the partner must listen beyond the container's loopback"
+
+    demo_command = command_of(services["demo"])
+    assert demo_command[:3] == ["python", "-m", "example_project.demo"]
+    args = demo.parse_args(demo_command[3:])
+    env = environment(services["demo"])
+    assert args.redis_url == env["DEMO_REDIS_URL"]
+    assert args.downstream_url == env["DEMO_DOWNSTREAM_URL"]
+    assert args.external_workers == len(celery_services(services, "worker"))
+
+
+def test_flower_shows_retries(services: dict[str, dict[str, Any]]) -> None:
+    flowers = celery_services(services, "flower")
+    assert flowers, "no flower service"
+    for name, command in flowers.items():
+        columns = (option(command, "--tasks_columns", "--tasks-columns") or "").split(",")
+        assert "retries" in columns, f"{name}: the Retries column is not shown"
+        assert set(columns) <= FLOWER_COLUMNS, f"{name}: unknown columns"
+        env = environment(services[name])
+        assert env.get("FLOWER_UNAUTHENTICATED_API", "").lower() in ("true", "1", "yes")
+    for name, command in celery_services(services, "worker").items():
+        assert "-E" in command or "--task-events" in command, f"{name}: Flower needs -E"
+
+
+# -- the demo, for real --------------------------------------------------------------------------
+
+
+def processes_with(needle: str) -> list[int]:
+    """PIDs of live processes whose environment or command line contains ``needle``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle.encode() in blob and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "example_project.demo", "--quick", "--out", str(tmp_path), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TERM": "dumb"},
+    )
+
+
+def started_addresses(output: str) -> tuple[tuple[str, int], tuple[str, int]]:
+    redis_at = re.search(r"private redis-server .* on ([\d.]+):(\d+)", output)
+    partner_at = re.search(r"Partner API: started on http://([\d.]+):(\d+)", output)
+    assert redis_at and partner_at, output
+    return (
+        (redis_at.group(1), int(redis_at.group(2))),
+        (partner_at.group(1), int(partner_at.group(2))),
+    )
+
+
+def assert_all_stopped(output: str) -> None:
+    redis_at, partner_at = started_addresses(output)
+    deadline = time.monotonic() + 10
+    url = f"redis://{redis_at[0]}:{redis_at[1]}/0"
+    while processes_with(url) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with(url), "a worker (or one of its children) outlived the demo"
+    assert not answers(*redis_at), "the private redis-server outlived the demo"
+    assert not answers(*partner_at), "the partner API outlived the demo"
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
+    demo = start_demo(tmp_path)
+    try:
+        output, _ = demo.communicate(timeout=240)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    assert demo.returncode == 0, output
+    peak = re.search(r"\[ok\] peak concurrency seen by the partner: (\d+) \(cap (\d+)", output)
+    assert peak, output
+    assert int(peak.group(1)) == int(peak.group(2)) == 5, output
+    assert re.search(r"\[ok\] 429 responses: 0 \(200 responses: 40\)", output), output
+    assert re.search(r"per-customer peak .*customer 1: 1", output), output
+    assert re.search(r"reports queue peak \(.*limit 2\): [12]\b", output), output
+    assert "54 of 54 tasks succeeded" in output
+    assert "RESULT: OK" in output
+    svg = tmp_path / "demo-timeline.svg"
+    assert f"Timeline picture: {svg}" in output
+    root = ET.parse(svg).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert len(root.findall(".//{http://www.w3.org/2000/svg}path")) >= 3
+    assert_all_stopped(output)
+
+
+@pytest.mark.slow
+def test_interrupted_demo_stops_everything_it_started(tmp_path: Path) -> None:
+    demo = start_demo(tmp_path)
+    lines: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("Sending "):
+                break
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    output = "".join(lines) + rest
+    assert demo.returncode == 128 + signal.SIGINT, output
+    assert "interrupted (SIGINT)" in output
+    assert_all_stopped(output)
