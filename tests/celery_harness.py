@@ -7,6 +7,7 @@ outside: the ``events`` list the task bodies write and the semaphores' state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ class Worker:
 
     def __init__(
         self,
+        *,
         env: dict[str, str],
         name: str,
         pool: str,
@@ -107,10 +109,8 @@ class Worker:
 
     def close(self) -> None:
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.process.wait(10)
         self._log_file.close()
 
@@ -174,7 +174,14 @@ class Cluster:
         wait: bool = True,
     ) -> Worker:
         worker = Worker(
-            self.env, name, pool, concurrency, queues, self.tmp / f"{name}.log", app, extra or []
+            env=self.env,
+            name=name,
+            pool=pool,
+            concurrency=concurrency,
+            queues=queues,
+            log=self.tmp / f"{name}.log",
+            app=app,
+            extra=extra or [],
         )
         self.workers.append(worker)
         if wait:
