@@ -139,7 +139,10 @@ def describe(client: Any) -> str:
     kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", None) or {}
     service = getattr(pool, "service_name", None)
     if service:
-        return f"redis+sentinel://.../{service}"
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", [])
+        addresses = (s.connection_pool.connection_kwargs for s in sentinels)
+        hosts = ",".join(f"{a.get('host')}:{a.get('port', 26379)}" for a in addresses)
+        return f"redis+sentinel://{hosts or '...'}/{service}"
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     if "host" in kwargs:
@@ -148,9 +151,9 @@ def describe(client: Any) -> str:
         )
         user = f"{kwargs['username']}:***@" if kwargs.get("username") else ""
         return f"{scheme}://{user}{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
-    nodes = getattr(client, "startup_nodes", None) or getattr(client, "nodes_manager", None)
+    nodes = getattr(client, "nodes_manager", None)
     if nodes is not None:
-        return "redis+cluster://..."
+        return f"redis+cluster://{next(iter(getattr(nodes, 'startup_nodes', ())), '...')}"
     return type(client).__name__
 
 
