@@ -20,25 +20,46 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import click
 from celery import bootsteps
 from celery.signals import task_failure, task_received, task_retry, task_revoked
 from celery.worker import state as worker_state
 
-from . import signals
+from . import metrics, signals
 from .admission import task_config
-from .config import get_config
+from .config import forget_config, get_config
+from .connection import connect, mask_url
 from .errors import SemaphoreError
-from .gates import GATES_HEADER, Gate, decode_gates, encode_gates, queue_gate, semaphores, task_gate
+from .gates import (
+    GATES_HEADER,
+    QUEUE_PREFIX,
+    WAIT_HEADER,
+    Gate,
+    decode_gates,
+    encode_gates,
+    queue_gate,
+    semaphores,
+    task_gate,
+)
 from .patching import admit_every_task
 from .publish import installed_apps
 
 logger = logging.getLogger(__name__)
 
 
+METRICS_PORT_OPTION = click.Option(
+    ["--semaphore-metrics-port"],
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve celery-semaphore's Prometheus metrics on this port (needs the prometheus extra).",
+)
+
+
 def install(app: Any) -> None:
     """Add the worker bootstep to ``app`` (LimitedTask does this itself; call it
     when only ``semaphore_queue_limits`` is used). Idempotent."""
     app.steps["worker"].add(SemaphoreStep)
+    app.user_options["worker"].add(METRICS_PORT_OPTION)
     installed_apps.add(app)
 
 
@@ -117,7 +138,36 @@ def release_by_id(task: Any, task_id: str, gates: list[Gate]) -> None:
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     if request is not None:
-        release_by_id(sender, request.id, _gates_of(request))
+        release_by_id(sender, request.id, _gates_of(request) or _gates_waited_for(sender, request))
+
+
+def _gates_waited_for(task: Any, request: Any) -> list[Gate]:
+    """The gates where a request that never reached ``task_received`` holds a place in line.
+
+    Celery discards a message of a task already known to be revoked before it
+    sends ``task_received`` (so before :func:`_decide_gates`). The places the
+    task took (at publish, or while waiting) are named by the tickets it
+    carries; drop them now rather than let them block the line until they lapse.
+    """
+    if task is None:
+        return []
+    raw = getattr(request, WAIT_HEADER, None)
+    if raw is None:
+        raw = (getattr(request, "headers", None) or {}).get(WAIT_HEADER)
+    tickets = raw.get("tickets") if isinstance(raw, dict) else None
+    if not isinstance(tickets, dict):
+        return []
+    queue_limits = get_config(task.app).queue_limits
+    gates = []
+    for name in tickets:
+        if not isinstance(name, str) or not name:
+            continue
+        if name.startswith(QUEUE_PREFIX):
+            limit = queue_limits.get(name[len(QUEUE_PREFIX) :])
+        else:
+            limit = getattr(task, "limit", None)
+        gates.append(Gate(name, limit if isinstance(limit, int) and limit > 0 else 1))
+    return gates
 
 
 def _on_failure(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
@@ -158,6 +208,10 @@ class Heartbeat:
     A holder the renewal reports lost is reported (log, :data:`.signals.permit_lost`)
     only if its task has run longer than it can take to acquire, because a
     running request may not have taken its permit yet.
+
+    On warm shutdown it keeps renewing until no task of this worker runs: the
+    pool drains after this bootstep is stopped or before, depending on the
+    boot order Celery picks (``stop(drain=True)``).
     """
 
     def __init__(self, app: Any) -> None:
@@ -165,6 +219,7 @@ class Heartbeat:
         self.config = get_config(app)
         self.interval = self.config.renew_every
         self._stop = threading.Event()
+        self._draining = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
         )
@@ -173,13 +228,20 @@ class Heartbeat:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, drain: bool = False) -> None:
+        """Stop now, or with ``drain`` once no task of this worker runs any more
+        (the thread is a daemon: a worker that exits first ends it too)."""
+        if drain:
+            self._draining.set()
+            return
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            if self._draining.is_set() and not self._running():
+                return
             try:
                 self.beat()
             except Exception:  # the heartbeat must survive anything; the lease is the backstop
@@ -214,8 +276,8 @@ class Heartbeat:
         self._reported &= live
 
     def _lost(self, gate: Gate, request: Any, max_block: float) -> None:
-        started = getattr(request, "time_start", None)
-        if not started or time.monotonic() - started < max_block + 2.0:
+        started = getattr(request, "time_start", None)  # epoch seconds (Request.on_accepted)
+        if not started or time.time() - started < max_block + 2.0:
             return
         if (gate.name, request.id) in self._reported:
             return
@@ -231,6 +293,7 @@ class Heartbeat:
             semaphore=gate.name,
             task_id=request.id,
             task_name=request.task.name,
+            hostname=request.hostname,
         )
 
 
@@ -240,26 +303,50 @@ class Heartbeat:
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Worker bootstep: heartbeat thread; with queue caps, admission for every task class.
 
-    It requires the Timer step so that it is stopped after the pool has
-    drained on warm shutdown: leases keep being renewed until the last task ends.
+    Celery may order it before or after the Pool step, so on warm shutdown
+    (``stop``) the heartbeat keeps renewing until the pool has drained: leases
+    outlive the last task. On cold shutdown (``terminate``) it stops at once;
+    the terminated children release in ``finally``, the main process by id.
     """
 
     label = "celery-semaphore"
     requires = ("celery.worker.components:Timer",)
 
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, worker: Any, semaphore_metrics_port: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(worker, **kwargs)
         self.heartbeat: Heartbeat | None = None
+        self.metrics_port = semaphore_metrics_port
+        self.metrics_server: Any = None
+        if worker.app.conf.get("semaphore_send_events") is None:
+            worker.app.conf.semaphore_send_events = bool(getattr(worker, "task_events", False))
+            forget_config(worker.app)
         if get_config(worker.app).queue_limits:
             admit_every_task(worker.app)
 
     def start(self, worker: Any) -> None:
         self.heartbeat = Heartbeat(worker.app)
         self.heartbeat.start()
+        if self.metrics_port:
+            config = get_config(worker.app)
+            client = connect(config.redis_url)[0]
+            self.metrics_server = metrics.serve(
+                client, config.namespace, self.metrics_port, mask_url(config.redis_url)
+            )
+            logger.info("celery-semaphore metrics on port %s", self.metrics_port)
 
     def stop(self, worker: Any) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.stop()
+            self.heartbeat.stop(drain=True)
             self.heartbeat = None
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+
+    def terminate(self, worker: Any) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.stop(worker)
 
     shutdown = stop

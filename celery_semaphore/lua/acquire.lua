@@ -62,18 +62,20 @@ if held or (free > 0 and ahead < free) then
     redis.call('ZREM', wexp, holder)
     redis.call('HDEL', winfo, holder)
   end
-  local token = next_seq(m[4])
+  local token = seq_after(m[4])
   meta_writes[#meta_writes + 1] = 'fence'
   meta_writes[#meta_writes + 1] = fmt(token)
   local expires = now_ms + lease_ms
   redis.call('ZADD', holders, expires, holder)
   redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
+  bump('m_granted', 1)
+  observe('wait', waited)
   result = {1, token, expires, now_ms, waited}
 else
   local queued = 0
   if waiter_lease_ms > 0 then
     if not ticket then
-      ticket = next_seq(m[5])
+      ticket = seq_after(m[5])
       meta_writes[#meta_writes + 1] = 'ticket'
       meta_writes[#meta_writes + 1] = fmt(ticket)
     end
@@ -86,6 +88,7 @@ else
     queued = ticket
     waiting = waiting + 1
   end
+  bump('m_refused', 1)
   local hold_ms = tonumber(m[6]) or 0
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms, hold_ms}
 end

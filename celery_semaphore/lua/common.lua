@@ -6,7 +6,8 @@
 --   KEYS[3] waiters  ZSET  holder -> ticket (place in line; lower goes first)
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
---   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms
+--   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms,
+--                          and the m_* counters metrics.py exports
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.
@@ -26,10 +27,37 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- The next fence or ticket after ``last`` (the meta field's value, or nil); the
--- caller stores it (acquire writes all its meta fields in one HSET).
-local function next_seq(last)
+-- The next fence or ticket after ``last`` (a meta field's value, or nil); the
+-- caller stores it (acquire batches its meta writes into one HSET).
+local function seq_after(last)
   return math.max((tonumber(last) or 0) + 1, now_us)
+end
+
+local function next_seq(field)
+  local value = seq_after(redis.call('HGET', meta, field))
+  redis.call('HSET', meta, field, fmt(value))
+  return value
+end
+
+-- Histogram bucket bounds in ms; celery_semaphore/metrics.py has the same in seconds.
+local BUCKETS = {5, 25, 100, 250, 1000, 2500, 10000, 30000, 60000, 300000, 1800000}
+
+local function bump(field, n)
+  if n > 0 then redis.call('HINCRBY', meta, field, n) end
+end
+
+-- One observation of ``ms`` in histogram ``kind`` ('wait' or 'hold'): buckets
+-- m_<kind>_b<i> are not cumulative; metrics.py adds them up.
+local function observe(kind, ms)
+  local index = #BUCKETS
+  for i, bound in ipairs(BUCKETS) do
+    if ms <= bound then
+      index = i - 1
+      break
+    end
+  end
+  redis.call('HINCRBY', meta, 'm_' .. kind .. '_b' .. index, 1)
+  redis.call('HINCRBY', meta, 'm_' .. kind .. '_sum', math.floor(ms))
 end
 
 local function token_of(record)
@@ -45,6 +73,7 @@ local function reclaim(waiting)
   if #gone > 0 then
     redis.call('ZREM', holders, unpack(gone))
     redis.call('HDEL', hinfo, unpack(gone))
+    bump('m_expired', #gone)
   end
   local lapsed = 0
   if waiting ~= 0 then
@@ -57,6 +86,13 @@ local function reclaim(waiting)
     lapsed = #list
   end
   return #gone + lapsed, lapsed
+end
+
+-- The runtime override wins over the declared limit; draining admits nobody.
+local function effective_limit(declared)
+  local m = redis.call('HMGET', meta, 'override', 'draining')
+  local limit = tonumber(m[1]) or declared
+  return limit, m[2] == '1'
 end
 
 local function wake(channel)

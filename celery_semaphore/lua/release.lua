@@ -7,7 +7,8 @@
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
 --
--- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters).
+-- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
+-- and counts m_abandoned: places in line given up (timeout, revoke).
 -- Returns {released 0/1, held ms (0 if nothing released)}. Idempotent: a second
 -- release, an unknown or expired holder, or a stale token returns {0, 0}.
 
@@ -25,9 +26,10 @@ if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, ho
   local average = tonumber(redis.call('HGET', meta, 'hold_ms'))
   average = average and (0.8 * average + 0.2 * held_ms) or held_ms
   redis.call('HSET', meta, 'hold_ms', fmt(average))
+  observe('hold', held_ms)
 end
 if token == '' and waiting > 0 then
-  redis.call('ZREM', waiters, holder)
+  bump('m_abandoned', redis.call('ZREM', waiters, holder))
   redis.call('ZREM', wexp, holder)
   redis.call('HDEL', winfo, holder)
 end

@@ -24,6 +24,8 @@ for i = 4, #ARGV, 2 do
     result[#result + 1] = holder
   end
 end
+bump('m_renewed', (#ARGV - 3) / 2 - (#result - 1))
+bump('m_lost', #result - 1)
 if reclaimed > 0 then wake(channel) end
 touch(idle_ms)
 return result

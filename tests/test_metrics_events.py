@@ -1,0 +1,114 @@
+"""Prometheus metrics scraped from the real endpoint, and the Celery events of permits."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import pytest
+from servers import free_port
+
+from celery_semaphore import Semaphore
+from celery_semaphore.metrics import serve
+
+pytestmark = pytest.mark.slow
+
+
+def scrape(port: int) -> dict[str, float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_endpoint_shows_cluster_wide_state_and_counters(redis_server):
+    client = redis_server.client()
+    sem = Semaphore(client, "api", 2, lease_timeout=0.3)
+    a = sem.try_acquire("a")
+    sem.try_acquire("b")
+    assert sem.try_acquire("c") is None  # refused, in line
+    time.sleep(0.05)
+    a.release()
+    sem.renew_many(["b", "ghost"])
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        m = scrape(port)
+        assert m['celery_semaphore_holders{semaphore="api"}'] == 1
+        assert m['celery_semaphore_limit{semaphore="api"}'] == 2
+        assert m['celery_semaphore_waiters{semaphore="api"}'] == 1
+        assert m['celery_semaphore_acquire_attempts_total{outcome="granted",semaphore="api"}'] == 2
+        assert m['celery_semaphore_acquire_attempts_total{outcome="refused",semaphore="api"}'] == 1
+        assert m['celery_semaphore_lease_renewals_total{semaphore="api"}'] == 1
+        assert m['celery_semaphore_permits_lost_total{semaphore="api"}'] == 1
+        assert m['celery_semaphore_hold_seconds_count{semaphore="api"}'] == 1
+        assert 0.04 <= m['celery_semaphore_hold_seconds_sum{semaphore="api"}'] < 5
+        assert m['celery_semaphore_hold_seconds_bucket{le="0.025",semaphore="api"}'] == 0
+        assert m['celery_semaphore_hold_seconds_bucket{le="+Inf",semaphore="api"}'] == 1
+        time.sleep(0.4)  # b's lease runs out; c, still in line, is granted by its next ask
+        assert sem.try_acquire("c") is not None
+        m = scrape(port)
+        assert m['celery_semaphore_leases_expired_total{semaphore="api"}'] == 1
+        assert m['celery_semaphore_wait_seconds_count{semaphore="api"}'] == 3
+        assert m['celery_semaphore_wait_seconds_sum{semaphore="api"}'] >= 0.4
+        sem.set_limit(5)
+        assert scrape(port)['celery_semaphore_limit{semaphore="api"}'] == 5
+    finally:
+        server.close()
+        client.close()
+
+
+def test_worker_flag_serves_metrics_and_workers_send_permit_events(celery_cluster):
+    port = free_port()
+    cluster = celery_cluster(limit=1)
+    cluster.worker("w1", concurrency=2, extra=["-E", f"--semaphore-metrics-port={port}"])
+    app = cluster.app_module.app
+    seen: list[dict] = []
+    ready = threading.Event()
+    receivers = []
+
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"*": seen.append})
+            receivers.append(receiver)
+            ready.set()
+            receiver.capture(limit=None, timeout=None, wakeup=True)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert ready.wait(10)
+    try:
+        check_events_and_metrics(cluster, seen, port)
+    finally:
+        receivers[0].should_stop = True
+        listener.join(10)
+    assert not listener.is_alive()
+
+
+def check_events_and_metrics(cluster, seen: list[dict], port: int) -> None:
+    time.sleep(0.5)
+    results = [cluster.app_module.hold.delay(0.4, i) for i in range(3)]
+    assert [r.get(timeout=60) for r in results] == [0, 1, 2]
+
+    def events_of(kind: str) -> list[dict]:
+        return [e for e in seen if e.get("type") == kind]
+
+    cluster.wait_for(
+        lambda: len(events_of("semaphore-granted")) == 3,
+        10,
+        f"3 grant events in {[e.get('type') for e in seen]}",
+    )
+    assert {e["uuid"] for e in events_of("semaphore-granted")} == {r.id for r in results}
+    assert all(e["semaphore"] == "hold" for e in events_of("semaphore-granted"))
+    assert events_of("semaphore-waiting") or any(
+        e["waited"] > 0.3 for e in events_of("semaphore-granted")
+    )
+    task_states = [e for e in seen if e.get("type", "").startswith("task-")]
+    assert {e["type"] for e in task_states} >= {"task-received", "task-started", "task-succeeded"}
+    m = scrape(port)
+    assert m['celery_semaphore_acquire_attempts_total{outcome="granted",semaphore="hold"}'] == 3
+    assert m['celery_semaphore_holders{semaphore="hold"}'] == 0
