@@ -3,13 +3,31 @@
 Every error raised by celery-semaphore on purpose is a :class:`SemaphoreError`.
 Argument validation raises the built-in :class:`ValueError` / :class:`TypeError`
 (as Python APIs do), with messages naming the argument and what is accepted.
+
+A task's exception travels to the caller through the result backend, rebuilt
+as ``cls(*exc.args)`` (pickle and Celery's JSON form alike), so each error
+keeps its constructor arguments in ``args`` and builds its message in
+``__str__``: ``result.get()`` raises the same class, with the same message.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SemaphoreError(Exception):
     """Base class of every error this package raises on purpose."""
+
+    _message: str | None = None
+
+    def _set(self, message: str, *args: Any) -> None:
+        """Keep the constructor's arguments in ``args`` (for rebuilding) and the message."""
+        super().__init__(message)
+        self.args = args
+        self._message = message
+
+    def __str__(self) -> str:
+        return self._message if self._message is not None else super().__str__()
 
 
 class SemaphoreTimeout(SemaphoreError, TimeoutError):
@@ -23,18 +41,19 @@ class SemaphoreTimeout(SemaphoreError, TimeoutError):
             f"no permit of semaphore {name!r} (limit {limit}) was granted "
             f"after waiting {waited:.1f}s"
         )
-        super().__init__(f"{message}: {detail}" if detail else message)
+        self._set(f"{message}: {detail}" if detail else message, name, limit, waited, detail)
 
 
 class SemaphoreConnectionError(SemaphoreError, ConnectionError):
     """Redis could not be reached, or refused the credentials."""
 
-    def __init__(self, url: str, cause: BaseException) -> None:
+    def __init__(self, url: str, cause: BaseException | str, hint: str | None = None) -> None:
         self.url = url
-        hint = "check that Redis runs there and the URL is right"
-        if "auth" in type(cause).__name__.lower() or "WRONGPASS" in str(cause):
-            hint = "the server refused the credentials: put the right user/password in the URL"
-        super().__init__(f"Redis at {url} failed: {cause} ({hint})")
+        if hint is None:
+            hint = "check that Redis runs there and the URL is right"
+            if "auth" in type(cause).__name__.lower() or "WRONGPASS" in str(cause):
+                hint = "the server refused the credentials: put the right user/password in the URL"
+        self._set(f"Redis at {url} failed: {cause} ({hint})", url, str(cause), hint)
 
 
 class SemaphoreBackendError(SemaphoreError):
@@ -48,9 +67,12 @@ class SemaphoreKeyTypeError(SemaphoreBackendError):
         self.key = key
         self.actual = actual
         self.expected = expected
-        super().__init__(
+        self._set(
             f"Redis key {key!r} holds a {actual}, but the semaphore keeps a {expected} there: "
-            "another program writes to this key; delete it or choose another namespace"
+            "another program writes to this key; delete it or choose another namespace",
+            key,
+            actual,
+            expected,
         )
 
 
@@ -60,4 +82,4 @@ class PermitLost(SemaphoreError):
     def __init__(self, name: str, holder: str) -> None:
         self.name = name
         self.holder = holder
-        super().__init__(f"permit of {holder!r} on semaphore {name!r} is lost")
+        self._set(f"permit of {holder!r} on semaphore {name!r} is lost", name, holder)

@@ -14,6 +14,7 @@ second attempt, which runs after SUBSCRIBE.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -197,10 +198,25 @@ class Semaphore:
         *,
         info: str = "",
     ) -> Permit:
-        """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s."""
+        """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s.
+
+        An exception that interrupts the wait (a signal handler's, such as Celery's soft
+        time limit or KeyboardInterrupt) drops the place in line at once.
+        """
         holder = protocol.new_holder_id() if holder is None else holder
+        validation.check_holder(holder)
+        validation.check_ticket(ticket)
+        validation.check_info(info)
+        if timeout is not None:
+            validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
-        result = self.wait_for_turn(timeout, holder, ticket, info=info)
+        try:
+            result = self.wait_for_turn(timeout, holder, ticket, info=info)
+        except BaseException:
+            # Else the place would block the line until its waiter lease runs out.
+            with contextlib.suppress(Exception):
+                self._release(holder, None)
+            raise
         if isinstance(result, Permit):
             return result
         self._release(holder, None)

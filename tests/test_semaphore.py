@@ -1,0 +1,588 @@
+"""Behaviour of the synchronous semaphore core against a real redis-server.
+
+Covered here: acquire/release basics, re-entrance and fencing tokens, idempotent
+release/renew, renew_many, lease expiry (and how fast a blocked waiter gets the freed
+permit), runtime limit override and draining, status(), and the Redis keys (hash tag,
+TTL, namespace). FIFO fairness is in test_fairness.py, errors in test_semaphore_errors.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from servers import RedisServer
+
+from celery_semaphore import Permit, Place, Semaphore
+from celery_semaphore.keys import ROLES
+
+MakeSemaphore = Callable[..., Semaphore]
+
+
+@pytest.fixture
+def make(redis_session_server: RedisServer) -> Iterator[MakeSemaphore]:
+    """Semaphores on the session server, each under a fresh name; closed at teardown."""
+    made: list[Semaphore] = []
+
+    def make(limit: int = 1, *, name: str | None = None, url: str | None = None, **kw: Any):
+        sem = Semaphore(
+            url or redis_session_server.url, name or f"t-{uuid.uuid4().hex}", limit, **kw
+        )
+        made.append(sem)
+        return sem
+
+    yield make
+    for sem in made:
+        sem.close()
+
+
+def granted(result: Permit | Place) -> Permit:
+    assert isinstance(result, Permit), f"expected a permit, got {result!r}"
+    return result
+
+
+def refused(result: Permit | Place) -> Place:
+    assert isinstance(result, Place), f"expected a refusal, got {result!r}"
+    return result
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        time.sleep(0.005)
+
+
+def sleep_until(epoch: float) -> None:
+    """Sleep until the given wall-clock time (Redis runs on this machine: same clock)."""
+    time.sleep(max(0.0, epoch - time.time()))
+
+
+def holder_ids(sem: Semaphore) -> list[str]:
+    return [h.holder for h in sem.status().holders]
+
+
+def waiter_ids(sem: Semaphore) -> list[str]:
+    return [w.holder for w in sem.status().waiters]
+
+
+class BlockedAcquire(threading.Thread):
+    """Runs ``sem.acquire(...)`` in a thread; keeps the permit or the exception."""
+
+    def __init__(self, sem: Semaphore, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.sem, self.kwargs = sem, kwargs
+        self.permit: Permit | None = None
+        self.error: BaseException | None = None
+        self.granted_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.permit = self.sem.acquire(**self.kwargs)
+            self.granted_at = time.monotonic()
+        except BaseException as exc:
+            self.error = exc
+
+    def result(self, timeout: float = 10.0) -> Permit:
+        self.join(timeout)
+        assert not self.is_alive(), "acquire() is still blocked"
+        assert self.error is None, repr(self.error)
+        assert self.permit is not None
+        return self.permit
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_acquire_up_to_the_limit_then_refuse(make: MakeSemaphore) -> None:
+    sem = make(3)
+    permits = [granted(sem.attempt(f"h{i}")) for i in range(3)]
+    place = refused(sem.attempt("h3"))
+    assert (place.holders, place.limit, place.position, place.draining) == (3, 3, 1, False)
+    assert place.ticket > 0
+    assert sem.try_acquire("h4") is None
+    assert sem.status().holder_count == 3
+    assert permits[0].release() is True
+    # h3 queued first: it gets the freed permit, h4 (queued after it) does not.
+    assert sem.try_acquire("h4") is None
+    assert granted(sem.attempt("h3")).holder == "h3"
+
+
+def test_context_managers_release_on_exit(make: MakeSemaphore) -> None:
+    sem = make(2)
+    with sem as outer:
+        assert isinstance(outer, Permit)
+        with sem as inner:
+            assert set(holder_ids(sem)) == {outer.holder, inner.holder}
+            refused(sem.attempt("other", queue=False))
+        assert holder_ids(sem) == [outer.holder], "the inner block released the wrong permit"
+    assert sem.status().holder_count == 0
+    with pytest.raises(KeyError), sem.acquire(timeout=1):
+        raise KeyError("boom")
+    assert sem.status().holder_count == 0, "the permit was not released on an exception"
+
+
+def test_acquire_timeout_raises_and_leaves_the_line(make: MakeSemaphore) -> None:
+    from celery_semaphore import SemaphoreTimeout
+
+    sem = make(1)
+    granted(sem.attempt("holder"))
+    started = time.monotonic()
+    with pytest.raises(SemaphoreTimeout) as info:
+        sem.acquire(timeout=0.3, holder="late")
+    elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 2.0
+    assert isinstance(info.value, TimeoutError)
+    assert (info.value.name, info.value.limit) == (sem.name, 1)
+    assert sem.status().waiter_count == 0, "a timed-out waiter must leave the line"
+    with pytest.raises(SemaphoreTimeout):
+        sem.acquire(timeout=0)
+    assert sem.status().waiter_count == 0
+
+
+# ------------------------------------------------------------ re-entrance and fencing
+
+
+def test_reentrant_acquire_gets_a_new_token_and_keeps_one_slot(make: MakeSemaphore) -> None:
+    sem = make(2)
+    first = granted(sem.attempt("a"))
+    again = granted(sem.attempt("a"))
+    assert again.fencing_token > first.fencing_token
+    assert sem.status().holder_count == 1
+    granted(sem.attempt("b"))  # the second slot is still free
+    refused(sem.attempt("c"))
+    # Re-entrance works even when the semaphore is full, and through acquire().
+    third = sem.acquire(holder="a", timeout=0)
+    assert third.fencing_token > again.fencing_token
+    assert sem.status().holder_count == 2
+    assert [h.fencing_token for h in sem.status().holders if h.holder == "a"] == [
+        third.fencing_token
+    ]
+
+
+def test_fencing_tokens_strictly_increase_even_after_flushall(
+    redis_server: RedisServer,
+) -> None:
+    sem = Semaphore(redis_server.url, "fence", 2, lease_timeout=0.05)
+    try:
+        tokens = []
+        for i in range(20):
+            permit = granted(sem.attempt(f"h{i % 3}"))
+            tokens.append(permit.fencing_token)
+            if i % 2:
+                permit.release()
+        time.sleep(0.1)  # let the leases run out: reclaimed holders, new grants
+        tokens.append(granted(sem.attempt("late")).fencing_token)
+        with redis_server.client() as client:
+            client.delete(*sem.keys.script_keys)
+            tokens.append(granted(sem.attempt("after-del")).fencing_token)
+            client.flushall()
+            tokens.append(granted(sem.attempt("after-flush")).fencing_token)
+        assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+    finally:
+        sem.close()
+
+
+# ------------------------------------------------------------------- idempotence
+
+
+def test_release_is_idempotent(make: MakeSemaphore) -> None:
+    sem = make(1)
+    permit = granted(sem.attempt("a"))
+    assert permit.release() is True
+    assert permit.release() is False
+    assert sem.release("a") is False
+    assert sem.release("never-seen") is False
+    permit = granted(sem.attempt("a"))
+    assert sem.release("a") is True
+    assert sem.release("a") is False
+    assert permit.release() is False
+
+
+def test_renew_extends_and_a_lost_permit_stays_lost(make: MakeSemaphore) -> None:
+    sem = make(1, lease_timeout=5)
+    permit = granted(sem.attempt("a"))
+    before = permit.expires_at
+    time.sleep(0.01)
+    assert permit.renew(lease_timeout=60) is True
+    assert permit.expires_at > before + 50
+    assert sem.status().holders[0].expires_at == pytest.approx(permit.expires_at, abs=0.002)
+    assert permit.release() is True
+    assert permit.renew() is False
+    assert sem.status().holder_count == 0, "renew must never resurrect a released permit"
+
+
+def test_renew_after_the_lease_ran_out_fails_even_if_nobody_else_ran(
+    make: MakeSemaphore,
+) -> None:
+    sem = make(1, lease_timeout=0.2)
+    permit = granted(sem.attempt("a"))
+    sleep_until(permit.expires_at + 0.05)
+    # No other client touched the semaphore since: the expired holder is still in the
+    # holders zset, but renew must see that its lease ended and report it lost.
+    assert permit.renew() is False
+    assert permit.renew() is False
+    assert sem.status().holder_count == 0
+    assert sem.client.zcard(sem.keys.holders) == 0
+    assert permit.release() is False
+    assert sem.renew_many(["a"]) == {"a"}
+
+
+def test_a_stale_permit_cannot_touch_the_newer_permit_of_its_holder(
+    make: MakeSemaphore,
+) -> None:
+    sem = make(1)
+    old = granted(sem.attempt("a"))
+    new = granted(sem.attempt("a"))  # re-entrant: same holder, newer token
+    assert old.renew() is False
+    assert old.release() is False
+    assert sem.status().holders[0].fencing_token == new.fencing_token
+    assert new.renew() is True
+    assert new.release() is True
+    # The same after a release and a fresh acquisition by the same holder id.
+    first = granted(sem.attempt("b"))
+    assert first.release() is True
+    second = granted(sem.attempt("b"))
+    assert first.release() is False
+    assert first.renew() is False
+    assert sem.renew_many([first, second]) == {"b"}  # the stale one is reported lost
+    assert holder_ids(sem) == ["b"]
+    assert second.release() is True
+
+
+# --------------------------------------------------------------------- renew_many
+
+
+def test_renew_many_renews_all_live_and_returns_exactly_the_lost(
+    redis_server: RedisServer,
+) -> None:
+    sem = Semaphore(redis_server.url, "many", 20, lease_timeout=5)
+    try:
+        permits = {f"h{i}": granted(sem.attempt(f"h{i}")) for i in range(12)}
+        short = granted(sem.attempt("short", lease_timeout=0.05))
+        permits["h3"].release()
+        sem.release("h7")
+        time.sleep(0.1)  # "short" runs out
+        assert sem.renew_many(["h0"]) == set()  # loads the script: EVALSHA succeeds next
+        stats = redis_server.client()
+        try:
+            calls_before = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
+            lost = sem.renew_many([*permits, "short", "never-acquired"], lease_timeout=100)
+            calls_after = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
+        finally:
+            stats.close()
+        assert lost == {"h3", "h7", "short", "never-acquired"}
+        assert calls_after - calls_before == 1, "renew_many must be one round trip"
+        status = sem.status()
+        assert {h.holder for h in status.holders} == set(permits) - {"h3", "h7"}
+        for holder in status.holders:
+            assert holder.expires_at > status.server_time + 99
+        assert short.renew() is False
+        # Permit objects: their expires_at is updated, lost ones are reported.
+        live = [permits["h0"], permits["h1"]]
+        assert sem.renew_many([*live, permits["h3"]], lease_timeout=200) == {"h3"}
+        assert all(p.expires_at > time.time() + 199 for p in live)
+        assert sem.renew_many([]) == set()
+    finally:
+        sem.close()
+
+
+# ------------------------------------------------------------------------- expiry
+
+
+def test_a_holder_that_stops_renewing_loses_the_permit_after_its_lease(
+    make: MakeSemaphore,
+) -> None:
+    lease = 0.6
+    sem = make(1, lease_timeout=lease)
+    permit = granted(sem.attempt("sleepy"))
+    other = make(1, name=sem.name)  # another client of the same semaphore
+
+    sleep_until(permit.expires_at - 0.05)
+    status = other.status()
+    assert status.server_time < permit.expires_at, "the check ran too late to mean anything"
+    assert [h.holder for h in status.holders] == ["sleepy"]
+    assert status.holder_count == 1
+    refused(other.attempt("eager"))
+
+    sleep_until(permit.expires_at + 0.1)
+    assert other.release("unrelated") is False  # any operation reclaims expired holders
+    assert other.client.zcard(sem.keys.holders) == 0
+    assert other.client.hget(sem.keys.hinfo, "sleepy") is None
+    assert other.status().holder_count == 0
+    assert granted(other.attempt("eager")).holder == "eager"
+    assert permit.renew() is False
+    assert permit.release() is False
+
+
+def test_a_renewing_holder_keeps_its_permit(make: MakeSemaphore) -> None:
+    sem = make(1, lease_timeout=0.3)
+    permit = granted(sem.attempt("busy"))
+    for _ in range(6):
+        time.sleep(0.1)
+        assert permit.renew() is True
+    refused(sem.attempt("eager"))
+    assert holder_ids(sem) == ["busy"]
+
+
+def test_a_blocked_waiter_gets_the_permit_within_100ms_of_the_lease_expiry(
+    make: MakeSemaphore,
+) -> None:
+    # Default recheck_interval (2 s): the waiter must not rely on polling, but sleep
+    # exactly until the earliest lease end it was told about, then retry.
+    sem = make(1, lease_timeout=10)
+    stuck = granted(sem.attempt("stuck", lease_timeout=0.8))
+    waiter = BlockedAcquire(sem, holder="waiter", timeout=10)
+    waiter.start()
+    wait_for(lambda: waiter_ids(sem) == ["waiter"], what="the waiter to queue")
+    permit = waiter.result()
+    # Both times are on the Redis server clock (ms): the grant time is the permit's
+    # lease end minus its lease. 100 ms is the requirement; the implementation sleeps
+    # until the lease end + 2 ms, so this holds with a wide margin even on a busy box.
+    granted_at = permit.expires_at - sem.lease_timeout
+    latency = granted_at - stuck.expires_at
+    assert 0 <= latency < 0.1, f"granted {latency * 1000:.0f} ms after the lease ran out"
+
+
+# ---------------------------------------------------- runtime limit and draining
+
+
+def test_lowering_the_limit_evicts_nobody_and_admits_nobody_until_below(
+    make: MakeSemaphore,
+) -> None:
+    sem = make(3)
+    permits = [granted(sem.attempt(h)) for h in "abc"]
+    assert sem.set_limit(1) is None
+    status = sem.status()
+    assert (status.declared_limit, status.override, status.effective_limit) == (3, 1, 1)
+    assert status.holder_count == 3
+    assert sem.renew_many(permits) == set(), "lowering the limit must evict nobody"
+    assert refused(sem.attempt("d")).limit == 1
+    assert permits[0].release()
+    refused(sem.attempt("d"))  # 2 holders, limit 1
+    assert permits[1].release()
+    refused(sem.attempt("d"))  # 1 holder, limit 1
+    assert permits[2].release()
+    granted(sem.attempt("d"))
+    refused(sem.attempt("e"))
+    assert sem.set_limit(2) == 1
+    granted(sem.attempt("e"))
+    assert sem.clear_limit() == 2
+    status = sem.status()
+    assert (status.override, status.effective_limit) == (None, 3)
+    granted(sem.attempt("f"))
+    refused(sem.attempt("g"))
+    assert sem.clear_limit() is None
+
+
+def test_the_override_applies_to_every_client(make: MakeSemaphore) -> None:
+    first = make(1)
+    second = make(1, name=first.name)
+    first.set_limit(2)
+    granted(second.attempt("a"))
+    granted(second.attempt("b"))
+    refused(first.attempt("c"))
+
+
+def test_raising_the_limit_wakes_a_blocked_acquire_promptly(make: MakeSemaphore) -> None:
+    # recheck_interval 5 s and a 30 s lease: only the wake-up message can make it prompt.
+    sem = make(1, lease_timeout=30, recheck_interval=5)
+    granted(sem.attempt("holder"))
+    waiter = BlockedAcquire(sem, holder="waiter", timeout=20)
+    waiter.start()
+    wait_for(lambda: waiter_ids(sem) == ["waiter"], what="the waiter to queue")
+    time.sleep(0.2)  # let it subscribe and go to sleep
+    raised_at = time.monotonic()
+    sem.set_limit(2)
+    waiter.result()
+    assert waiter.granted_at is not None
+    assert waiter.granted_at - raised_at < 0.5
+
+
+def test_draining_admits_nobody_and_resuming_wakes_waiters(make: MakeSemaphore) -> None:
+    sem = make(3, recheck_interval=5)
+    keeper = granted(sem.attempt("keeper"))
+    assert sem.set_draining(True) is False
+    place = refused(sem.attempt("newcomer", queue=False))
+    assert place.draining is True
+    assert place.ticket == 0
+    assert sem.status().draining is True
+    assert keeper.renew() is True, "draining lets holders finish"
+    waiter = BlockedAcquire(sem, holder="waiter", timeout=20)
+    waiter.start()
+    wait_for(lambda: waiter_ids(sem) == ["waiter"], what="the waiter to queue")
+    time.sleep(0.2)
+    assert waiter.is_alive()
+    resumed_at = time.monotonic()
+    assert sem.set_draining(False) is True
+    waiter.result()
+    assert waiter.granted_at is not None
+    assert waiter.granted_at - resumed_at < 0.5
+    assert sem.status().draining is False
+    granted(sem.attempt("newcomer"))
+
+
+# ------------------------------------------------------------------------- status
+
+
+def test_status_lists_holders_with_expiry_and_waiters_in_order(make: MakeSemaphore) -> None:
+    sem = make(2, lease_timeout=30, waiter_lease=40)
+    a = granted(sem.attempt("a", info="task-a"))
+    time.sleep(0.002)
+    b = granted(sem.attempt("b", lease_timeout=60, info="task-b"))
+    places = [refused(sem.attempt(h, info=f"task-{h}")) for h in ("c", "d", "e")]
+    refused(sem.attempt("gone", wait_lease=0.05))
+    time.sleep(0.1)  # "gone" lets its place lapse
+    status = sem.status()
+    now = time.time()
+    assert status.name == sem.name
+    assert (status.declared_limit, status.override, status.effective_limit) == (2, None, 2)
+    assert status.draining is False
+    assert status.server_time == pytest.approx(now, abs=1.0)
+    assert (status.holder_count, status.waiter_count) == (2, 3)
+    assert [h.holder for h in status.holders] == ["a", "b"]
+    for info, permit in zip(status.holders, (a, b), strict=True):
+        assert info.fencing_token == permit.fencing_token
+        assert info.expires_at == pytest.approx(permit.expires_at, abs=0.001)
+        assert info.acquired_at <= status.server_time < info.expires_at
+        assert info.info == f"task-{permit.holder}"
+    assert status.holders[1].expires_at - status.holders[1].acquired_at == pytest.approx(60, 0.01)
+    assert [w.holder for w in status.waiters] == ["c", "d", "e"]
+    assert [w.position for w in status.waiters] == [1, 2, 3]
+    assert [w.ticket for w in status.waiters] == [p.ticket for p in places]
+    for waiter in status.waiters:
+        assert waiter.since <= status.server_time < waiter.expires_at
+        assert waiter.expires_at == pytest.approx(waiter.since + 40, abs=0.5)
+        assert waiter.info == f"task-{waiter.holder}"
+
+
+def test_status_of_an_unused_semaphore(make: MakeSemaphore) -> None:
+    status = make(4).status()
+    assert (status.holder_count, status.waiter_count, status.holders, status.waiters) == (
+        0,
+        0,
+        [],
+        [],
+    )
+    assert (status.declared_limit, status.override, status.effective_limit) == (None, None, 4)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def hash_tag(key: str) -> str:
+    """The part of a key Redis Cluster hashes (the rule of the cluster spec, verbatim):
+    if the key has a ``{`` followed later by a ``}`` with at least one character between
+    the first ``{`` and the first ``}`` after it, only that part; else the whole key."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end != -1 and end != start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+def crc16(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM), the one Redis Cluster uses for slots."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def slot(key: str) -> int:
+    return crc16(hash_tag(key).encode()) % 16384
+
+
+def test_slot_helpers_match_the_cluster_spec() -> None:
+    assert crc16(b"123456789") == 0x31C3  # the spec's check value
+    assert hash_tag("{user1000}.following") == "user1000"
+    assert hash_tag("foo{}{bar}") == "foo{}{bar}"
+    assert hash_tag("foo{{bar}}zap") == "{bar"
+    assert hash_tag("foo{bar}{zap}") == "bar"
+    assert slot("{user1000}.following") == slot("{user1000}.followers")
+
+
+NAMES = ["plain", "a{b}c", "}{", "{", "}", "{}", "{{x}}", "a%7Bb", "%", "%25", "é{ü}", "x" * 160]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_all_keys_of_a_semaphore_share_one_hash_tag(make: MakeSemaphore, name: str) -> None:
+    name += uuid.uuid4().hex  # unique on the shared server; braces stay where they are
+    sem = make(1, name=name)
+    keys = sem.keys
+    assert len(set(keys)) == 7
+    tags = {hash_tag(key) for key in keys}
+    assert len(tags) == 1, keys
+    (tag,) = tags
+    assert all(tag != key for key in keys), "the keys must have a real hash tag"
+    assert len({slot(key) for key in keys}) == 1
+    assert all(key.startswith("celery_semaphore:") for key in keys)
+    assert [key.rsplit(":", 1)[1] for key in keys.script_keys] == list(ROLES)
+    # The semaphore works under that name, and status() reports the name as given.
+    granted(sem.attempt("a"))
+    assert sem.status().name == name
+    assert sem.status().holder_count == 1
+
+
+def test_names_differing_only_by_braces_do_not_collide(make: MakeSemaphore) -> None:
+    names = ["ab", "{ab}", "a{b", "a}b", "{a}b", "a{}b", "a%7Bb", "a%7Db", "a%257Bb", "%7B", "{"]
+    unique = uuid.uuid4().hex
+    names = [unique + name for name in names]
+    sems = [make(1, name=name) for name in names]
+    all_keys = [key for sem in sems for key in sem.keys]
+    assert len(set(all_keys)) == len(all_keys)
+    assert len({hash_tag(sem.keys.holders) for sem in sems}) == len(names)
+    # Each is its own semaphore: every one of them (limit 1) can be held at once.
+    for sem in sems:
+        granted(sem.attempt("same-holder"))
+    for sem in sems:
+        assert sem.status().holder_count == 1
+
+
+def test_keys_get_a_ttl_and_expire_when_idle(make: MakeSemaphore) -> None:
+    sem = make(1, lease_timeout=0.1, waiter_lease=0.1, idle_ttl=0.4)
+    permit = granted(sem.attempt("a"))
+    refused(sem.attempt("b"))
+    client = sem.client
+    existing = [key for key in sem.keys.script_keys if client.exists(key)]
+    assert set(existing) == set(sem.keys.script_keys)  # all six now hold something
+    for key in existing:
+        assert 0 < client.pttl(key) <= 400, key
+    permit.release()
+    time.sleep(0.6)
+    assert client.exists(*sem.keys.script_keys) == 0, "idle keys must expire"
+    # ...and the semaphore works from scratch afterwards.
+    granted(sem.attempt("c"))
+
+
+def test_default_idle_ttl_is_long_but_finite(make: MakeSemaphore) -> None:
+    sem = make(1)
+    granted(sem.attempt("a"))
+    ttl = sem.client.ttl(sem.keys.holders)
+    assert 6 * 24 * 3600 < ttl <= 7 * 24 * 3600
+
+
+def test_namespace_is_honoured(make: MakeSemaphore) -> None:
+    name = f"ns-{uuid.uuid4().hex}"
+    mine = make(1, name=name, namespace="myapp")
+    theirs = make(1, name=name, namespace="otherapp")
+    assert all(key.startswith("myapp:{") for key in mine.keys)
+    granted(mine.attempt("a"))
+    granted(theirs.attempt("b"))  # same name, other namespace: another semaphore
+    client = mine.client
+    assert client.exists(mine.keys.holders)
+    assert set(client.scan_iter(match=f"*{name}*")) == {
+        key.encode()
+        for key in (*mine.keys.script_keys, *theirs.keys.script_keys)
+        if client.exists(key)
+    }
+    assert not list(client.scan_iter(match=f"celery_semaphore:*{name}*"))
