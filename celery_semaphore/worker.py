@@ -201,6 +201,16 @@ def _active_gates(task_id: str) -> list[Gate]:
 # -- the heartbeat ----------------------------------------------------------------------------
 
 
+def renew_interval(app: Any) -> float:
+    """The shortest renewal interval any task of ``app`` asks for (per-task
+    ``semaphore_lease_timeout`` / ``semaphore_heartbeat_interval`` included)."""
+    intervals = [get_config(app).renew_every]
+    for task in list(app.tasks.values()):
+        if getattr(type(task), "semaphore_options", None):
+            intervals.append(task_config(task).renew_every)
+    return min(intervals)
+
+
 class Heartbeat:
     """Renews the leases of every running limited task of this worker: one
     ``renew_many`` call per semaphore per interval, from one thread.
@@ -217,7 +227,7 @@ class Heartbeat:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = get_config(app)
-        self.interval = self.config.renew_every
+        self.interval = renew_interval(app)
         self._stop = threading.Event()
         self._draining = threading.Event()
         self._thread = threading.Thread(
