@@ -1,0 +1,195 @@
+"""The Celery app of ``bench_celery.py``, run by real ``celery worker`` processes.
+
+Configured from the environment (``bench_celery.py`` sets these before it
+imports this module and before it starts the workers):
+
+- ``BENCH_BROKER_URL``: broker, and the semaphores' Redis (the default
+  ``semaphore_redis_url`` is the broker's URL);
+- ``BENCH_RESULT_URL``: result backend;
+- ``BENCH_RECORD_URL``: where the task bodies write what they saw;
+- ``BENCH_LIMIT``: the cap L of ``ours`` and of ``baseline``;
+- ``BENCH_NOOP_LIMIT``: the cap of ``noop_limited`` (never binds);
+- ``BENCH_BACKOFF_BASE`` / ``BENCH_BACKOFF_MAX``: the baseline's retry backoff.
+
+Tasks:
+
+- ``ours(index, hold)``: a :class:`~celery_semaphore.LimitedTask`, defaults as a
+  user gets them; the body sleeps ``hold`` seconds;
+- ``baseline(index, hold)``: a plain task that takes a py-redis-semaphore 0.2
+  permit itself (non-blocking), and when refused retries with exponential
+  backoff and full jitter, as its README suggests for Celery;
+- ``noop_limited(index, total, counter)`` / ``noop_plain(...)``: count themselves in
+  Redis; the ``total``-th stamps the time in ``<counter>:last``.
+
+Each execution of ``ours``/``baseline`` appends one JSON record to the Redis
+list ``bench:records:<task>``. In the worker processes, the app also records
+(list ``bench:inplace``) every wait in place of ours (``Semaphore.wait_for_turn``,
+timed from outside the package) and (list ``bench:waiting``) each
+``permit_waiting`` signal (position in line and countdown chosen).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import socket
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import worker_ready
+from redis_semaphore import Semaphore as PrsSemaphore
+from redis_semaphore import SemaphoreConfig as PrsConfig
+
+import celery_semaphore.semaphore as semaphore_module
+from celery_semaphore import LimitedTask, signals
+
+BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6399/0")
+RESULT_URL = os.environ.get("BENCH_RESULT_URL", BROKER_URL)
+RECORD_URL = os.environ.get("BENCH_RECORD_URL", RESULT_URL)
+LIMIT = int(os.environ.get("BENCH_LIMIT", "4"))
+NOOP_LIMIT = int(os.environ.get("BENCH_NOOP_LIMIT", "10000"))
+BACKOFF_BASE = float(os.environ.get("BENCH_BACKOFF_BASE", "0.1"))
+BACKOFF_MAX = float(os.environ.get("BENCH_BACKOFF_MAX", "2"))
+LEASE = 60.0
+
+OURS = "bench-ours"
+BASELINE = "bench-baseline"
+NOOP = "bench-noop"
+READY_KEY = "bench:ready"
+INPLACE_KEY = "bench:inplace"
+WAITING_KEY = "bench:waiting"
+
+
+def records_key(task: str) -> str:
+    return f"bench:records:{task}"
+
+
+app = Celery("bench_app", broker=BROKER_URL, backend=RESULT_URL)
+app.conf.update(
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+    task_default_queue="bench",
+)
+_records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
+
+
+def _record(task: str, **fields: Any) -> None:
+    _records.rpush(records_key(task), json.dumps(fields))
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=OURS, limit=LIMIT)
+def ours(self: Any, index: int, hold: float) -> int:
+    start = time.time()
+    time.sleep(hold)
+    end = time.time()
+    header = getattr(self.request, "celery_semaphore", None) or {}
+    _record(
+        "ours",
+        id=self.request.id,
+        index=index,
+        start=start,
+        end=end,
+        waits=header.get("waits", 0),
+        retries=self.request.retries,
+        pid=os.getpid(),
+    )
+    return index
+
+
+@app.task(bind=True, max_retries=None)
+def baseline(self: Any, index: int, hold: float) -> int:
+    permit = PrsSemaphore(_records, PrsConfig(name=BASELINE, limit=LIMIT, lock_timeout=LEASE))
+    if not permit.acquire(blocking=False).success:
+        cap = min(BACKOFF_MAX, BACKOFF_BASE * 2.0**self.request.retries)
+        raise self.retry(countdown=random.uniform(0.0, cap), max_retries=None)
+    try:
+        start = time.time()
+        time.sleep(hold)
+        end = time.time()
+        _record(
+            "baseline",
+            id=self.request.id,
+            index=index,
+            start=start,
+            end=end,
+            waits=self.request.retries,
+            retries=self.request.retries,
+            pid=os.getpid(),
+        )
+    finally:
+        permit.release()
+    return index
+
+
+def _count(counter: str, total: int) -> None:
+    """Count one more done; the last one stamps the time (no result polling needed)."""
+    if _records.incr(counter) == total:
+        _records.set(f"{counter}:last", repr(time.time()))
+
+
+@app.task(base=LimitedTask, semaphore=NOOP, limit=NOOP_LIMIT, ignore_result=True)
+def noop_limited(index: int, total: int, counter: str) -> None:
+    _count(counter, total)
+
+
+@app.task(ignore_result=True)
+def noop_plain(index: int, total: int, counter: str) -> None:
+    _count(counter, total)
+
+
+# -- observation from outside the package (worker processes only) ----------------------------
+
+
+@worker_ready.connect
+def _announce(sender: Any = None, **_: Any) -> None:
+    _records.sadd(READY_KEY, getattr(sender, "hostname", None) or socket.gethostname())
+
+
+@signals.permit_waiting.connect
+def _on_waiting(sender: Any = None, **fields: Any) -> None:
+    if fields.get("semaphore") != OURS:
+        return
+    _records.rpush(
+        WAITING_KEY,
+        json.dumps(
+            {
+                "id": fields.get("task_id"),
+                "position": fields.get("position"),
+                "countdown": fields.get("countdown"),
+                "at": time.time(),
+            }
+        ),
+    )
+
+
+def _timed_wait_for_turn(original: Any) -> Any:
+    @functools.wraps(original)
+    def wait_for_turn(self: Any, *args: Any, **kwargs: Any) -> Any:
+        begin = time.time()
+        result = original(self, *args, **kwargs)
+        if self.name == OURS:
+            _records.rpush(
+                INPLACE_KEY,
+                json.dumps(
+                    {
+                        "id": args[1] if len(args) > 1 else kwargs.get("holder"),
+                        "pid": os.getpid(),
+                        "start": begin,
+                        "end": time.time(),
+                        "granted": isinstance(result, semaphore_module.Permit),
+                    }
+                ),
+            )
+        return result
+
+    return wait_for_turn
+
+
+_Semaphore = semaphore_module.Semaphore
+if not getattr(_Semaphore.wait_for_turn, "__wrapped__", None):
+    _Semaphore.wait_for_turn = _timed_wait_for_turn(_Semaphore.wait_for_turn)  # type: ignore[method-assign]

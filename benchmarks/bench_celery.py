@@ -1,0 +1,770 @@
+"""End to end: N tasks of H seconds under a cluster-wide cap L, on K real prefork
+``celery worker`` processes of C pool processes each, with celery-semaphore's
+``LimitedTask`` side by side with py-redis-semaphore 0.2.0 used inside a plain task
+(non-blocking acquire, ``self.retry`` with exponential backoff and full jitter when
+refused); then the cost of a cap that never binds, on no-op tasks.
+
+The script starts its own ``redis-server`` (broker, result backend and semaphore
+store; never the shared one on 6379) and the workers (benchmarks/bench_app.py), prints
+figures, and stops every process again, also on an error or Ctrl-C. It asserts nothing:
+the targets are printed next to the figures.
+
+    .venv/bin/python benchmarks/bench_celery.py            # full run, about a minute
+    .venv/bin/python benchmarks/bench_celery.py --quick    # smoke run
+    .venv/bin/python benchmarks/bench_celery.py --json     # machine-readable results
+
+Options change N/H/L/K/C (``-n --hold -l -k -c``), the no-op phase and the baseline's
+backoff; ``--skip`` leaves a phase out; ``--prime`` gives ours a hold-time estimate before
+it is measured (a long-lived semaphore has one; a fresh Redis does not); ``--log-dir``
+keeps the worker logs; ``--dump FILE`` writes every record (task bodies, waits in place,
+countdowns, ``status()`` samples) for a closer look. On a busy machine the timings say
+more about the machine than about the semaphores: the load average is printed with them.
+
+Every figure comes from outside the semaphores: each task body records its own start
+and end (``time.time()``, same machine) and how many times it was sent back to wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, replace
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+import redis
+
+import celery_semaphore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _servers import PrivateRedis, private_redis
+
+HERE = Path(__file__).resolve().parent
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 10.0
+SAMPLE_EVERY = 0.02
+CPU_PARTS = ("workers", "worker_main", "redis", "client")
+
+TARGETS = {
+    "efficiency_min": 0.90,
+    "kendall_tau_min": 0.95,
+    "retries_mean_max": 2.0,
+    "noop_ratio_min": 0.90,
+}
+BASELINE_MEASURED = "efficiency 0.61-0.68, tau ~0.1, ~4.6 retries/task (docs field notes)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    tasks: int  # N
+    hold: float  # H, seconds each body sleeps
+    limit: int  # L
+    workers: int  # K
+    concurrency: int  # C
+    noop_tasks: int
+    noop_rounds: int  # interleaved rounds (plain, limited, plain, ...); medians reported
+    noop_limit: int
+    backoff_base: float  # the baseline's retry backoff
+    backoff_max: float
+    warmup: int  # untimed no-op tasks of each kind before the first phase
+
+    @property
+    def ideal(self) -> float:
+        return self.tasks * self.hold / self.limit
+
+
+FULL = Settings(
+    tasks=120,
+    hold=0.2,
+    limit=4,
+    workers=2,
+    concurrency=8,
+    noop_tasks=2000,
+    noop_rounds=3,
+    noop_limit=10_000,
+    backoff_base=0.1,  # tuned to this workload: reproduces the ~550 retries of the field notes
+    backoff_max=2.0,
+    warmup=64,
+)
+QUICK = replace(FULL, tasks=12, concurrency=4, noop_tasks=100, noop_rounds=1, warmup=16)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks: everything stops
+
+
+# --------------------------------------------------------------------------- workers
+
+
+class Workers:
+    """K ``celery worker`` processes, each in a session of its own (Ctrl-C reaches only
+    this script, which stops them: SIGTERM, then SIGKILL to the whole process group)."""
+
+    def __init__(self, env: dict[str, str], settings: Settings, log_dir: Path, level: str):
+        self.env = env
+        self.settings = settings
+        self.log_dir = log_dir
+        self.level = level
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def start(self, ready: Callable[[], int]) -> None:
+        for i in range(self.settings.workers):
+            path = self.log_dir / f"worker{i + 1}.log"
+            command = [
+                sys.executable, "-m", "celery", "-A", "bench_app", "worker",
+                "-P", "prefork", "-c", str(self.settings.concurrency),
+                "-n", f"bench{i + 1}@%h", "-l", self.level,
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+            ]  # fmt: skip
+            with path.open("wb") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        command,
+                        env=self.env,
+                        cwd=HERE,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            self.logs.append(path)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while ready() < self.settings.workers:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a worker exited at start:\n{self.tails()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"workers not ready after {READY_TIMEOUT:.0f} s:\n{self.tails()}"
+                )
+            time.sleep(0.05)
+
+    def tails(self, size: int = 3000) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-size:]}"
+            for p in self.logs
+            if p.exists()
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # warm shutdown
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for proc in self.procs:
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # pool children left behind, if any
+            proc.wait()
+        self.procs.clear()
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def kendall_tau(sequence: list[int]) -> float:
+    """Kendall's tau between the positions of ``sequence`` and its values (distinct):
+    1 - 4 * inversions / (n (n - 1)); inversions counted by merge sort."""
+    n = len(sequence)
+    if n < 2:
+        return 1.0
+
+    def sort_count(items: list[int]) -> tuple[list[int], int]:
+        if len(items) <= 1:
+            return items, 0
+        mid = len(items) // 2
+        left, a = sort_count(items[:mid])
+        right, b = sort_count(items[mid:])
+        merged: list[int] = []
+        inversions = a + b
+        i = j = 0
+        while i < len(left) and j < len(right):
+            if left[i] <= right[j]:
+                merged.append(left[i])
+                i += 1
+            else:
+                merged.append(right[j])
+                inversions += len(left) - i
+                j += 1
+        merged += left[i:] + right[j:]
+        return merged, inversions
+
+    _, inversions = sort_count(list(sequence))
+    return 1.0 - 4.0 * inversions / (n * (n - 1))
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at once (an end at the same instant as a start closes first)."""
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in points:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"count": 0, "mean": 0.0, "median": 0.0, "max": 0.0, "total": 0.0}
+    return {
+        "count": len(values),
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "total": sum(values),
+    }
+
+
+def handoff_gaps(intervals: list[tuple[float, float]], limit: int) -> list[float]:
+    """Seconds from the (k - L)-th end to the k-th start, for every start after the first L:
+    how long the permit a start needed stood free (with L permits, the k-th body can start
+    once k - L bodies have ended). 0 in a perfect hand-off."""
+    starts = sorted(s for s, _ in intervals)
+    ends = sorted(e for _, e in intervals)
+    return [starts[k] - ends[k - limit] for k in range(limit, len(starts))]
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))]
+
+
+def analyze(
+    records: list[dict[str, Any]], first_submit: float, settings: Settings
+) -> dict[str, Any]:
+    runs = sorted(records, key=lambda r: (r["start"], r["index"]))
+    first_start = runs[0]["start"]
+    last_end = max(r["end"] for r in runs)
+    span = last_end - first_start
+    span_submit = last_end - first_submit
+    waits = [float(r["waits"]) for r in runs]
+    retries = [float(r["retries"]) for r in runs]
+    held = sum(r["end"] - r["start"] for r in runs)
+    gaps = handoff_gaps([(r["start"], r["end"]) for r in runs], settings.limit)
+    return {
+        "tasks_run": len(runs),
+        "distinct_tasks": len({r["index"] for r in runs}),
+        "makespan_s": span,
+        "makespan_from_submit_s": span_submit,
+        "efficiency": settings.ideal / span,
+        "efficiency_from_submit": settings.ideal / span_submit,
+        "peak_overlap": peak_overlap([(r["start"], r["end"]) for r in runs]),
+        "kendall_tau": kendall_tau([r["index"] for r in runs]),
+        "waits_mean": statistics.fmean(waits),
+        "waits_max": max(waits),
+        "waits_total": sum(waits),
+        "body_retries_mean": statistics.fmean(retries),
+        "body_retries_max": max(retries),
+        "worker_processes_used": len({r["pid"] for r in runs}),
+        "idle_permit_share": max(0.0, 1.0 - held / (settings.limit * span)),
+        "first_start_after_submit_s": first_start - first_submit,
+        "handoff_gap_s": {
+            "median": percentile(gaps, 50),
+            "p90": percentile(gaps, 90),
+            "max": max(gaps, default=0.0),
+            "total": sum(gaps),
+            "over_50ms": sum(1 for g in gaps if g > 0.05),
+            "count": len(gaps),
+        },
+    }
+
+
+def in_place(waits: list[dict[str, Any]]) -> dict[str, Any]:
+    """Waits in place (worker processes blocked in ``wait_for_turn``)."""
+    durations = [w["end"] - w["start"] for w in waits]
+    return {
+        "count": len(waits),
+        "granted": sum(1 for w in waits if w["granted"]),
+        "process_seconds": sum(durations),
+        "mean_s": statistics.fmean(durations) if durations else 0.0,
+        "max_s": max(durations, default=0.0),
+        "peak_processes": peak_overlap([(w["start"], w["end"]) for w in waits]),
+    }
+
+
+# --------------------------------------------------------------------------- phases
+
+
+class Sampler:
+    """Reads ``Semaphore.status()`` every 20 ms from a thread: holders vs waiters over time."""
+
+    def __init__(self, client: redis.Redis, name: str, limit: int) -> None:
+        from celery_semaphore import Semaphore
+
+        self.semaphore = Semaphore(client, name, limit)
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_EVERY):
+            status = self.semaphore.status()
+            self.samples.append((time.time(), status.holder_count, status.waiter_count))
+
+    @contextmanager
+    def running(self) -> Iterator[Sampler]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+    def summary(self, begin: float, end: float, limit: int) -> dict[str, Any]:
+        inside = [s for s in self.samples if begin <= s[0] <= end]
+        if not inside:
+            return {"samples": 0}
+        short = [s for s in inside if s[1] < limit and s[2] > 0]
+        return {
+            "samples": len(inside),
+            "holders_mean": statistics.fmean(s[1] for s in inside),
+            "holders_max": max(s[1] for s in inside),
+            "waiters_max": max(s[2] for s in inside),
+            "share_free_permit_while_waiting": len(short) / len(inside),
+        }
+
+
+def run_capped(
+    bench: ModuleType,
+    kind: str,
+    settings: Settings,
+    records: redis.Redis,
+    state: redis.Redis,
+    *,
+    raw: dict[str, Any],
+) -> dict[str, Any]:
+    """N tasks of H seconds under the cap; figures from the bodies' own records."""
+    task = getattr(bench, kind)
+    key = bench.records_key(kind)
+    records.delete(key, bench.INPLACE_KEY, bench.WAITING_KEY)
+    sampler = Sampler(state, bench.OURS, settings.limit) if kind == "ours" else None
+    timeout = max(60.0, 20 * settings.ideal)
+    with sampler.running() if sampler else _nothing():
+        first_submit = time.time()
+        with bench.app.producer_or_acquire() as producer:
+            results = [
+                task.apply_async((i, settings.hold), producer=producer)
+                for i in range(settings.tasks)
+            ]
+        submitted = time.time()
+        deadline = time.monotonic() + timeout
+        for result in results:
+            result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
+            result.forget()
+    runs = [json.loads(r) for r in records.lrange(key, 0, -1)]
+    figures = analyze(runs, first_submit, settings)
+    figures["submit_s"] = submitted - first_submit
+    raw[kind] = {"first_submit": first_submit, "submitted": submitted, "runs": runs}
+    if kind == "ours":
+        waits = [json.loads(r) for r in records.lrange(bench.INPLACE_KEY, 0, -1)]
+        sent_back = [json.loads(r) for r in records.lrange(bench.WAITING_KEY, 0, -1)]
+        figures["in_place"] = in_place(waits)
+        figures["countdowns"] = _stats([float(w["countdown"]) for w in sent_back])
+        figures["sent_back_positions"] = _stats([float(w["position"]) for w in sent_back])
+        assert sampler is not None
+        last_end = first_submit + figures["makespan_from_submit_s"]
+        figures["sampled"] = sampler.summary(
+            last_end - figures["makespan_s"], last_end, settings.limit
+        )
+        raw[kind].update(in_place=waits, sent_back=sent_back, samples=sampler.samples)
+    else:
+        figures["in_place"] = in_place([])
+    return figures
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def process_cpu(pid: int, *, children: bool = True) -> float:
+    """CPU seconds (user + system) of a process and, by default, of its live children
+    (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if children else []
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return own + sum(process_cpu(int(kid)) for kid in kids)
+
+
+class CpuMeter:
+    """CPU seconds spent by the workers (all processes), the redis-server and this script."""
+
+    def __init__(self, workers: Workers, server: redis.Redis) -> None:
+        self.workers = workers
+        self.server = server
+
+    def read(self) -> dict[str, float]:
+        cpu = self.server.info("cpu")
+        main = sum(process_cpu(proc.pid, children=False) for proc in self.workers.procs)
+        return {
+            "workers": sum(process_cpu(proc.pid) for proc in self.workers.procs),
+            "worker_main": main,
+            "redis": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            "client": time.process_time(),
+        }
+
+
+def run_noop_round(
+    bench: ModuleType,
+    kind: str,
+    count: int,
+    records: redis.Redis,
+    tag: str,
+    *,
+    meter: CpuMeter | None = None,
+) -> dict[str, Any]:
+    """Throughput (tasks/s) from the first submit to the last task's own end stamp, and
+    the CPU milliseconds per task spent by the workers, the Redis server and the client."""
+    task = getattr(bench, f"noop_{kind}")
+    counter = f"bench:noop:{tag}"
+    records.delete(counter, f"{counter}:last")
+    before = meter.read() if meter else {}
+    begin = time.time()
+    with bench.app.producer_or_acquire() as producer:
+        for i in range(count):
+            task.apply_async((i, count, counter), producer=producer)
+    submitted = time.time()
+    deadline = time.monotonic() + max(60.0, count / 20)
+    while True:
+        last = records.get(f"{counter}:last")
+        if last is not None:
+            break
+        if time.monotonic() > deadline:
+            done = int(records.get(counter) or 0)
+            raise RuntimeError(f"no-op {kind}: only {done} of {count} ran in time")
+        time.sleep(0.01)
+    after = meter.read() if meter else {}
+    return {
+        "per_s": count / (float(last) - begin),
+        "submit_s": submitted - begin,
+        "cpu_ms_per_task": {k: 1000 * (after[k] - before[k]) / count for k in after},
+    }
+
+
+def run_noop(
+    bench: ModuleType, settings: Settings, records: redis.Redis, meter: CpuMeter
+) -> dict[str, Any]:
+    rounds: dict[str, list[dict[str, Any]]] = {"plain": [], "limited": []}
+    for r in range(settings.noop_rounds):
+        order = ("plain", "limited") if r % 2 == 0 else ("limited", "plain")
+        for kind in order:
+            rounds[kind].append(
+                run_noop_round(bench, kind, settings.noop_tasks, records, f"{kind}{r}", meter=meter)
+            )
+
+    def median(kind: str, key: str, sub: str | None = None) -> float:
+        return statistics.median(x[key][sub] if sub else x[key] for x in rounds[kind])
+
+    plain, limited = median("plain", "per_s"), median("limited", "per_s")
+    return {
+        "tasks": settings.noop_tasks,
+        "rounds": settings.noop_rounds,
+        "plain_per_s": plain,
+        "limited_per_s": limited,
+        "ratio": limited / plain,
+        "cpu_ms_per_task": {
+            kind: {part: median(kind, "cpu_ms_per_task", part) for part in CPU_PARTS}
+            for kind in rounds
+        },
+        "submit_s": {kind: median(kind, "submit_s") for kind in rounds},
+        "plain_rounds": rounds["plain"],
+        "limited_rounds": rounds["limited"],
+    }
+
+
+def warm_up(bench: ModuleType, settings: Settings, records: redis.Redis) -> None:
+    """Every pool process imports, connects and runs a task of each kind once or so."""
+    for kind in ("plain", "limited"):
+        run_noop_round(bench, kind, settings.warmup, records, f"warmup-{kind}")
+
+
+# --------------------------------------------------------------------------- report
+
+
+def package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def mark(met: bool) -> str:
+    return "ok" if met else "MISSED"
+
+
+def gap_cell(figures: dict[str, Any]) -> str:
+    gaps = figures["handoff_gap_s"]
+    return f"{gaps['median'] * 1000:.0f} / {gaps['p90'] * 1000:.0f}"
+
+
+def print_report(results: dict[str, Any]) -> None:
+    s = results["settings"]
+    ours, base, noop = results["ours"], results["baseline"], results["noop"]
+    env = results["environment"]
+    ideal = s["tasks"] * s["hold"] / s["limit"]
+    print(
+        f"celery end to end: N={s['tasks']} tasks x H={s['hold']} s under L={s['limit']}, "
+        f"K={s['workers']} workers x C={s['concurrency']} prefork processes "
+        f"(ideal {ideal:.2f} s)"
+    )
+    print(
+        f"celery {env['celery']}, redis-server {env['redis_server']} (private), "
+        f"redis-py {env['redis_py']}, py-redis-semaphore {env['py_redis_semaphore']}, "
+        f"Python {env['python']}, {env['cpus']} CPUs, load average "
+        f"{env['load_average_1min'][0]:.1f} before / {env['load_average_1min'][1]:.1f} after"
+    )
+    print(
+        f"baseline: py-redis-semaphore acquire(blocking=False) in a plain task, refused -> "
+        f"self.retry(countdown=uniform(0, min({s['backoff_max']:g}, "
+        f"{s['backoff_base']:g} * 2**retries)))"
+    )
+    print()
+    rows: list[tuple[str, str, str, str]] = [
+        ("figure", "ours", "baseline", "target (ours)"),
+        ("makespan, first start..last end (s)", f"{ours['makespan_s']:.2f}",
+         f"{base['makespan_s']:.2f}", f"ideal {ideal:.2f}"),
+        ("makespan, first submit..last end (s)", f"{ours['makespan_from_submit_s']:.2f}",
+         f"{base['makespan_from_submit_s']:.2f}", ""),
+        ("efficiency (ideal / makespan)", f"{ours['efficiency']:.3f}",
+         f"{base['efficiency']:.3f}",
+         f">= {TARGETS['efficiency_min']:.2f}  {mark(ours['efficiency'] >= TARGETS['efficiency_min'])}"),  # noqa: E501
+        ("efficiency from first submit", f"{ours['efficiency_from_submit']:.3f}",
+         f"{base['efficiency_from_submit']:.3f}", ""),
+        ("peak overlap (from the bodies' times)", str(ours["peak_overlap"]),
+         str(base["peak_overlap"]),
+         f"= {s['limit']}  {mark(ours['peak_overlap'] == s['limit'])}"),
+        ("Kendall tau, start vs submit order", f"{ours['kendall_tau']:.3f}",
+         f"{base['kendall_tau']:.3f}",
+         f">= {TARGETS['kendall_tau_min']:.2f}  {mark(ours['kendall_tau'] >= TARGETS['kendall_tau_min'])}"),  # noqa: E501
+        ("waits (retries for a permit) / task, mean",
+         f"{ours['waits_mean']:.2f}", f"{base['waits_mean']:.2f}",
+         f"<= {TARGETS['retries_mean_max']:.0f}  {mark(ours['waits_mean'] <= TARGETS['retries_mean_max'])}"),  # noqa: E501
+        ("waits / task, max (total)", f"{ours['waits_max']:.0f} ({ours['waits_total']:.0f})",
+         f"{base['waits_max']:.0f} ({base['waits_total']:.0f})", ""),
+        ("request.retries seen by the body, mean", f"{ours['body_retries_mean']:.2f}",
+         f"{base['body_retries_mean']:.2f}", ""),
+        ("waits in place (granted)",
+         f"{ours['in_place']['count']} ({ours['in_place']['granted']})", "0", ""),
+        ("processes blocked in place: peak, proc-s",
+         f"{ours['in_place']['peak_processes']}, {ours['in_place']['process_seconds']:.2f}",
+         "0, 0.00", ""),
+        ("hand-off gap, release -> next start: median / p90 (ms)",
+         gap_cell(ours), gap_cell(base), ""),
+        ("hand-offs over 50 ms (of)",
+         f"{ours['handoff_gap_s']['over_50ms']} ({ours['handoff_gap_s']['count']})",
+         f"{base['handoff_gap_s']['over_50ms']} ({base['handoff_gap_s']['count']})", ""),
+        ("idle permit share (1 - busy / (L x span))", f"{ours['idle_permit_share']:.3f}",
+         f"{base['idle_permit_share']:.3f}", ""),
+        ("tasks run / distinct", f"{ours['tasks_run']} / {ours['distinct_tasks']}",
+         f"{base['tasks_run']} / {base['distinct_tasks']}", f"{s['tasks']} / {s['tasks']}"),
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for n, row in enumerate(rows):
+        print("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) if i < 3
+                        else cell for i, cell in enumerate(row)).rstrip())  # fmt: skip
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+    cd, sampled = ours["countdowns"], ours.get("sampled", {})
+    print(
+        f"\nours, sent back to wait: {cd['count']} times, countdown mean {cd['mean']:.2f} s, "
+        f"median {cd['median']:.2f} s, max {cd['max']:.2f} s; "
+        f"in-place waits mean {ours['in_place']['mean_s'] * 1000:.0f} ms, "
+        f"max {ours['in_place']['max_s'] * 1000:.0f} ms"
+    )
+    if sampled.get("samples"):
+        print(
+            f"ours, status() every {SAMPLE_EVERY * 1000:.0f} ms ({sampled['samples']} samples): "
+            f"holders mean {sampled['holders_mean']:.2f}, max {sampled['holders_max']}; "
+            f"a permit free while someone waits in {sampled['share_free_permit_while_waiting']:.1%}"
+            " of samples"
+        )
+    print(f"(baseline measured elsewhere: {BASELINE_MEASURED})")
+    print(
+        f"\nno-op overhead: {noop['tasks']} tasks x {noop['rounds']} interleaved rounds "
+        f"(medians; first submit .. last task done)"
+    )
+    cpu = noop["cpu_ms_per_task"]
+    for kind, label in (("plain", "plain task"), ("limited", "LimitedTask")):
+        print(
+            f"  {label:<12} {noop[kind + '_per_s']:7.0f} tasks/s   CPU ms per task: workers "
+            f"{cpu[kind]['workers']:.2f} (main processes {cpu[kind]['worker_main']:.2f}), "
+            f"redis-server {cpu[kind]['redis']:.2f}, "
+            f"client {cpu[kind]['client']:.2f} (submit {noop['submit_s'][kind]:.2f} s)"
+        )
+    print(f"  (LimitedTask limit {s['noop_limit']}: never binds)")
+    print(
+        f"  ratio limited/plain  {noop['ratio']:.3f}   target >= {TARGETS['noop_ratio_min']:.2f}"
+        f"  {mark(noop['ratio'] >= TARGETS['noop_ratio_min'])}"
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON only")
+    parser.add_argument("-n", "--tasks", type=int, help="N, tasks per contended phase")
+    parser.add_argument("--hold", type=float, help="H, seconds each task holds its permit")
+    parser.add_argument("-l", "--limit", type=int, help="L, the cap")
+    parser.add_argument("-k", "--workers", type=int, help="K, celery worker processes")
+    parser.add_argument("-c", "--concurrency", type=int, help="C, pool processes per worker")
+    parser.add_argument("--noop-tasks", type=int, help="no-op tasks per round")
+    parser.add_argument("--noop-rounds", type=int, help="interleaved no-op rounds")
+    parser.add_argument("--backoff-base", type=float, help="baseline backoff base (s)")
+    parser.add_argument("--backoff-max", type=float, help="baseline backoff cap (s)")
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=["ours", "baseline", "noop"],
+        help="skip a phase (then the figures are printed as JSON)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prime",
+        action="store_true",
+        help="run 2 L tasks through ours first, so it starts with a hold-time estimate",
+    )
+    parser.add_argument("--worker-loglevel", default="warning")
+    parser.add_argument("--log-dir", type=Path, help="keep the worker logs in this directory")
+    parser.add_argument(
+        "--dump", type=Path, help="write every record (bodies, waits, samples) to this JSON file"
+    )
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    overrides = {
+        field: getattr(args, field)
+        for field in ("tasks", "hold", "limit", "workers", "concurrency", "noop_tasks",
+                      "noop_rounds", "backoff_base", "backoff_max")
+        if getattr(args, field) is not None
+    }  # fmt: skip
+    return args, replace(settings, **overrides)
+
+
+def run(
+    args: argparse.Namespace, settings: Settings, server: PrivateRedis, raw: dict[str, Any]
+) -> dict[str, Any]:
+    env = {
+        "BENCH_BROKER_URL": server.url_for(0),
+        "BENCH_RESULT_URL": server.url_for(1),
+        "BENCH_RECORD_URL": server.url_for(2),
+        "BENCH_LIMIT": str(settings.limit),
+        "BENCH_NOOP_LIMIT": str(settings.noop_limit),
+        "BENCH_BACKOFF_BASE": repr(settings.backoff_base),
+        "BENCH_BACKOFF_MAX": repr(settings.backoff_max),
+    }
+    os.environ.update(env)
+    worker_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p),
+    }
+    import bench_app as bench
+
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-celery-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    records, state = server.client(2), server.client(0)
+    workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
+    try:
+        log(f"starting {settings.workers} workers x {settings.concurrency} processes")
+        workers.start(lambda: int(records.scard(bench.READY_KEY)))
+        log("warm-up")
+        warm_up(bench, settings, records)
+        log(f"ours: {settings.tasks} tasks x {settings.hold} s under a cap of {settings.limit}")
+        if args.prime:
+            log(f"priming the semaphore's hold estimate: {2 * settings.limit} tasks")
+            primer = replace(settings, tasks=2 * settings.limit)
+            run_capped(bench, "ours", primer, records, state, raw={})
+        ours: dict[str, Any] = {}
+        if "ours" not in args.skip:
+            ours = run_capped(bench, "ours", settings, records, state, raw=raw)
+        baseline: dict[str, Any] = {}
+        if "baseline" not in args.skip:
+            log("baseline: py-redis-semaphore + self.retry with backoff")
+            baseline = run_capped(bench, "baseline", settings, records, state, raw=raw)
+        noop: dict[str, Any] = {}
+        if "noop" not in args.skip:
+            log(f"no-op overhead: {settings.noop_tasks} tasks x {settings.noop_rounds} rounds")
+            noop = run_noop(bench, settings, records, CpuMeter(workers, state))
+    except Exception:
+        log(f"worker logs ({log_dir}):\n{workers.tails()}")
+        raise
+    finally:
+        log("stopping the workers")
+        workers.stop()
+        records.close()
+        state.close()
+        bench.app.close()
+        if args.log_dir is None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    return {"ours": ours, "baseline": baseline, "noop": noop}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, settings = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    raw: dict[str, Any] = {}
+    with private_redis() as server:
+        log(f"private redis-server on 127.0.0.1:{server.port}")
+        redis_version = server.version()
+        figures = run(args, settings, server, raw)
+    if args.dump:
+        args.dump.write_text(json.dumps(raw))
+    results = {
+        "quick": args.quick,
+        "elapsed_s": time.perf_counter() - started,
+        "settings": {**asdict(settings), "ideal_s": settings.ideal},
+        "environment": {
+            "celery": package_version("celery"),
+            "redis_server": redis_version,
+            "redis_py": package_version("redis"),
+            "py_redis_semaphore": package_version("py-redis-semaphore"),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_1min": [load_before, os.getloadavg()[0]],
+            "celery_semaphore_from": str(Path(celery_semaphore.__file__).parent),
+        },
+        **figures,
+        "targets": {**TARGETS, "peak_overlap": settings.limit},
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+    elif all(figures.values()):
+        print_report(results)
+        print(f"\n(whole run: {results['elapsed_s']:.0f} s)")
+    else:
+        print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted; the workers and the private redis-server were stopped")
+        sys.exit(130)
