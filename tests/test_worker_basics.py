@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from celery_harness import max_overlap
 
 pytestmark = pytest.mark.slow
