@@ -21,9 +21,52 @@ from typing import Any
 import redis
 from servers import wait_until
 
-from celery_semaphore import Semaphore
+from celery_semaphore import Semaphore, publish
+from celery_semaphore import config as semaphore_config
 
 APPS = Path(__file__).parent / "celery_apps"
+
+
+def repoint_client(cluster: Cluster) -> None:
+    """Point the test process's app at this test's Redis.
+
+    The harness imports limited_app once per session and then only updates
+    ``broker_url`` / ``result_backend`` in its conf, but the app caches its
+    broker pool, its result backend and its semaphore settings: a second test
+    in the session would publish to, and read results from, the previous
+    test's stopped server.
+    """
+    app = cluster.app_module.app
+    detach_client(app)
+    app.conf.semaphore_redis_url = cluster.state_url
+    publish._paused_until[0] = 0.0  # set by a publish that failed against an old server
+
+
+def detach_client(app: Any) -> None:
+    """Drop the app's broker pool, result backend and semaphore settings.
+
+    The result backend's subscriptions are forgotten first: the Redis backend
+    subscribes to each task's result channel when it is sent and unsubscribes
+    in ``AsyncResult.__del__``, which, once the test's server is gone, retries
+    for 20 s and raises (an error under pytest).
+    """
+    backend = app._backend
+    consumer = getattr(backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.subscribed_to.clear()
+        consumer._pending_unsubscribe.clear()
+        with contextlib.suppress(Exception):
+            consumer.stop()
+        consumer._pubsub = None
+    if backend is not None:
+        backend.client.connection_pool.disconnect()
+    app._backend_cache = None
+    app._local.__dict__.pop("backend", None)
+    pool, app._pool = app._pool, None
+    if pool is not None:
+        pool.force_close_all()
+    app.amqp._producer_pool = None
+    semaphore_config._cache.pop(app, None)
 
 
 class Worker:
@@ -161,6 +204,7 @@ class Cluster:
         app.conf.result_backend = self.state_url
         self.app_module._log = redis.Redis.from_url(self.state_url)
         app.conf.update(json.loads(self.env["CS_EXTRA_CONF"]))
+        repoint_client(self)
 
     def worker(
         self,
@@ -214,6 +258,7 @@ class Cluster:
         return any(e["id"] == task_id and e["event"] == "start" for e in self.events())
 
     def close(self) -> None:
+        detach_client(self.app_module.app)
         for worker in self.workers:
             worker.close()
         self.redis.close()

@@ -68,14 +68,24 @@ def hold(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
-@app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT, acks_late=True,
-          reject_on_worker_lost=True)
+@app.task(
+    bind=True,
+    base=LimitedTask,
+    semaphore="hold",
+    limit=LIMIT,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
 def hold_late(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
-@app.task(bind=True, base=LimitedTask, limit=1,
-          semaphore=lambda customer, *_, **__: f"customer-{customer}")
+@app.task(
+    bind=True,
+    base=LimitedTask,
+    limit=1,
+    semaphore=lambda customer, *_, **__: f"customer-{customer}",
+)
 def per_customer(self: Any, customer: str, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
@@ -105,6 +115,53 @@ def ending(self: Any, how: str, seconds: float = 0.0) -> Any:
 @app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT, max_retries=3)
 def flaky(self: Any, fail_times: int) -> Any:
     """Fails ``fail_times`` times, retrying itself; records its own retry count."""
+    record(self, "start", self.request.retries)
+    if self.request.retries < fail_times:
+        raise self.retry(countdown=0.05, exc=RuntimeError("flaky"))
+    record(self, "end", self.request.retries)
+    return self.request.retries
+
+
+# -- tasks of test_task_options / test_brokers_canvas ---------------------------------------
+
+
+def _key_of(mode: str, *_: Any, **__: Any) -> Any:
+    if mode == "raise":
+        raise LookupError("no key for this mode")
+    if mode == "int":
+        return 5
+    return f"keyed-{mode}"
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=_key_of, limit=1)
+def keyed(self: Any, mode: str) -> Any:
+    """Its semaphore comes from a key function that raises or returns an int on demand."""
+    record(self, "start", mode)
+    record(self, "end", mode)
+    return mode
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT)
+def limited_add(self: Any, x: int, y: int, seconds: float = 0.1) -> int:
+    """x + y, holding a permit of "hold" for ``seconds`` (for chains, groups and chords)."""
+    record(self, "start", [x, y])
+    time.sleep(seconds)
+    record(self, "end", [x, y])
+    return x + y
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT)
+def limited_sum(self: Any, values: list[int]) -> int:
+    """A chord callback that also needs a permit of "hold"."""
+    record(self, "start", "sum")
+    record(self, "end", "sum")
+    return sum(values)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT, max_retries=3,
+          semaphore_max_wait_time=2.0)  # fmt: skip
+def flaky_budget(self: Any, fail_times: int) -> Any:
+    """``flaky`` with a 2 s wait budget (test_waiting: each wait period has its own)."""
     record(self, "start", self.request.retries)
     if self.request.retries < fail_times:
         raise self.retry(countdown=0.05, exc=RuntimeError("flaky"))
