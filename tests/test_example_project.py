@@ -331,7 +331,7 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_interrupted_demo_stops_everything_it_started(tmp_path: Path) -> None:
-    demo = start_demo(tmp_path)
+    demo = start_demo(tmp_path, "--service-time", "2.0")  # still running when interrupted
     lines: list[str] = []
     try:
         assert demo.stdout is not None
