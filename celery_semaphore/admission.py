@@ -27,12 +27,12 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from celery.exceptions import Retry
 
 from . import signals
-from .config import SemaphoreConfig, get_config
+from .config import PREFIX, SemaphoreConfig, check_backoff, get_config
 from .errors import SemaphoreBackendError, SemaphoreConnectionError, SemaphoreTimeout
 from .gates import GATES_HEADER, WAIT_HEADER, Gate, decode_gates, semaphores, task_gate
 from .protocol import Place
@@ -47,11 +47,21 @@ PLACE_GRACE = 5.0
 
 @dataclass
 class WaitState:
-    """What a waiting task carries across its retries, in the ``celery_semaphore`` header."""
+    """What a waiting task carries across its retries, in the ``celery_semaphore`` header.
+
+    ``waits`` counts every wait of the task (they are in ``request.retries``);
+    ``period_start`` is how many of them came before the current wait period
+    (a retry of the task's own starts a new one: new place, fresh wait budget).
+    """
 
     tickets: dict[str, int] = field(default_factory=dict)
     waits: int = 0
     first_ask: float | None = None
+    period_start: int = 0
+
+    @property
+    def period_waits(self) -> int:
+        return self.waits - self.period_start
 
     @classmethod
     def of(cls, request: Any) -> WaitState:
@@ -63,10 +73,16 @@ class WaitState:
             {str(k): int(v) for k, v in tickets.items() if v},
             int(raw.get("waits") or 0),
             raw.get("first_ask"),
+            int(raw.get("period_start") or 0),
         )
 
     def encode(self) -> dict[str, Any]:
-        return {"tickets": self.tickets, "waits": self.waits, "first_ask": self.first_ask}
+        return {
+            "tickets": self.tickets,
+            "waits": self.waits,
+            "first_ask": self.first_ask,
+            "period_start": self.period_start,
+        }
 
 
 def task_config(task: Any) -> SemaphoreConfig:
@@ -75,6 +91,7 @@ def task_config(task: Any) -> SemaphoreConfig:
     if cached is None:
         options = getattr(type(task), "semaphore_options", None) or {}
         cached = get_config(task.app).with_options(options, f"task {task.name}")
+        check_backoff(task.app, cached, f"task {task.name}: {PREFIX}")
         task.__dict__["_semaphore_config"] = cached
     return cached
 
@@ -111,7 +128,7 @@ def countdown(waits: int, place: Place | None, config: SemaphoreConfig) -> float
     turn = estimate_turn(place) if place is not None else None
     if turn is not None and place is not None and place.hold_estimate is not None:
         early = turn - place.hold_estimate / 2
-        delay = early * (random.uniform(0.9, 1.0) if config.backoff_jitter else 1.0)
+        delay = early * (random.uniform(0.85, 0.95) if config.backoff_jitter else 0.9)
     else:
         cap = min(config.backoff_max, config.backoff_base * 2.0**waits)
         delay = random.uniform(0.0, cap) if config.backoff_jitter else cap
@@ -138,26 +155,45 @@ class Admission:
 
     def enter(self) -> None:
         """Take every gate's permit, or raise ``Retry`` / :class:`SemaphoreTimeout`."""
-        holder, info = self.request.id, _info(self.task, self.request)
+        info = _info(self.task, self.request)
         if self.state.first_ask is None:
             self.state.first_ask = time.time()
         try:
-            for gate in self.gates:
-                sem = self._sem(gate)
-                ticket = self.state.tickets.get(gate.name)
-                result = sem.attempt(holder, ticket, wait_lease=PLACE_GRACE, info=info)
+            for index, gate in enumerate(self.gates):
+                result = self._attempt(gate, info)
                 if isinstance(result, Place):
-                    result = self._wait_in_place(gate, result, info)
-                if isinstance(result, Place):
+                    # Never hold one permit while waiting for another: give back the
+                    # earlier gates' permits, wait for this one holding nothing, then
+                    # take the earlier ones again (their tickets keep their places).
                     self.exit()
-                    self._come_back_later(gate, result, info)
-                self.permits.append((gate, result))
-                self._send(signals.permit_granted, gate, waited=time.time() - self.state.first_ask)
+                    result = self._wait_in_place(gate, result, info)
+                    if isinstance(result, Place):
+                        self._come_back_later(gate, result, info)
+                    self._granted(gate, result)
+                    for earlier in self.gates[:index]:
+                        again = self._attempt(earlier, info)
+                        if isinstance(again, Place):
+                            self.exit()
+                            self._come_back_later(earlier, again, info)
+                        self._granted(earlier, again)
+                else:
+                    self._granted(gate, result)
         except (SemaphoreConnectionError, SemaphoreBackendError) as error:
             self._on_redis_error(error)
 
+    def _attempt(self, gate: Gate, info: str) -> Permit | Place:
+        ticket = self.state.tickets.get(gate.name)
+        result = self._sem(gate).attempt(self.request.id, ticket, wait_lease=PLACE_GRACE, info=info)
+        if isinstance(result, Place):
+            self.state.tickets[gate.name] = result.ticket
+        return result  # type: ignore[no-any-return]
+
+    def _granted(self, gate: Gate, permit: Permit) -> None:
+        self.permits.append((gate, permit))
+        first_ask = self.state.first_ask or time.time()
+        self._send(signals.permit_granted, gate, waited=time.time() - first_ask)
+
     def _wait_in_place(self, gate: Gate, place: Place, info: str) -> Permit | Place:
-        self.state.tickets[gate.name] = place.ticket
         if not should_wait_in_place(place, self.config.max_block):
             return place
         return self._sem(gate).wait_for_turn(  # type: ignore[no-any-return]
@@ -168,10 +204,11 @@ class Admission:
             info=info,
         )
 
-    def _come_back_later(self, gate: Gate, place: Place | None, info: str) -> None:
+    def _come_back_later(self, gate: Gate, place: Place | None, info: str) -> NoReturn:
         waited = time.time() - (self.state.first_ask or time.time())
         config = self.config
-        over_count = config.max_waits is not None and self.state.waits >= config.max_waits
+        waits = self.state.period_waits
+        over_count = config.max_waits is not None and waits >= config.max_waits
         over_time = config.max_wait_time is not None and waited >= config.max_wait_time
         if over_count or over_time:
             self.drop_places()
@@ -179,10 +216,10 @@ class Admission:
                 gate.name,
                 place.limit if place else gate.limit,
                 waited,
-                f"task {self.task.name}[{self.request.id}] gave up after {self.state.waits} "
+                f"task {self.task.name}[{self.request.id}] gave up after {waits} "
                 "waits (semaphore_max_waits / semaphore_max_wait_time)",
             )
-        delay = countdown(self.state.waits, place, config)
+        delay = countdown(waits, place, config)
         if place is not None and delay + PLACE_GRACE > PLACE_GRACE * 1.5:
             refreshed = self._sem(gate).attempt(
                 self.request.id, place.ticket, wait_lease=delay * 1.5 + PLACE_GRACE, info=info
@@ -298,8 +335,14 @@ def _eager_call(
 
 
 def with_waits_added(request: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Options of a retry published from inside the body, with the waits counted back in."""
+    """Options of a retry published from inside the body: the waits are counted back
+    in ``retries``, and the retry is a new contender (as Celery's retry goes to the
+    back of the queue): it drops the tickets of the places it was served from, so it
+    lines up behind the tasks that queued meanwhile, and its wait budget starts again."""
     waits = getattr(request, WAITS_MARK, None) if request is not None else None
-    if waits and "retries" in options:
-        return {**options, "retries": options["retries"] + waits}
-    return options
+    if waits is None or "retries" not in options:
+        return options
+    headers = dict(options.get("headers") or getattr(request, "headers", None) or {})
+    headers[WAIT_HEADER] = WaitState(waits=waits, period_start=waits).encode()
+    headers.pop(GATES_HEADER, None)
+    return {**options, "retries": options["retries"] + waits, "headers": headers}

@@ -6,8 +6,9 @@
 - ``semaphore_lease_timeout`` (60 s): lease of a permit; the worker renews it.
 - ``semaphore_heartbeat_interval`` (lease / 4): how often the worker renews.
 - ``semaphore_backoff_base`` (0.5 s) and ``semaphore_backoff_max`` (60 s):
-  exponential backoff between waits when the turn can't be estimated; the
-  maximum stays far below the Redis broker's ``visibility_timeout``.
+  exponential backoff between waits when the turn can't be estimated, and the
+  cap of every countdown; with ``max_block`` it must stay below half the Redis
+  broker's ``visibility_timeout`` (checked), or waiting tasks would run twice.
 - ``semaphore_backoff_jitter`` (True): full jitter on that backoff.
 - ``semaphore_max_block`` (1.0 s): a task among the next ``limit`` in line
   whose turn is due within this long waits for it in place (blocking its
@@ -29,6 +30,7 @@ the queue limits), next to its own ``semaphore`` and ``limit``.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -117,15 +119,55 @@ def default_redis_url(app: Any) -> str:
     return "redis://localhost:6379/0"
 
 
+REDIS_BROKERS = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
+DEFAULT_VISIBILITY_TIMEOUT = 3600.0
+
+
+def visibility_timeout(app: Any) -> float | None:
+    """The Redis broker's ``visibility_timeout`` (None for other brokers): a message
+    left unacked longer than this is delivered again."""
+    broker = app.conf.broker_url or ""
+    if not isinstance(broker, str) or not broker.startswith(REDIS_BROKERS):
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT))
+
+
+def check_backoff(app: Any, config: SemaphoreConfig, owner: str) -> None:
+    """A waiting task's retry is an ETA message its worker holds unacked until the
+    countdown ends: on Redis that must stay far below ``visibility_timeout``."""
+    timeout = visibility_timeout(app)
+    longest = config.backoff_max + config.max_block
+    if timeout is not None and longest >= timeout / 2:
+        raise ValueError(
+            f"{owner}backoff_max ({config.backoff_max:g}s) plus {PREFIX}max_block "
+            f"({config.max_block:g}s) must stay below half the Redis broker's "
+            f"visibility_timeout ({timeout:g}s, broker_transport_options): a waiting task's "
+            "message stays unacked until its countdown ends, and Redis delivers it again "
+            "after visibility_timeout, so the task would run twice"
+        )
+
+
 def forget_config(app: Any) -> None:
     """Drop the cached settings (the worker sets ``semaphore_send_events`` at start)."""
     _cache.pop(app, None)
+
+
+def _check_names(app: Any) -> None:
+    """A misspelt setting would otherwise be ignored without a word."""
+    known = [PREFIX + f.name for f in fields(SemaphoreConfig)]
+    for key in app.conf:
+        if isinstance(key, str) and key.startswith(PREFIX) and key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(f"unknown Celery setting {key}; {hint}known: {', '.join(known)}")
 
 
 def get_config(app: Any) -> SemaphoreConfig:
     """The app's settings, validated once and cached (errors name the setting)."""
     config = _cache.get(app)
     if config is None:
+        _check_names(app)
         values: dict[str, Any] = {}
         for f in fields(SemaphoreConfig):
             value = app.conf.get(PREFIX + f.name)
@@ -136,5 +178,6 @@ def get_config(app: Any) -> SemaphoreConfig:
             config = SemaphoreConfig(**values)
         except (TypeError, ValueError) as error:
             raise type(error)(f"Celery setting {PREFIX}{error}") from None
+        check_backoff(app, config, f"Celery setting {PREFIX}")
         _cache[app] = config
     return config

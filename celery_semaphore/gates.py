@@ -10,8 +10,9 @@ release-by-id paths all agree on the same names.
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,11 @@ def queue_gate(queue: str | None, config: SemaphoreConfig) -> Gate | None:
 
 def task_gate(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate | None:
     """The task's own gate (None for a task that has no ``semaphore`` option)."""
-    spec: str | Callable[..., Any] | None = getattr(task, "semaphore", None)
+    # A key function is stored as a class attribute: looked up on the task it
+    # would become a bound method and receive the task as its first argument.
+    spec: Any = inspect.getattr_static(task, "semaphore", None)
+    if isinstance(spec, staticmethod):
+        spec = spec.__func__
     if spec is None:
         return None
     if callable(spec):

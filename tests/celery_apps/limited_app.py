@@ -159,9 +159,9 @@ def limited_sum(self: Any, values: list[int]) -> int:
 
 
 @app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT, max_retries=3,
-          semaphore_max_wait_time=2.0)  # fmt: skip
+          semaphore_max_wait_time=3.0)  # fmt: skip
 def flaky_budget(self: Any, fail_times: int) -> Any:
-    """``flaky`` with a 2 s wait budget (test_waiting: each wait period has its own)."""
+    """``flaky`` with a 3 s wait budget (test_waiting: each wait period has its own)."""
     record(self, "start", self.request.retries)
     if self.request.retries < fail_times:
         raise self.retry(countdown=0.05, exc=RuntimeError("flaky"))

@@ -1,0 +1,157 @@
+"""A real Flower process shows waiting tasks: state RETRY while they wait, and their retries.
+
+Workers run with ``-E`` (task events). Flower takes ``retries`` from each
+``task-received`` event, so a task that waited for a permit shows the waits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery_harness import APPS, Cluster
+from cluster_tools import Clusters, free_port
+from servers import wait_until
+
+from celery_semaphore import Permit
+
+pytestmark = pytest.mark.slow
+
+COLUMNS = "name,uuid,state,args,kwargs,result,received,started,runtime,worker,retries"
+
+
+class Flower:
+    """``celery flower`` on a free port, reading the cluster's broker."""
+
+    def __init__(self, cluster: Cluster, log: Path) -> None:
+        self.port = free_port()
+        self._log = log.open("wb")
+        self.log = log
+        command = [
+            sys.executable, "-m", "celery", "-A", "limited_app", "flower",
+            f"--port={self.port}", "--address=127.0.0.1", f"--tasks_columns={COLUMNS}",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command,
+            env={**cluster.env, "FLOWER_UNAUTHENTICATED_API": "1"},
+            cwd=APPS,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def get(self, path: str) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, error.read().decode(errors="replace")
+
+    def api(self, path: str) -> Any:
+        status, body = self.get(path)
+        assert status == 200, (path, status, body[:500])
+        return json.loads(body)
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        status, body = self.get(f"/api/task/info/{task_id}")
+        return json.loads(body) if status == 200 else {}
+
+    def wait_ready(self) -> None:
+        def up() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"flower exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                return self.get("/healthcheck")[0] == 200
+            except OSError:
+                return False
+
+        wait_until(up, 30, "flower answers")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def clusters(celery_cluster: Any) -> Iterator[Clusters]:
+    with Clusters(celery_cluster) as made:
+        yield made
+
+
+@pytest.fixture
+def flower_of(tmp_path: Path) -> Iterator[Any]:
+    made: list[Flower] = []
+
+    def start(cluster: Cluster) -> Flower:
+        made.append(Flower(cluster, tmp_path / f"flower{len(made)}.log"))
+        made[-1].wait_ready()
+        return made[-1]
+
+    yield start
+    for flower in made:
+        flower.close()
+
+
+def test_flower_shows_a_waiting_task_as_retry_with_its_waits(
+    clusters: Clusters, flower_of: Any
+) -> None:
+    cluster = clusters(
+        limit=1, extra_conf={"semaphore_backoff_max": 0.3, "semaphore_max_block": 0.0}
+    )
+    flower = flower_of(cluster)
+    events = clusters.events(cluster)
+    cluster.worker("w1", concurrency=2, extra=["-E"])
+    hold = cluster.app_module.hold
+    warm = hold.delay(0.0, "warm")  # Flower has seen it: its event consumer is live
+    assert warm.get(timeout=20) == "warm"
+    cluster.wait_for(lambda: flower.task(warm.id).get("state") == "SUCCESS", 20, "flower live")
+    assert flower.task(warm.id)["retries"] == 0
+
+    blocker = cluster.semaphore("hold", 1).attempt(holder="test-blocker")
+    assert isinstance(blocker, Permit)
+    waiting = hold.delay(0.2, "waited")
+    states: list[str] = []  # each attempt shows RECEIVED, STARTED (it asks), RETRY (it waits)
+
+    def shown_waiting() -> bool:
+        info = flower.task(waiting.id)
+        states.append(info.get("state", "?"))
+        return info.get("retries", 0) >= 3 and states[-1] == "RETRY"
+
+    cluster.wait_for(shown_waiting, 20, "flower shows the task in RETRY after 3 waits")
+    assert not {"SUCCESS", "FAILURE"} & set(states)
+    assert flower.task(waiting.id)["name"] == "limited_app.hold"
+    listed = flower.api("/api/tasks")
+    assert listed[waiting.id]["state"] in {"RECEIVED", "STARTED", "RETRY"}
+    assert listed[waiting.id]["retries"] >= 3
+    assert not cluster.started(waiting.id)
+
+    blocker.release()
+    assert waiting.get(timeout=20) == "waited"
+    cluster.wait_for(lambda: flower.task(waiting.id).get("state") == "SUCCESS", 20, "success")
+    info = flower.task(waiting.id)
+    seen = events.received_retries(waiting.id)
+    assert info["retries"] == max(seen) == len(seen) - 1  # one per wait
+    assert info["result"] == "'waited'"
+    assert flower.api("/api/tasks")[waiting.id]["retries"] == info["retries"]
+
+    status, page = flower.get("/tasks")
+    assert status == 200
+    assert 'data-column="retries">Retries<' in page  # the column --tasks_columns asked for
+    status, page = flower.get("/")
+    assert status == 200
+    assert "Flower" in page

@@ -1,0 +1,413 @@
+"""LimitedTask options and settings: validation, key functions, direct calls, eager mode.
+
+Most tests run in this process on a fresh app (eager execution needs no
+worker); the last ones run a real ``celery worker`` to show how a bad key
+function and a bad setting surface there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from cluster_tools import point_client_at
+
+from celery_semaphore import LimitedTask, Permit, Semaphore, SemaphoreTimeout
+from celery_semaphore.publish import installed_apps
+
+Make = Callable[..., Celery]
+
+
+@pytest.fixture
+def make_app(redis_url: str) -> Iterator[Make]:
+    """Fresh apps on this test's Redis; tasks are ``shared=False`` so no other app gets them."""
+    made: list[Celery] = []
+
+    def make(finalized: bool = True, **conf: Any) -> Celery:
+        app = Celery(f"opts{len(made)}", set_as_current=False, broker="memory://")
+        app.conf.update(semaphore_redis_url=redis_url, **conf)
+        if finalized:
+            app.finalize()
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        installed_apps.discard(app)
+        app.close()
+
+
+@pytest.fixture
+def sem(redis_url: str) -> Iterator[Callable[..., Semaphore]]:
+    made: list[Semaphore] = []
+
+    def make(name: str, limit: int = 1) -> Semaphore:
+        made.append(Semaphore(redis_url, name, limit))
+        return made[-1]
+
+    yield make
+    for semaphore in made:
+        semaphore.close()
+
+
+def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """A bound LimitedTask ``opts.<name>`` running ``body`` (default: return the argument)."""
+
+    def default(self: Any, x: Any = None) -> Any:
+        return x
+
+    body = body or default
+    body.__name__ = name  # Celery builds the task's signature check from the function's name
+    return app.task(bind=True, base=LimitedTask, shared=False, name=f"opts.{name}", **options)(body)
+
+
+# -- the decorator options --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"limit": 0}, ValueError, r"task opts\.t: limit must be an int from 1 .* got 0"),
+        ({"limit": "5"}, TypeError, r"task opts\.t: limit must be an int .* got '5'"),
+        ({"limit": True}, TypeError, r"task opts\.t: limit must be an int"),
+        ({}, TypeError, r"task opts\.t: LimitedTask needs limit="),
+        ({"semaphore": None, "limit": 1}, TypeError, r"task opts\.t: LimitedTask needs semaphore="),
+        ({"semaphore": "", "limit": 1}, ValueError, r"task opts\.t: semaphore must be 1 to 200"),
+        ({"semaphore": 5, "limit": 1}, TypeError, r"task opts\.t: semaphore must be a str"),
+        ({"semaphore": "x" * 201, "limit": 1}, ValueError, r"task opts\.t: semaphore must be"),
+        (
+            {"limit": 1, "semaphore_lese_timeout": 5},
+            ValueError,
+            r"task opts\.t: unknown option semaphore_lese_timeout; accepted: .*"
+            r"semaphore_lease_timeout",
+        ),
+        (
+            {"limit": 1, "lease_timeout": 5},
+            ValueError,
+            r"task opts\.t: unknown option lease_timeout; did you mean semaphore_lease_timeout\?",
+        ),
+        (
+            {"limit": 1, "max_waits": 5},
+            ValueError,
+            r"task opts\.t: unknown option max_waits; did you mean semaphore_max_waits\?",
+        ),
+        (
+            {"limit": 1, "semaphore_redis_url": "redis://elsewhere"},
+            ValueError,
+            r"task opts\.t: unknown option semaphore_redis_url",
+        ),
+        (
+            {"limit": 1, "semaphore_backoff_max": -1},
+            ValueError,
+            r"task opts\.t: semaphore_backoff_max must be a number of seconds > 0 .* got -1",
+        ),
+        (
+            {"limit": 1, "semaphore_lease_timeout": "30"},
+            TypeError,
+            r"task opts\.t: semaphore_lease_timeout must be a number of seconds, got '30'",
+        ),
+        (
+            {"limit": 1, "semaphore_on_redis_error": "ignore"},
+            ValueError,
+            r"task opts\.t: semaphore_on_redis_error must be one of retry, fail, run",
+        ),
+        (
+            {"limit": 1, "semaphore_max_waits": 0},
+            ValueError,
+            r"task opts\.t: semaphore_max_waits must be an int from 1",
+        ),
+    ],
+)
+def test_bad_options_fail_at_decoration_naming_task_and_option(
+    make_app: Make, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    options = {"semaphore": "s", **options}
+    if options["semaphore"] is None:
+        del options["semaphore"]
+    with pytest.raises(error, match=message):
+        limited(make_app(), "t", **options)
+
+
+def test_bad_options_of_a_lazy_task_fail_at_first_use(make_app: Make) -> None:
+    app = make_app(finalized=False)
+    task = limited(app, "lazy", semaphore="s", limit=1, semaphore_lese_timeout=5)
+    with pytest.raises(ValueError, match=r"task opts\.lazy: unknown option semaphore_lese_timeout"):
+        task.delay()
+
+
+def test_good_options_are_accepted_and_override_app_settings(make_app: Make) -> None:
+    app = make_app(semaphore_backoff_max=30.0, semaphore_max_block=0.5)
+    task = limited(app, "good", semaphore="s", limit=3, semaphore_backoff_max=2.0)
+    from celery_semaphore.admission import task_config
+
+    config = task_config(task)
+    assert (config.backoff_max, config.max_block) == (2.0, 0.5)
+    assert (task.limit, task.semaphore) == (3, "s")
+
+
+# -- app settings -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error", "message"),
+    [
+        (
+            "semaphore_backoff_max",
+            -1,
+            ValueError,
+            r"Celery setting semaphore_backoff_max must be a number of seconds > 0",
+        ),
+        (
+            "semaphore_on_redis_error",
+            "x",
+            ValueError,
+            r"Celery setting semaphore_on_redis_error must be one of retry, fail, run, got 'x'",
+        ),
+        (
+            "semaphore_queue_limits",
+            {"q": 0},
+            ValueError,
+            r"Celery setting semaphore_queue_limits\['q'\] must be an int from 1",
+        ),
+        (
+            "semaphore_queue_limits",
+            ["q"],
+            TypeError,
+            r"Celery setting semaphore_queue_limits must be a dict",
+        ),
+        (
+            "semaphore_lease_timeout",
+            "60",
+            TypeError,
+            r"Celery setting semaphore_lease_timeout must be a number of seconds",
+        ),
+        (
+            "semaphore_max_wait",
+            10,
+            ValueError,
+            r"unknown Celery setting semaphore_max_wait\b.*semaphore_max_waits",
+        ),
+    ],
+)
+def test_bad_app_settings_fail_the_task_naming_the_setting(
+    make_app: Make, setting: str, value: Any, error: type[Exception], message: str
+) -> None:
+    app = make_app(**{setting: value})
+    ran = []
+    task = limited(app, "st", lambda self: ran.append(1), semaphore="s", limit=1)
+    with pytest.raises(error, match=message):
+        task.apply(throw=True)
+    assert ran == []
+
+
+@pytest.mark.parametrize(
+    ("conf", "task_options", "message"),
+    [
+        ({"semaphore_backoff_max": 1800}, {}, r"Celery setting semaphore_backoff_max \(1800s\)"),
+        ({}, {"semaphore_backoff_max": 1800}, r"task opts\.vt: semaphore_backoff_max \(1800s\)"),
+        (
+            {"broker_transport_options": {"visibility_timeout": 600}, "semaphore_max_block": 5},
+            {"semaphore_backoff_max": 295},
+            r"task opts\.vt: semaphore_backoff_max \(295s\) plus semaphore_max_block \(5s\) "
+            r"must stay below half the Redis broker's visibility_timeout \(600s",
+        ),
+        ({"semaphore_backoff_max": 1798}, {}, None),
+        (
+            {"broker_transport_options": {"visibility_timeout": 7200}},
+            {"semaphore_backoff_max": 3000},
+            None,
+        ),
+        ({"broker_url": "amqp://guest@localhost//", "semaphore_backoff_max": 7200}, {}, None),
+    ],
+)
+def test_backoff_must_stay_far_below_the_redis_brokers_visibility_timeout(
+    make_app: Make, conf: dict[str, Any], task_options: dict[str, Any], message: str | None
+) -> None:
+    """A waiting task's countdown is an ETA message held unacked by its worker: on
+    the Redis broker, one held past visibility_timeout is delivered again."""
+    app = make_app(**{"broker_url": "redis://127.0.0.1:1/0", **conf})
+    task = limited(app, "vt", semaphore="vt", limit=1, **task_options)
+    if message is None:
+        assert task.apply(args=(1,), throw=True).get() == 1
+    else:
+        with pytest.raises(ValueError, match=message):
+            task.apply(args=(1,), throw=True)
+
+
+# -- key functions ----------------------------------------------------------------------------
+
+
+def _raising_key(x: Any) -> str:
+    raise LookupError(f"no key for {x!r}")
+
+
+@pytest.mark.parametrize(
+    ("key", "error", "message"),
+    [
+        (
+            _raising_key,
+            ValueError,
+            r"task opts\.k: the semaphore key function .*_raising_key.* failed on this task's "
+            r"arguments: LookupError\(\"no key for 'a'\"\)",
+        ),
+        (
+            lambda x: 5,
+            TypeError,
+            r"task opts\.k: the semaphore key function must return a non-empty str, got 5",
+        ),
+        (lambda x: "", TypeError, r"task opts\.k: the semaphore key function .* got ''"),
+        (lambda x: "k" * 300, ValueError, r"task opts\.k: semaphore must be 1 to 200 char"),
+    ],
+)
+def test_bad_key_function_result_fails_the_task_naming_task_and_option(
+    make_app: Make, key: Callable[..., Any], error: type[Exception], message: str
+) -> None:
+    ran = []
+    app = make_app()
+    task = limited(app, "k", lambda self, x: ran.append(x), semaphore=key, limit=1)
+    result = task.apply(args=("a",))
+    assert result.failed()
+    assert isinstance(result.result, error)
+    with pytest.raises(error, match=message):
+        raise result.result
+    assert ran == []
+
+
+def test_key_function_gives_each_key_its_own_cap(make_app: Make, sem: Any) -> None:
+    app = make_app()
+    seen: list[Any] = []
+    task = limited(
+        app,
+        "per",
+        lambda self, customer: seen.append(sem(f"c-{customer}").status().holders[0].holder),
+        semaphore=lambda customer: f"c-{customer}",
+        limit=1,
+    )
+    assert isinstance(sem("c-A").attempt(holder="someone"), Permit)
+    assert task.apply(args=("B",)).successful()
+    assert task.apply(args=("A",)).failed()
+    assert len(seen) == 1
+    assert seen[0] != "someone"
+
+
+# -- direct calls and eager mode --------------------------------------------------------------
+
+
+def _observer(app: Celery, sem: Any, name: str) -> tuple[Any, list[Any]]:
+    """A task that records the holders of its semaphore while its body runs."""
+    seen: list[Any] = []
+
+    def body(self: Any, x: Any = None) -> Any:
+        seen.append([h.holder for h in sem(name).status().holders])
+        if x == "boom":
+            raise RuntimeError("boom")
+        return x
+
+    task = limited(app, name, body, semaphore=name, limit=1)
+    return task, seen
+
+
+def test_direct_call_bypasses_the_semaphore(make_app: Make, sem: Any) -> None:
+    task, seen = _observer(make_app(), sem, "direct")
+    sem("direct").attempt(holder="other")
+    assert task(7) == 7  # runs although the only permit is taken
+    assert seen == [["other"]]
+    status = sem("direct").status()
+    assert ([h.holder for h in status.holders], status.waiter_count) == (["other"], 0)
+
+
+def test_apply_takes_and_gives_back_the_permit(make_app: Make, sem: Any) -> None:
+    task, seen = _observer(make_app(), sem, "eager")
+    result = task.apply(args=(3,))
+    assert (result.get(), seen) == (3, [[result.id]])
+    failed = task.apply(args=("boom",))
+    assert failed.failed()
+    assert seen[-1] == [failed.id]
+    status = sem("eager").status()
+    assert (status.holder_count, status.waiter_count) == (0, 0)
+
+
+def test_always_eager_takes_and_gives_back_the_permit(make_app: Make, sem: Any) -> None:
+    task, seen = _observer(make_app(task_always_eager=True), sem, "always")
+    result = task.delay(4)
+    assert (result.get(), seen) == (4, [[result.id]])
+    assert sem("always").status().holder_count == 0
+
+
+def test_eager_without_a_free_permit_fails_at_once_without_recursion(
+    make_app: Make, sem: Any
+) -> None:
+    app = make_app(task_always_eager=True)
+    task, seen = _observer(app, sem, "full")
+    sem("full").attempt(holder="other")
+    started = time.monotonic()
+    result = task.apply()
+    assert result.state == "FAILURE"
+    error = result.result
+    assert isinstance(error, SemaphoreTimeout)
+    assert (error.name, error.limit) == ("full", 1)
+    assert "eager execution does not wait" in str(error)
+    app.conf.task_eager_propagates = True
+    with pytest.raises(SemaphoreTimeout, match=r"semaphore 'full' \(limit 1\)"):
+        task.delay()
+    assert time.monotonic() - started < 2.0
+    assert seen == []
+    status = sem("full").status()  # took no place in line, and holds nothing
+    assert ([h.holder for h in status.holders], status.waiter_count) == (["other"], 0)
+
+
+# -- in a real worker -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bad_key_function_fails_the_task_in_a_worker(celery_cluster: Any) -> None:
+    cluster = point_client_at(celery_cluster(limit=2))
+    cluster.worker("w1", concurrency=1)
+    tasks = cluster.app_module
+    raising, wrong_type, good = (tasks.keyed.delay(m) for m in ("raise", "int", "ok"))
+    with pytest.raises(ValueError, match=r"task limited_app\.keyed: the semaphore key function"):
+        raising.get(timeout=20)
+    assert "LookupError" in str(raising.result)
+    with pytest.raises(TypeError, match=r"task limited_app\.keyed: the semaphore key function "):
+        wrong_type.get(timeout=20)
+    assert good.get(timeout=20) == "ok"
+    assert [e["tag"] for e in cluster.events() if e["event"] == "start"] == ["ok"]
+
+
+@pytest.mark.slow
+def test_bad_setting_stops_the_worker_naming_the_setting(celery_cluster: Any) -> None:
+    cluster = point_client_at(celery_cluster(limit=2, extra_conf={"semaphore_backoff_max": -1}))
+    worker = cluster.worker("w1", concurrency=1, wait=False)
+    assert worker.wait_exit(30) != 0
+    assert "semaphore_backoff_max must be a number of seconds > 0" in worker.text()
+
+
+# -- the wait budget counts the waits of the current wait period --------------------------------
+
+
+@pytest.mark.parametrize(("period_start", "gives_up"), [(0, True), (4, False)])
+def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
+    make_app: Make, period_start: int, gives_up: bool
+) -> None:
+    """A task that waited 4 times, ran, and retried on its own error has waited 0
+    times in its new wait period: semaphore_max_waits=3 does not stop it yet."""
+    from celery.app.task import Context
+    from celery.exceptions import Retry
+
+    from celery_semaphore.admission import Admission, task_config
+    from celery_semaphore.gates import WAIT_HEADER, Gate
+
+    task = limited(make_app(), "budget", semaphore="b", limit=1, semaphore_max_waits=3)
+    state = {"tickets": {}, "waits": 4, "first_ask": time.time(), "period_start": period_start}
+    request = Context(id="t-1", retries=4, headers={}, hostname="h", delivery_info={},
+                      args=(), kwargs={}, **{WAIT_HEADER: state})  # fmt: skip
+    admission = Admission(task, request, [Gate("b", 1)], task_config(task))
+    if gives_up:
+        with pytest.raises(SemaphoreTimeout, match=r"gave up after 4 waits"):
+            admission._come_back_later(Gate("b", 1), None, "")
+    else:
+        with pytest.raises(Retry):
+            admission._come_back_later(Gate("b", 1), None, "")
