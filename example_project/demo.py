@@ -1026,6 +1026,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
+    # Ctrl-C stops the demo even when started as a background job (SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return run_demo(args, processes)
     except DemoError as error:
