@@ -6,14 +6,18 @@
 
 The server runs without persistence on a free loopback port, in a session of
 its own (Ctrl-C in the terminal reaches only the benchmark, which then stops
-the server), from a temporary directory removed on exit.
+the server), from a temporary directory removed on exit. With
+``die_with_parent=True`` it is also sent SIGTERM on Linux should the benchmark die
+without cleaning up (SIGKILL); only for scripts that start no threads before it.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -57,11 +61,22 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port found")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, SIGTERM the server if this script dies
+    without cleaning up (SIGKILL), so no redis-server outlives the benchmark."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class PrivateRedis:
     """A ``redis-server`` without persistence, on a free loopback port, in a temp dir."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, *, die_with_parent: bool = False) -> None:
         self.binary = binary or find_redis_server()
+        self.die_with_parent = die_with_parent
         self.dir = Path(tempfile.mkdtemp(prefix="celery-semaphore-bench-"))
         self.log_path = self.dir / "redis.log"
         self.port = 0
@@ -99,6 +114,8 @@ class PrivateRedis:
             "--logfile", "",
         ]  # fmt: skip
         with self.log_path.open("ab") as log_file:
+            # A session of its own: Ctrl-C reaches only the benchmark, which then stops
+            # the server itself (in stop()), after printing nothing half-done.
             self.proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -106,6 +123,8 @@ class PrivateRedis:
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
                 start_new_session=True,
+                # preexec_fn is unsafe once threads run: opt-in, for callers with none yet
+                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
             )
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
@@ -149,8 +168,10 @@ class PrivateRedis:
 
 
 @contextmanager
-def private_redis(binary: str | None = None) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(binary)
+def private_redis(
+    binary: str | None = None, *, die_with_parent: bool = False
+) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(binary, die_with_parent=die_with_parent)
     try:
         server.start()
         yield server

