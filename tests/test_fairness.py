@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from outcomes import granted, refused, wait_for
 from servers import RedisServer
 
-from celery_semaphore import Permit, Place, Semaphore
+from celery_semaphore import Permit, Semaphore
 
 MakeSemaphore = Callable[..., Semaphore]
 
@@ -34,23 +35,6 @@ def make(redis_session_server: RedisServer) -> Iterator[MakeSemaphore]:
     yield make
     for sem in made:
         sem.close()
-
-
-def granted(result: Permit | Place) -> Permit:
-    assert isinstance(result, Permit), f"expected a permit, got {result!r}"
-    return result
-
-
-def refused(result: Permit | Place) -> Place:
-    assert isinstance(result, Place), f"expected a refusal, got {result!r}"
-    return result
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def waiter_ids(sem: Semaphore) -> list[str]:
