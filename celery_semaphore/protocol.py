@@ -178,6 +178,16 @@ class SemaphoreSpec:
         return max(pause, 0.001)
 
     @staticmethod
+    def admits(message: Any, ticket: int) -> bool:
+        """Whether a wake-up ``message`` (the highest ticket now admissible) can admit
+        ``ticket``; a waiter with no ticket, or an unreadable message, tries anyway."""
+        try:
+            bound = float(text(message["data"]))
+        except (KeyError, TypeError, ValueError):
+            return True
+        return not ticket or ticket <= bound
+
+    @staticmethod
     def parse_acquire(reply: Sequence[Any]) -> Grant | Place:
         code = int(reply[0])
         if code == 1:

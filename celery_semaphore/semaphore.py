@@ -258,11 +258,19 @@ class Semaphore:
                 if remaining is not None and remaining <= 0:
                     return result
                 try:
-                    pubsub.get_message(timeout=self._spec.pause(result, remaining))
+                    self._sleep(pubsub, result, remaining)
                 except redis.RedisError as error:
                     raise translate(error, self.url) from error
         finally:
             pubsub.close()
+
+    def _sleep(self, pubsub: Any, place: Place, remaining: float | None) -> None:
+        """Until a wake-up that may admit ``place``, or the pause runs out."""
+        deadline = time.monotonic() + self._spec.pause(place, remaining)
+        while (left := deadline - time.monotonic()) > 0:
+            message = pubsub.get_message(timeout=left)
+            if message is not None and self._spec.admits(message, place.ticket):
+                return
 
     def release(self, holder: str) -> bool:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""

@@ -197,3 +197,38 @@ def test_an_interrupted_acquire_leaves_the_line(make: MakeSemaphore) -> None:
     assert waiter_ids(sem) == []
     holder.release()
     assert granted(sem.attempt("next")).holder == "next"
+
+
+def evalsha_calls(client: Any) -> int:
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0))
+
+
+def test_a_release_wakes_only_the_waiters_it_can_admit(redis_server: RedisServer) -> None:
+    """A chain of N blocked waiters, each releasing as soon as it is granted, costs
+    about 2 script calls per hand-off; if every release woke every waiter, each
+    hand-off would cost one attempt per waiter still in line (about N * N / 2)."""
+    client = redis_server.client()
+    sem = Semaphore(client, "herd", 1, recheck_interval=30)
+    holder = granted(sem.attempt("holder"))
+    waiters = 10
+    order: list[str] = []
+
+    def wait_then_hand_on(name: str) -> None:
+        with sem.acquire(timeout=20, holder=name):
+            order.append(name)
+
+    threads = []
+    for i in range(waiters):
+        threads.append(threading.Thread(target=wait_then_hand_on, args=(f"w{i}",)))
+        threads[-1].start()
+        wait_for(lambda i=i: sem.status().waiter_count == i + 1, what=f"w{i} in line")
+    wait_for(lambda: client.pubsub_numsub(sem.keys.channel)[0][1] == waiters, what="subscribed")
+    before = evalsha_calls(client)
+    holder.release()
+    for thread in threads:
+        thread.join(20)
+    calls = evalsha_calls(client) - before
+    assert order == [f"w{i}" for i in range(waiters)]
+    assert calls <= 3 * waiters + 1, calls
+    client.close()

@@ -95,10 +95,17 @@ local function effective_limit(declared)
   return limit, m[2] == '1'
 end
 
+-- Tells blocked waiters that permits are free, with the highest ticket that
+-- may now be admitted ('inf': any), so waiters further back sleep on.
+-- Publishes nothing when nobody waits or no permit is free.
 local function wake(channel)
-  if redis.call('ZCARD', waiters) > 0 then
-    redis.call('PUBLISH', channel, '1')
-  end
+  if redis.call('ZCARD', waiters) == 0 then return end
+  local m = redis.call('HMGET', meta, 'limit', 'override', 'draining')
+  if m[3] == '1' then return end
+  local free = (tonumber(m[2]) or tonumber(m[1]) or 0) - redis.call('ZCARD', holders)
+  if free <= 0 then return end
+  local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
+  redis.call('PUBLISH', channel, last[2] or 'inf')
 end
 
 -- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
