@@ -220,7 +220,7 @@ class Admission:
                 "waits (semaphore_max_waits / semaphore_max_wait_time)",
             )
         delay = countdown(waits, place, config)
-        if place is not None and delay + PLACE_GRACE > PLACE_GRACE * 1.5:
+        if place is not None and delay > PLACE_GRACE / 2:  # the place would lapse first
             refreshed = self._sem(gate).attempt(
                 self.request.id, place.ticket, wait_lease=delay * 1.5 + PLACE_GRACE, info=info
             )
