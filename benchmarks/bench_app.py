@@ -44,7 +44,7 @@ from celery.signals import worker_ready
 from redis_semaphore import Semaphore as PrsSemaphore
 from redis_semaphore import SemaphoreConfig as PrsConfig
 
-import celery_semaphore.semaphore as semaphore_module
+import celery_semaphore.core._sync.semaphore as semaphore_module
 from celery_semaphore import LimitedTask, signals
 
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6399/0")

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from celery_semaphore import Semaphore
-from celery_semaphore.protocol import Place
+from celery_semaphore.core.protocol import Place
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _servers import HOST, PrivateRedis, private_redis

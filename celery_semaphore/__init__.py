@@ -1,19 +1,36 @@
-"""Cluster-wide, fair, leased concurrency caps for Celery tasks, backed by Redis."""
+"""Cluster-wide, fair, leased concurrency caps for Celery tasks, backed by Redis.
 
-from . import events as _events  # noqa: F401  (connects the Celery event senders)
-from .aio import AsyncPermit, AsyncSemaphore
-from .errors import (
-    PermitLost,
-    SemaphoreBackendError,
-    SemaphoreConnectionError,
-    SemaphoreError,
-    SemaphoreKeyTypeError,
-    SemaphoreTimeout,
-)
-from .protocol import HolderInfo, Place, SemaphoreStatus, WaiterInfo
-from .semaphore import Permit, Semaphore
-from .task import LimitedTask
-from .worker import install
+The names below are imported on first use: ``from celery_semaphore import
+Semaphore`` loads only the Celery-free core (:mod:`celery_semaphore.core`),
+while ``LimitedTask`` and ``install`` load the Celery side, which wires
+itself into Celery when a task or app uses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core import (
+        AsyncPermit,
+        AsyncSemaphore,
+        HolderInfo,
+        Permit,
+        Place,
+        Semaphore,
+        SemaphoreBackendError,
+        SemaphoreConnectionError,
+        SemaphoreError,
+        SemaphoreKeyTypeError,
+        SemaphoreStatus,
+        SemaphoreTimeout,
+        UnknownSemaphore,
+        WaiterInfo,
+    )
+    from .state import reset
+    from .task import LimitedTask
+    from .wiring import install
 
 __all__ = [
     "AsyncPermit",
@@ -21,7 +38,6 @@ __all__ = [
     "HolderInfo",
     "LimitedTask",
     "Permit",
-    "PermitLost",
     "Place",
     "Semaphore",
     "SemaphoreBackendError",
@@ -30,6 +46,23 @@ __all__ = [
     "SemaphoreKeyTypeError",
     "SemaphoreStatus",
     "SemaphoreTimeout",
+    "UnknownSemaphore",
     "WaiterInfo",
     "install",
+    "reset",
 ]
+_CELERY_SIDE = {"LimitedTask": ".task", "install": ".wiring", "reset": ".state"}
+_HOME = {name: _CELERY_SIDE.get(name, ".core") for name in __all__}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -32,11 +32,16 @@ from typing import Any, NoReturn
 from celery.exceptions import Retry
 
 from . import signals
-from .config import PREFIX, SemaphoreConfig, check_backoff, get_config
-from .errors import SemaphoreBackendError, SemaphoreConnectionError, SemaphoreTimeout
-from .gates import GATES_HEADER, WAIT_HEADER, Gate, decode_gates, semaphores, task_gate
-from .protocol import Place
-from .semaphore import Permit
+from .config import SemaphoreConfig, task_config
+from .core import (
+    Permit,
+    Place,
+    Semaphore,
+    SemaphoreBackendError,
+    SemaphoreConnectionError,
+    SemaphoreTimeout,
+)
+from .gates import GATES_HEADER, WAIT_HEADER, Gate, decode_gates, semaphore_of, task_gate
 
 logger = logging.getLogger(__name__)
 
@@ -83,17 +88,6 @@ class WaitState:
             "first_ask": self.first_ask,
             "period_start": self.period_start,
         }
-
-
-def task_config(task: Any) -> SemaphoreConfig:
-    """The app's settings with the task's ``semaphore_*`` options applied (cached per task)."""
-    cached: SemaphoreConfig | None = task.__dict__.get("_semaphore_config")
-    if cached is None:
-        options = getattr(type(task), "semaphore_options", None) or {}
-        cached = get_config(task.app).with_options(options, f"task {task.name}")
-        check_backoff(task.app, cached, f"task {task.name}: {PREFIX}")
-        task.__dict__["_semaphore_config"] = cached
-    return cached
 
 
 def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Gate]:
@@ -150,8 +144,8 @@ class Admission:
         self.state = WaitState.of(request)
         self.permits: list[tuple[Gate, Permit]] = []
 
-    def _sem(self, gate: Gate) -> Any:
-        return semaphores.get(gate, self.config)
+    def _sem(self, gate: Gate) -> Semaphore:
+        return semaphore_of(self.task.app, gate, self.config)
 
     def enter(self) -> None:
         """Take every gate's permit, or raise ``Retry`` / :class:`SemaphoreTimeout`."""
@@ -186,7 +180,7 @@ class Admission:
         result = self._sem(gate).attempt(self.request.id, ticket, wait_lease=PLACE_GRACE, info=info)
         if isinstance(result, Place):
             self.state.tickets[gate.name] = result.ticket
-        return result  # type: ignore[no-any-return]
+        return result
 
     def _granted(self, gate: Gate, permit: Permit) -> None:
         self.permits.append((gate, permit))
@@ -196,7 +190,7 @@ class Admission:
     def _wait_in_place(self, gate: Gate, place: Place, info: str) -> Permit | Place:
         if not should_wait_in_place(place, self.config.max_block):
             return place
-        return self._sem(gate).wait_for_turn(  # type: ignore[no-any-return]
+        return self._sem(gate).wait_for_turn(
             self.config.max_block,
             self.request.id,
             place.ticket,

@@ -16,11 +16,9 @@ from typing import Any
 import click
 
 from .config import get_config
-from .connection import connect, mask_url
-from .discovery import open_semaphore, semaphore_names
-from .errors import SemaphoreError
-from .protocol import SemaphoreStatus
-from .semaphore import Semaphore
+from .core import Semaphore, SemaphoreError, SemaphoreStatus
+from .core.connection import connect, mask_url
+from .core.discovery import open_semaphore, semaphore_names
 
 
 class Operator:

@@ -33,21 +33,21 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
-from weakref import WeakKeyDictionary
 
-from . import validation
+from .core import protocol, validation
+from .state import state_of
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 PREFIX = "semaphore_"
 APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events"})
-_cache: WeakKeyDictionary[Any, SemaphoreConfig] = WeakKeyDictionary()
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 @dataclass(frozen=True)
 class SemaphoreConfig:
-    redis_url: str = "redis://localhost:6379/0"
-    namespace: str = "celery_semaphore"
-    lease_timeout: float = 60.0
+    redis_url: str = DEFAULT_REDIS_URL
+    namespace: str = protocol.DEFAULT_NAMESPACE
+    lease_timeout: float = protocol.DEFAULT_LEASE_TIMEOUT
     heartbeat_interval: float | None = None
     backoff_base: float = 0.5
     backoff_max: float = 60.0
@@ -116,7 +116,7 @@ def default_redis_url(app: Any) -> str:
     broker = app.conf.broker_url or ""
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
         return broker.split(";")[0]
-    return "redis://localhost:6379/0"
+    return DEFAULT_REDIS_URL
 
 
 REDIS_BROKERS = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
@@ -148,11 +148,6 @@ def check_backoff(app: Any, config: SemaphoreConfig, owner: str) -> None:
         )
 
 
-def forget_config(app: Any) -> None:
-    """Drop the cached settings (the worker sets ``semaphore_send_events`` at start)."""
-    _cache.pop(app, None)
-
-
 def _check_names(app: Any) -> None:
     """A misspelt setting would otherwise be ignored without a word."""
     known = [PREFIX + f.name for f in fields(SemaphoreConfig)]
@@ -165,7 +160,8 @@ def _check_names(app: Any) -> None:
 
 def get_config(app: Any) -> SemaphoreConfig:
     """The app's settings, validated once and cached (errors name the setting)."""
-    config = _cache.get(app)
+    state = state_of(app)
+    config = state.config
     if config is None:
         _check_names(app)
         values: dict[str, Any] = {}
@@ -179,5 +175,17 @@ def get_config(app: Any) -> SemaphoreConfig:
         except (TypeError, ValueError) as error:
             raise type(error)(f"Celery setting {PREFIX}{error}") from None
         check_backoff(app, config, f"Celery setting {PREFIX}")
-        _cache[app] = config
+        state.config = config
+    return config
+
+
+def task_config(task: Any) -> SemaphoreConfig:
+    """The app's settings with the task's ``semaphore_*`` options applied (cached per task)."""
+    configs = state_of(task.app).task_configs
+    config = configs.get(task.name)
+    if config is None:
+        options = getattr(type(task), "semaphore_options", None) or {}
+        config = get_config(task.app).with_options(options, f"task {task.name}")
+        check_backoff(task.app, config, f"task {task.name}: {PREFIX}")
+        configs[task.name] = config
     return config

@@ -42,5 +42,9 @@ _handlers = {
     signals.permit_granted: _from_task("semaphore-granted"),
     signals.permit_lost: _from_task("semaphore-lost"),
 }
-for _signal, _handler in _handlers.items():
-    _signal.connect(_handler, weak=False)
+
+
+def connect() -> None:
+    """Send an event for each of the package's signals (called once, by ``install``)."""
+    for signal, handler in _handlers.items():
+        signal.connect(handler, weak=False)

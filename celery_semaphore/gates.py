@@ -1,9 +1,11 @@
-"""Which semaphores a task request must pass ("gates"), and the per-process clients.
+"""Which semaphores a task request must pass ("gates"): decided here, once.
 
 A request passes at most two gates, always in this order: the cap of the queue
-it was consumed from (``semaphore_queue_limits``), then its task's own
-semaphore (:class:`~celery_semaphore.LimitedTask`). The worker's main process
-computes them when the message arrives and stores them in the request's
+it is consumed from (``semaphore_queue_limits``), then its task's own
+semaphore (:class:`~celery_semaphore.LimitedTask`). :func:`request_gates` is the
+one decision; both the publisher (places in line at publish) and the worker's
+main process (when the message arrives) call it, naming the queue the same
+way (:func:`queue_of`). The worker stores the result in the request's
 headers (:data:`GATES_HEADER`), so the child, the heartbeat and the
 release-by-id paths all agree on the same names.
 """
@@ -11,24 +13,17 @@ release-by-id paths all agree on the same names.
 from __future__ import annotations
 
 import inspect
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from . import validation
-from .config import SemaphoreConfig
-from .connection import SyncClient, connect, mask_url
-from .semaphore import Semaphore
+from .config import SemaphoreConfig, get_config
+from .core import Semaphore, validation
+from .state import state_of
 
 GATES_HEADER = "celery_semaphore_gates"
 WAIT_HEADER = "celery_semaphore"
 QUEUE_PREFIX = "queue:"
-QUICK_TIMEOUT = 0.25
 
 
 @dataclass(frozen=True)
@@ -45,6 +40,18 @@ class Gate:
         return cls(str(name), int(limit))
 
 
+def queue_of(queues: Iterable[Any], exchange: Any, routing_key: str | None) -> str | None:
+    """The name of the queue among ``queues`` (kombu Queues) that a message sent
+    to ``exchange`` with ``routing_key`` lands in; else the routing key (which
+    is the queue's name when Celery sends to the default exchange)."""
+    exchange_name = getattr(exchange, "name", exchange) or ""
+    for queue in queues:
+        queue_exchange = queue.exchange.name if queue.exchange is not None else ""
+        if queue.routing_key == routing_key and queue_exchange == exchange_name:
+            return str(queue.name)
+    return routing_key
+
+
 def queue_gate(queue: str | None, config: SemaphoreConfig) -> Gate | None:
     if queue is None or queue not in config.queue_limits:
         return None
@@ -52,7 +59,10 @@ def queue_gate(queue: str | None, config: SemaphoreConfig) -> Gate | None:
 
 
 def task_gate(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate | None:
-    """The task's own gate (None for a task that has no ``semaphore`` option)."""
+    """The task's own gate (None for a task that has no ``semaphore`` option).
+
+    Raises ValueError / TypeError naming the task when its key function fails.
+    """
     # A key function is stored as a class attribute: looked up on the task it
     # would become a bound method and receive the task as its first argument.
     spec: Any = inspect.getattr_static(task, "semaphore", None)
@@ -78,6 +88,15 @@ def task_gate(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate
     return Gate(validation.check_name(name, f"task {task.name}: semaphore"), task.limit)
 
 
+def request_gates(
+    task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None
+) -> list[Gate]:
+    """The gates of one request of ``task`` consumed from ``queue``, in the order
+    they are taken. Raises like :func:`task_gate`."""
+    gates = [queue_gate(queue, get_config(task.app)), task_gate(task, args, kwargs)]
+    return [gate for gate in gates if gate is not None]
+
+
 def encode_gates(gates: Sequence[Gate]) -> list[list[Any]]:
     return [g.encode() for g in gates]
 
@@ -88,49 +107,22 @@ def decode_gates(raw: Any) -> list[Gate]:
     return [Gate.decode(item) for item in raw]
 
 
-def _client(url: str, quick: bool) -> SyncClient:
-    if quick and url.startswith(("redis://", "rediss://", "unix://")):
-        return redis.Redis.from_url(
-            url, socket_timeout=QUICK_TIMEOUT, socket_connect_timeout=QUICK_TIMEOUT,
-            retry=Retry(NoBackoff(), 0),
-        )  # fmt: skip
-    return connect(url)[0]
+def semaphore_of(
+    app: Any, gate: Gate, config: SemaphoreConfig, *, quick: bool = False
+) -> Semaphore:
+    """The gate's semaphore in this process, with ``config`` (the app's or a task's)."""
+    return state_of(app).semaphores.get(gate.name, gate.limit, config, quick=quick)
 
 
-class Semaphores:
-    """One client per Redis URL and one :class:`Semaphore` per gate, per process.
-
-    redis-py connection pools notice a fork and reconnect in the child.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._clients: dict[tuple[str, bool], SyncClient] = {}
-        self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
-
-    def get(self, gate: Gate, config: SemaphoreConfig, *, quick: bool = False) -> Semaphore:
-        """The gate's semaphore; ``quick``: on a client that gives up within
-        :data:`QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
-        key = (config.redis_url, config.namespace, gate.name, gate.limit, config.lease_timeout,
-               quick)  # fmt: skip
-        semaphore = self._semaphores.get(key)
-        if semaphore is None:
-            with self._lock:
-                client = self._clients.get((config.redis_url, quick))
-                if client is None:
-                    client = self._clients[(config.redis_url, quick)] = _client(
-                        config.redis_url, quick
-                    )
-                semaphore = Semaphore(
-                    client,
-                    gate.name,
-                    gate.limit,
-                    lease_timeout=config.lease_timeout,
-                    namespace=config.namespace,
-                )
-                semaphore.url = mask_url(config.redis_url)
-                self._semaphores[key] = semaphore
-        return semaphore
-
-
-semaphores = Semaphores()
+def recorded_gates(request: Any) -> list[Gate]:
+    """The gates the main process recorded on a worker Request, or on the Context
+    a revoke (or the child's own request) carries."""
+    raw = None
+    request_dict = getattr(request, "request_dict", None)
+    if isinstance(request_dict, dict):
+        raw = request_dict.get(GATES_HEADER)
+    if raw is None:
+        raw = getattr(request, GATES_HEADER, None)
+    if raw is None:
+        raw = (getattr(request, "headers", None) or {}).get(GATES_HEADER)
+    return decode_gates(raw)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .discovery import open_semaphore, semaphore_names
-from .keys import semaphore_keys
-from .protocol import text
+from .core.discovery import open_semaphore, semaphore_names
+from .core.keys import semaphore_keys
+from .core.protocol import text
 
 #: Upper bounds (seconds) of the wait and hold histograms; the Lua scripts use the same.
 BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)

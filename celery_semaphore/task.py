@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 
 from celery import Task
 
-from . import validation
 from .admission import admitted_call, with_waits_added
 from .config import APP_WIDE, PREFIX, SemaphoreConfig
+from .core import validation
 from .patching import PATCHED
-from .worker import install
+from .wiring import install
 
 TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in APP_WIDE)
 

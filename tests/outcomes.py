@@ -9,7 +9,10 @@ from celery_semaphore import Permit, Place
 
 
 def granted(result: Permit | Place) -> Permit:
-    assert isinstance(result, Permit), f"expected a permit, got {result!r}"
+    """The permit (a sync, asyncio or test-wrapped one), asserting it is one."""
+    assert result is not None and not isinstance(result, Place), (
+        f"expected a permit, got {result!r}"
+    )
     return result
 
 

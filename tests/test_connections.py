@@ -33,14 +33,14 @@ from servers import (
 )
 
 from celery_semaphore import Semaphore
-from celery_semaphore.aio import AsyncSemaphore
-from celery_semaphore.errors import (
+from celery_semaphore.core import AsyncSemaphore
+from celery_semaphore.core.errors import (
     SemaphoreBackendError,
     SemaphoreConnectionError,
     SemaphoreError,
 )
-from celery_semaphore.keys import semaphore_keys
-from celery_semaphore.protocol import DEFAULT_NAMESPACE, Place
+from celery_semaphore.core.keys import semaphore_keys
+from celery_semaphore.core.protocol import DEFAULT_NAMESPACE, Place
 
 # Waiters sleep at most this long between re-checks when no message comes; wake-up
 # tests release well inside it, so only a pub/sub message can explain a fast grant.

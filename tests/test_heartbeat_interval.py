@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from celery_semaphore import LimitedTask
-from celery_semaphore.worker import renew_interval
+from celery_semaphore.worker.heartbeat import renew_interval
 
 
 def make_app(name: str) -> Celery:

@@ -1,4 +1,7 @@
-"""Behaviour of the synchronous semaphore core against a real redis-server.
+"""Behaviour of the semaphore core against a real redis-server, sync and asyncio alike.
+
+Every test here runs twice: against :class:`Semaphore` and against
+:class:`AsyncSemaphore` driven through the same calls (``async_as_sync.py``).
 
 Covered here: acquire/release basics, re-entrance and fencing tokens, idempotent
 release/renew, renew_many, lease expiry (and how fast a blocked waiter gets the freed
@@ -16,30 +19,36 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from async_as_sync import BlockingPermit, BlockingSemaphore, EventLoopThread
 from outcomes import granted, refused, wait_for
 from servers import RedisServer
 
 from celery_semaphore import Permit, Semaphore
-from celery_semaphore.keys import ROLES
+from celery_semaphore.core.keys import ROLES
 
 MakeSemaphore = Callable[..., Semaphore]
 
 
-@pytest.fixture
-def make(redis_session_server: RedisServer) -> Iterator[MakeSemaphore]:
-    """Semaphores on the session server, each under a fresh name; closed at teardown."""
-    made: list[Semaphore] = []
+@pytest.fixture(params=["sync", "asyncio"])
+def make(
+    request: pytest.FixtureRequest, redis_session_server: RedisServer
+) -> Iterator[MakeSemaphore]:
+    """Semaphores (sync, or asyncio behind the sync calls) on the session server, each
+    under a fresh name unless named; closed at teardown."""
+    made: list[Any] = []
+    loop = EventLoopThread() if request.param == "asyncio" else None
 
     def make(limit: int = 1, *, name: str | None = None, url: str | None = None, **kw: Any):
-        sem = Semaphore(
-            url or redis_session_server.url, name or f"t-{uuid.uuid4().hex}", limit, **kw
-        )
+        args = (url or redis_session_server.url, name or f"t-{uuid.uuid4().hex}", limit)
+        sem = Semaphore(*args, **kw) if loop is None else BlockingSemaphore(loop, *args, **kw)
         made.append(sem)
         return sem
 
     yield make
     for sem in made:
         sem.close()
+    if loop is not None:
+        loop.close()
 
 
 def sleep_until(epoch: float) -> None:
@@ -100,7 +109,7 @@ def test_acquire_up_to_the_limit_then_refuse(make: MakeSemaphore) -> None:
 def test_context_managers_release_on_exit(make: MakeSemaphore) -> None:
     sem = make(2)
     with sem as outer:
-        assert isinstance(outer, Permit)
+        assert isinstance(outer, Permit | BlockingPermit)
         with sem as inner:
             assert set(holder_ids(sem)) == {outer.holder, inner.holder}
             refused(sem.attempt("other", queue=False))
@@ -150,26 +159,23 @@ def test_reentrant_acquire_gets_a_new_token_and_keeps_one_slot(make: MakeSemapho
 
 
 def test_fencing_tokens_strictly_increase_even_after_flushall(
-    redis_server: RedisServer,
+    make: MakeSemaphore, redis_server: RedisServer
 ) -> None:
-    sem = Semaphore(redis_server.url, "fence", 2, lease_timeout=0.05)
-    try:
-        tokens = []
-        for i in range(20):
-            permit = granted(sem.attempt(f"h{i % 3}"))
-            tokens.append(permit.fencing_token)
-            if i % 2:
-                permit.release()
-        time.sleep(0.1)  # let the leases run out: reclaimed holders, new grants
-        tokens.append(granted(sem.attempt("late")).fencing_token)
-        with redis_server.client() as client:
-            client.delete(*sem.keys.script_keys)
-            tokens.append(granted(sem.attempt("after-del")).fencing_token)
-            client.flushall()
-            tokens.append(granted(sem.attempt("after-flush")).fencing_token)
-        assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
-    finally:
-        sem.close()
+    sem = make(2, url=redis_server.url, name="fence", lease_timeout=0.05)
+    tokens = []
+    for i in range(20):
+        permit = granted(sem.attempt(f"h{i % 3}"))
+        tokens.append(permit.fencing_token)
+        if i % 2:
+            permit.release()
+    time.sleep(0.1)  # let the leases run out: reclaimed holders, new grants
+    tokens.append(granted(sem.attempt("late")).fencing_token)
+    with redis_server.client() as client:
+        client.delete(*sem.keys.script_keys)
+        tokens.append(granted(sem.attempt("after-del")).fencing_token)
+        client.flushall()
+        tokens.append(granted(sem.attempt("after-flush")).fencing_token)
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
 
 
 # ------------------------------------------------------------------- idempotence
@@ -243,37 +249,34 @@ def test_a_stale_permit_cannot_touch_the_newer_permit_of_its_holder(
 
 
 def test_renew_many_renews_all_live_and_returns_exactly_the_lost(
-    redis_server: RedisServer,
+    make: MakeSemaphore, redis_server: RedisServer
 ) -> None:
-    sem = Semaphore(redis_server.url, "many", 20, lease_timeout=5)
+    sem = make(20, url=redis_server.url, name="many", lease_timeout=5)
+    permits = {f"h{i}": granted(sem.attempt(f"h{i}")) for i in range(12)}
+    short = granted(sem.attempt("short", lease_timeout=0.05))
+    permits["h3"].release()
+    sem.release("h7")
+    time.sleep(0.1)  # "short" runs out
+    assert sem.renew_many(["h0"]) == set()  # loads the script: EVALSHA succeeds next
+    stats = redis_server.client()
     try:
-        permits = {f"h{i}": granted(sem.attempt(f"h{i}")) for i in range(12)}
-        short = granted(sem.attempt("short", lease_timeout=0.05))
-        permits["h3"].release()
-        sem.release("h7")
-        time.sleep(0.1)  # "short" runs out
-        assert sem.renew_many(["h0"]) == set()  # loads the script: EVALSHA succeeds next
-        stats = redis_server.client()
-        try:
-            calls_before = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
-            lost = sem.renew_many([*permits, "short", "never-acquired"], lease_timeout=100)
-            calls_after = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
-        finally:
-            stats.close()
-        assert lost == {"h3", "h7", "short", "never-acquired"}
-        assert calls_after - calls_before == 1, "renew_many must be one round trip"
-        status = sem.status()
-        assert {h.holder for h in status.holders} == set(permits) - {"h3", "h7"}
-        for holder in status.holders:
-            assert holder.expires_at > status.server_time + 99
-        assert short.renew() is False
-        # Permit objects: their expires_at is updated, lost ones are reported.
-        live = [permits["h0"], permits["h1"]]
-        assert sem.renew_many([*live, permits["h3"]], lease_timeout=200) == {"h3"}
-        assert all(p.expires_at > time.time() + 199 for p in live)
-        assert sem.renew_many([]) == set()
+        calls_before = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
+        lost = sem.renew_many([*permits, "short", "never-acquired"], lease_timeout=100)
+        calls_after = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
     finally:
-        sem.close()
+        stats.close()
+    assert lost == {"h3", "h7", "short", "never-acquired"}
+    assert calls_after - calls_before == 1, "renew_many must be one round trip"
+    status = sem.status()
+    assert {h.holder for h in status.holders} == set(permits) - {"h3", "h7"}
+    for holder in status.holders:
+        assert holder.expires_at > status.server_time + 99
+    assert short.renew() is False
+    # Permit objects: their expires_at is updated, lost ones are reported.
+    live = [permits["h0"], permits["h1"]]
+    assert sem.renew_many([*live, permits["h3"]], lease_timeout=200) == {"h3"}
+    assert all(p.expires_at > time.time() + 199 for p in live)
+    assert sem.renew_many([]) == set()
 
 
 # ------------------------------------------------------------------------- expiry

@@ -22,7 +22,7 @@ from celery_semaphore import (
     SemaphoreError,
     SemaphoreKeyTypeError,
 )
-from celery_semaphore.keys import ROLE_TYPES, ROLES
+from celery_semaphore.core.keys import ROLE_TYPES, ROLES
 
 
 def granted(result: Permit | Place) -> Permit:

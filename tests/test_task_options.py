@@ -16,7 +16,7 @@ from celery import Celery
 from cluster_tools import point_client_at
 
 from celery_semaphore import LimitedTask, Permit, Semaphore, SemaphoreTimeout
-from celery_semaphore.publish import installed_apps
+from celery_semaphore.state import installed_apps
 
 Make = Callable[..., Celery]
 
@@ -141,7 +141,7 @@ def test_bad_options_of_a_lazy_task_fail_at_first_use(make_app: Make) -> None:
 def test_good_options_are_accepted_and_override_app_settings(make_app: Make) -> None:
     app = make_app(semaphore_backoff_max=30.0, semaphore_max_block=0.5)
     task = limited(app, "good", semaphore="s", limit=3, semaphore_backoff_max=2.0)
-    from celery_semaphore.admission import task_config
+    from celery_semaphore.config import task_config
 
     config = task_config(task)
     assert (config.backoff_max, config.max_block) == (2.0, 0.5)
@@ -397,7 +397,8 @@ def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
     from celery.app.task import Context
     from celery.exceptions import Retry
 
-    from celery_semaphore.admission import Admission, task_config
+    from celery_semaphore.admission import Admission
+    from celery_semaphore.config import task_config
     from celery_semaphore.gates import WAIT_HEADER, Gate
 
     task = limited(make_app(), "budget", semaphore="b", limit=1, semaphore_max_waits=3)

@@ -31,7 +31,7 @@ if os.environ.get("CS_STEP_AFTER_POOL"):
     # Celery's bootstep order between the semaphore step and the Pool step is
     # arbitrary (a topological sort over hashed classes); force the order in
     # which the step is stopped before the pool drains on warm shutdown.
-    from celery_semaphore.worker import SemaphoreStep
+    from celery_semaphore.worker.bootstep import SemaphoreStep
 
     SemaphoreStep.requires = (*SemaphoreStep.requires, "celery.worker.components:Pool")
 

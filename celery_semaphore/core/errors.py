@@ -76,10 +76,15 @@ class SemaphoreKeyTypeError(SemaphoreBackendError):
         )
 
 
-class PermitLost(SemaphoreError):
-    """A permit the caller believed it held is no longer held (lease expired or data lost)."""
+class UnknownSemaphore(SemaphoreError, LookupError):
+    """No semaphore of that name has been used (or it expired while idle)."""
 
-    def __init__(self, name: str, holder: str) -> None:
+    def __init__(self, name: str, namespace: str) -> None:
         self.name = name
-        self.holder = holder
-        self._set(f"permit of {holder!r} on semaphore {name!r} is lost", name, holder)
+        self.namespace = namespace
+        self._set(
+            f"no semaphore named {name!r} in namespace {namespace!r} "
+            "(it was never used, or expired while idle): check the name and semaphore_namespace",
+            name,
+            namespace,
+        )

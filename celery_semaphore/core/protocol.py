@@ -13,7 +13,7 @@ from . import validation
 from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
 
 DEFAULT_NAMESPACE = "celery_semaphore"
-DEFAULT_LEASE_TIMEOUT = 30.0
+DEFAULT_LEASE_TIMEOUT = 60.0
 DEFAULT_WAITER_LEASE = 20.0
 DEFAULT_RECHECK_INTERVAL = 2.0
 DEFAULT_IDLE_TTL = 7 * 24 * 3600.0

@@ -1,4 +1,10 @@
-"""The fair, leased, distributed counting semaphore (synchronous API).
+# Generated from celery_semaphore/core/_async/semaphore.py by scripts/unasync.py:
+# do not edit; edit the asyncio source and run the script.
+"""The fair, leased, distributed counting semaphore.
+
+One source serves both APIs: ``core/_async/semaphore.py`` (asyncio) is written
+by hand, and ``scripts/unasync.py`` generates ``core/_sync/semaphore.py`` from
+it; the test command fails when the two differ.
 
 Timeline of a wait, and why no wake-up is lost::
 
@@ -15,7 +21,7 @@ second attempt, which runs after SUBSCRIBE.
 from __future__ import annotations
 
 import contextlib
-import threading
+import contextvars
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -23,11 +29,11 @@ from typing import Any
 
 import redis
 
-from . import protocol, validation
-from .connection import SyncClient, connect, translate
-from .errors import SemaphoreKeyTypeError, SemaphoreTimeout
-from .protocol import Place, SemaphoreStatus
-from .scripts import NAMES, source
+from celery_semaphore.core import protocol, validation
+from celery_semaphore.core.connection import SyncClient, connect, translate
+from celery_semaphore.core.errors import SemaphoreKeyTypeError, SemaphoreTimeout
+from celery_semaphore.core.protocol import Place, SemaphoreStatus
+from celery_semaphore.core.scripts import NAMES, source
 
 
 class Permit:
@@ -57,7 +63,8 @@ class Permit:
 
     def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""
-        lost = self.semaphore._renew([(self.holder, self.fencing_token)], lease_timeout, [self])
+        pair = [(self.holder, self.fencing_token)]
+        lost = self.semaphore._renew(pair, lease_timeout, [self])
         return self.holder not in lost
 
     def __enter__(self) -> Permit:
@@ -81,6 +88,9 @@ class Permit:
 class Semaphore:
     """At most ``limit`` holders at once across every client of one Redis.
 
+    ``redis`` is a URL (see :mod:`celery_semaphore.core.connection` for the
+    forms) or a ready redis-py client of the matching kind (sync or asyncio).
+
     Guarantees (all arithmetic on the Redis server clock, one script call per
     operation):
 
@@ -95,7 +105,7 @@ class Semaphore:
 
     def __init__(
         self,
-        redis: Any,
+        redis: str | SyncClient,
         name: str,
         limit: int,
         *,
@@ -118,7 +128,10 @@ class Semaphore:
         self.client, self.url = connect(redis)
         self._owns_client = isinstance(redis, str)
         self._scripts = {n: self.client.register_script(source(n)) for n in NAMES}
-        self._held = threading.local()
+        # Permits taken by ``with semaphore:``, per thread and per asyncio task.
+        self._held: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
+            f"celery_semaphore_held_{id(self)}", default=()
+        )
 
     name = property(lambda self: self._spec.name)
     limit = property(lambda self: self._spec.limit)
@@ -200,8 +213,9 @@ class Semaphore:
     ) -> Permit:
         """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s.
 
-        An exception that interrupts the wait (a signal handler's, such as Celery's soft
-        time limit or KeyboardInterrupt) drops the place in line at once.
+        Anything that interrupts the wait (a cancelled task, KeyboardInterrupt, a
+        signal handler's exception such as Celery's soft time limit) drops the
+        place in line at once.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         validation.check_holder(holder)
@@ -244,7 +258,7 @@ class Semaphore:
         if isinstance(result, Permit) or timeout == 0:
             return result
         try:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
             pubsub.subscribe(self._spec.keys.channel)
         except redis.RedisError as error:
             raise translate(error, self.url) from error
@@ -262,7 +276,7 @@ class Semaphore:
                 except redis.RedisError as error:
                     raise translate(error, self.url) from error
         finally:
-            pubsub.close()
+            pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]
 
     def _sleep(self, pubsub: Any, place: Place, remaining: float | None) -> None:
         """Until a wake-up that may admit ``place``, or the pause runs out."""
@@ -285,8 +299,9 @@ class Semaphore:
     ) -> set[str]:
         """Extend every live holder's lease in one round trip; return the lost ones."""
         items = list(holders)
+        permits = [h for h in items if isinstance(h, Permit)]
         pairs = [(h.holder, h.fencing_token) if isinstance(h, Permit) else (h, None) for h in items]
-        return self._renew(pairs, lease_timeout, [h for h in items if isinstance(h, Permit)])
+        return self._renew(pairs, lease_timeout, permits)
 
     def _renew(
         self,
@@ -297,9 +312,8 @@ class Semaphore:
         if not pairs:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
-        expires_at, lost = self._spec.parse_renew(
-            self._call("renew", self._spec.renew_args(pairs, lease_ms))
-        )
+        reply = self._call("renew", self._spec.renew_args(pairs, lease_ms))
+        expires_at, lost = self._spec.parse_renew(reply)
         for permit in permits:
             if permit.holder not in lost:
                 permit.expires_at = expires_at
@@ -327,13 +341,13 @@ class Semaphore:
         return self._configure("draining", "1" if draining else "") == 1
 
     def _configure(self, field: str, value: str) -> int | None:
-        previous = protocol.text(self._call("configure", self._spec.configure_args(field, value)))
+        reply = self._call("configure", self._spec.configure_args(field, value))
+        previous = protocol.text(reply)
         return int(previous) if previous else None
 
     def __enter__(self) -> Permit:
         permit = self.acquire()
-        stack: list[Permit] = self._held.__dict__.setdefault("stack", [])
-        stack.append(permit)
+        self._held.set((*self._held.get(), permit))
         return permit
 
     def __exit__(
@@ -342,7 +356,9 @@ class Semaphore:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._held.stack.pop().release()
+        *rest, permit = self._held.get()
+        self._held.set(tuple(rest))
+        permit.release()
 
     def close(self) -> None:
         """Close the client if this semaphore created it from a URL."""

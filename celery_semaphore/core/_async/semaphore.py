@@ -1,8 +1,24 @@
-"""The semaphore for asyncio: the same scripts and guarantees as :mod:`.semaphore`."""
+"""The fair, leased, distributed counting semaphore.
+
+One source serves both APIs: ``core/_async/semaphore.py`` (asyncio) is written
+by hand, and ``scripts/unasync.py`` generates ``core/_sync/semaphore.py`` from
+it; the test command fails when the two differ.
+
+Timeline of a wait, and why no wake-up is lost::
+
+    waiter: attempt -> refused (queued, ticket T) -> SUBSCRIBE wake channel
+    waiter: attempt again -> refused -> sleep until a message, the earliest
+            holder's lease end, or the re-check interval
+    holder: release -> script PUBLISHes (there are waiters) -> waiter wakes
+    waiter: attempt -> granted if T is among the earliest live tickets
+
+A release that lands between the first refusal and SUBSCRIBE is caught by the
+second attempt, which runs after SUBSCRIBE.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import contextvars
 import time
 from collections.abc import Iterable, Sequence
@@ -10,17 +26,20 @@ from types import TracebackType
 from typing import Any
 
 import redis
-import redis.asyncio
 
-from . import protocol, validation
-from .connection import AsyncClient, connect_async, translate
-from .errors import SemaphoreKeyTypeError, SemaphoreTimeout
-from .protocol import Place, SemaphoreStatus
-from .scripts import NAMES, source
+from celery_semaphore.core import protocol, validation
+from celery_semaphore.core.connection import AsyncClient, connect_async, translate
+from celery_semaphore.core.errors import SemaphoreKeyTypeError, SemaphoreTimeout
+from celery_semaphore.core.protocol import Place, SemaphoreStatus
+from celery_semaphore.core.scripts import NAMES, source
 
 
 class AsyncPermit:
-    """A granted permit; ``async with`` releases it on exit."""
+    """A granted permit. Use as a context manager to release on exit.
+
+    ``fencing_token`` is strictly increasing per semaphore: pass it to the
+    protected resource so it can reject writes from a holder whose lease ran out.
+    """
 
     def __init__(
         self,
@@ -41,10 +60,9 @@ class AsyncPermit:
         return await self.semaphore._release(self.holder, self.fencing_token)
 
     async def renew(self, lease_timeout: float | None = None) -> bool:
-        """Extend the lease from now; False once the permit is lost."""
-        lost = await self.semaphore._renew(
-            [(self.holder, self.fencing_token)], lease_timeout, [self]
-        )
+        """Extend the lease from now; False once the permit is lost (never resurrects it)."""
+        pair = [(self.holder, self.fencing_token)]
+        lost = await self.semaphore._renew(pair, lease_timeout, [self])
         return self.holder not in lost
 
     async def __aenter__(self) -> AsyncPermit:
@@ -66,11 +84,26 @@ class AsyncPermit:
 
 
 class AsyncSemaphore:
-    """:class:`celery_semaphore.Semaphore` for asyncio (``redis.asyncio`` clients)."""
+    """At most ``limit`` holders at once across every client of one Redis.
+
+    ``redis`` is a URL (see :mod:`celery_semaphore.core.connection` for the
+    forms) or a ready redis-py client of the matching kind (sync or asyncio).
+
+    Guarantees (all arithmetic on the Redis server clock, one script call per
+    operation):
+
+    - never more live holders than the effective limit (the runtime override
+      if set, else ``limit``);
+    - grants go to the earliest live tickets first (FIFO);
+    - a holder whose lease ran out is reclaimed by the next operation, and that
+      wakes blocked waiters;
+    - release and renew are idempotent and answer with a bool; acquiring with a
+      holder id that holds a live permit returns that permit with a new token.
+    """
 
     def __init__(
         self,
-        redis: Any,
+        redis: str | AsyncClient,
         name: str,
         limit: int,
         *,
@@ -93,6 +126,7 @@ class AsyncSemaphore:
         self.client, self.url = connect_async(redis)
         self._owns_client = isinstance(redis, str)
         self._scripts = {n: self.client.register_script(source(n)) for n in NAMES}
+        # Permits taken by ``async with semaphore:``, per thread and per asyncio task.
         self._held: contextvars.ContextVar[tuple[AsyncPermit, ...]] = contextvars.ContextVar(
             f"celery_semaphore_held_{id(self)}", default=()
         )
@@ -132,7 +166,13 @@ class AsyncSemaphore:
         lease_timeout: float | None = None,
         info: str = "",
     ) -> AsyncPermit | Place:
-        """See :meth:`celery_semaphore.Semaphore.attempt`."""
+        """Take a permit if one is free and nobody earlier waits; else a :class:`Place`.
+
+        With ``queue`` (the default) a refused contender keeps a place in line
+        for ``wait_lease`` seconds (default: the semaphore's ``waiter_lease``);
+        asking again within that time, or presenting the returned ticket later,
+        keeps the place.
+        """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
             holder,
@@ -148,7 +188,11 @@ class AsyncSemaphore:
         return AsyncPermit(self, holder, result.fencing_token, result.expires_at, result.waited)
 
     async def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
-        """See :meth:`celery_semaphore.Semaphore.enqueue`."""
+        """Take a place in line for ``holder`` without asking for a permit; returns its ticket.
+
+        For a producer that wants its jobs served in submission order: the
+        place holds for ``wait_lease`` s; later the job presents the ticket.
+        """
         args = self._spec.enqueue_args(holder, wait_lease, info)
         return int(await self._call("enqueue", args))
 
@@ -169,14 +213,23 @@ class AsyncSemaphore:
     ) -> AsyncPermit:
         """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s.
 
-        Cancelling the waiting coroutine drops its place in line.
+        Anything that interrupts the wait (a cancelled task, KeyboardInterrupt, a
+        signal handler's exception such as Celery's soft time limit) drops the
+        place in line at once.
         """
         holder = protocol.new_holder_id() if holder is None else holder
+        validation.check_holder(holder)
+        validation.check_ticket(ticket)
+        validation.check_info(info)
+        if timeout is not None:
+            validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
         try:
             result = await self.wait_for_turn(timeout, holder, ticket, info=info)
-        except asyncio.CancelledError:
-            await asyncio.shield(self._release(holder, None))
+        except BaseException:
+            # Else the place would block the line until its waiter lease runs out.
+            with contextlib.suppress(Exception):
+                await self._release(holder, None)
             raise
         if isinstance(result, AsyncPermit):
             return result
@@ -205,7 +258,7 @@ class AsyncSemaphore:
         if isinstance(result, AsyncPermit) or timeout == 0:
             return result
         try:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
             await pubsub.subscribe(self._spec.keys.channel)
         except redis.RedisError as error:
             raise translate(error, self.url) from error
@@ -223,7 +276,7 @@ class AsyncSemaphore:
                 except redis.RedisError as error:
                     raise translate(error, self.url) from error
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
     async def _sleep(self, pubsub: Any, place: Place, remaining: float | None) -> None:
         """Until a wake-up that may admit ``place``, or the pause runs out."""
@@ -246,12 +299,11 @@ class AsyncSemaphore:
     ) -> set[str]:
         """Extend every live holder's lease in one round trip; return the lost ones."""
         items = list(holders)
+        permits = [h for h in items if isinstance(h, AsyncPermit)]
         pairs = [
             (h.holder, h.fencing_token) if isinstance(h, AsyncPermit) else (h, None) for h in items
         ]
-        return await self._renew(
-            pairs, lease_timeout, [h for h in items if isinstance(h, AsyncPermit)]
-        )
+        return await self._renew(pairs, lease_timeout, permits)
 
     async def _renew(
         self,
@@ -262,9 +314,8 @@ class AsyncSemaphore:
         if not pairs:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
-        expires_at, lost = self._spec.parse_renew(
-            await self._call("renew", self._spec.renew_args(pairs, lease_ms))
-        )
+        reply = await self._call("renew", self._spec.renew_args(pairs, lease_ms))
+        expires_at, lost = self._spec.parse_renew(reply)
         for permit in permits:
             if permit.holder not in lost:
                 permit.expires_at = expires_at
@@ -275,16 +326,20 @@ class AsyncSemaphore:
         return self._spec.parse_status(await self._call("status", [protocol.STATUS_MOST]))
 
     async def set_limit(self, limit: int) -> int | None:
-        """See :meth:`celery_semaphore.Semaphore.set_limit`."""
+        """Override the limit at run time for every client; returns the previous override.
+
+        Lowering it below the current holders evicts nobody: it admits nobody
+        until they drop below. Raising it wakes waiters at once.
+        """
         validation.check_limit(limit)
         return await self._configure("override", str(limit))
 
     async def clear_limit(self) -> int | None:
-        """Drop the runtime override."""
+        """Drop the runtime override: back to each client's declared limit."""
         return await self._configure("override", "")
 
     async def set_draining(self, draining: bool) -> bool:
-        """While draining, nobody new is admitted. Returns the previous state."""
+        """While draining, nobody new is admitted; holders finish. Returns the previous state."""
         return await self._configure("draining", "1" if draining else "") == 1
 
     async def _configure(self, field: str, value: str) -> int | None:

@@ -1,4 +1,4 @@
--- common.lua: prepended to every script of this folder (see celery_semaphore/scripts.py).
+-- common.lua: prepended to every script of this folder (see celery_semaphore/core/scripts.py).
 --
 -- KEYS (the same six, in this order, for every script; one hash tag per semaphore):
 --   KEYS[1] holders  ZSET  holder -> lease expiry, ms of server time
@@ -86,13 +86,6 @@ local function reclaim(waiting)
     lapsed = #list
   end
   return #gone + lapsed, lapsed
-end
-
--- The runtime override wins over the declared limit; draining admits nobody.
-local function effective_limit(declared)
-  local m = redis.call('HMGET', meta, 'override', 'draining')
-  local limit = tonumber(m[1]) or declared
-  return limit, m[2] == '1'
 end
 
 -- Tells blocked waiters that permits are free, with the highest ticket that

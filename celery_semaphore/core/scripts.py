@@ -15,6 +15,6 @@ NAMES = ("acquire", "enqueue", "release", "renew", "status", "configure")
 
 @cache
 def source(name: str) -> str:
-    folder = files("celery_semaphore").joinpath("lua")
+    folder = files("celery_semaphore.core").joinpath("lua")
     common = folder.joinpath("common.lua").read_text(encoding="utf-8")
     return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")

@@ -10,22 +10,11 @@ from typing import Any
 
 import redis
 
+from ._sync.semaphore import Semaphore
 from .connection import SyncClient, translate
-from .errors import SemaphoreError
+from .errors import UnknownSemaphore
 from .keys import name_from_meta_key, semaphore_keys
 from .protocol import text
-from .semaphore import Semaphore
-
-
-class UnknownSemaphore(SemaphoreError, LookupError):
-    """No semaphore of that name has been used (or it expired while idle)."""
-
-    def __init__(self, name: str, namespace: str) -> None:
-        self.name = name
-        super().__init__(
-            f"no semaphore named {name!r} in namespace {namespace!r} "
-            "(it was never used, or expired while idle): check the name and semaphore_namespace"
-        )
 
 
 def semaphore_names(client: SyncClient, namespace: str, url: str = "") -> list[str]:

@@ -1,0 +1,40 @@
+"""The semaphore itself, with no Celery in it: usable from any program (sync or asyncio).
+
+- ``_async/semaphore.py``: :class:`AsyncSemaphore`, the hand-written source;
+  ``_sync/semaphore.py``: :class:`Semaphore`, generated from it (``scripts/unasync.py``);
+- ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
+- ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
+- ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
+- ``validation.py``: argument checks; ``discovery.py``: listing semaphores (operators).
+
+Nothing here imports Celery or click (a test in ``tests/unit`` keeps it so).
+"""
+
+from ._async.semaphore import AsyncPermit, AsyncSemaphore
+from ._sync.semaphore import Permit, Semaphore
+from .errors import (
+    SemaphoreBackendError,
+    SemaphoreConnectionError,
+    SemaphoreError,
+    SemaphoreKeyTypeError,
+    SemaphoreTimeout,
+    UnknownSemaphore,
+)
+from .protocol import HolderInfo, Place, SemaphoreStatus, WaiterInfo
+
+__all__ = [
+    "AsyncPermit",
+    "AsyncSemaphore",
+    "HolderInfo",
+    "Permit",
+    "Place",
+    "Semaphore",
+    "SemaphoreBackendError",
+    "SemaphoreConnectionError",
+    "SemaphoreError",
+    "SemaphoreKeyTypeError",
+    "SemaphoreStatus",
+    "SemaphoreTimeout",
+    "UnknownSemaphore",
+    "WaiterInfo",
+]

@@ -1,0 +1,1 @@
+"""The asyncio semaphore: the hand-written source of both APIs."""

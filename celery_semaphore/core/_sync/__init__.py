@@ -1,0 +1,1 @@
+"""The synchronous semaphore, generated from ``core/_async`` by ``scripts/unasync.py``."""

@@ -1,0 +1,122 @@
+"""What the plugin keeps for each Celery app, in one object on the app.
+
+``state_of(app)`` is an :class:`AppState` stored as ``app.semaphore_state``:
+
+- ``config``: the ``semaphore_*`` settings, read and validated once;
+- ``task_configs``: each task's settings with its own options applied;
+- ``semaphores``: this process's Redis clients and semaphores (one per URL / gate);
+- ``publish_paused_until``: after a failed place-taking at publish, none are
+  taken until then (publishing never stalls on Redis).
+
+:func:`reset` drops all of it, for a test (or a program) that changes the
+app's settings after first use. The one thing kept across apps is
+:data:`installed_apps`: the apps :func:`celery_semaphore.install` was called on,
+where the publish handler looks the published task up.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from weakref import WeakSet
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .core import Semaphore
+from .core.connection import SyncClient, connect, mask_url
+
+if TYPE_CHECKING:
+    from .config import SemaphoreConfig
+
+ATTRIBUTE = "semaphore_state"
+QUICK_TIMEOUT = 0.25
+
+installed_apps: WeakSet[Any] = WeakSet()
+
+
+def _client(url: str, quick: bool) -> SyncClient:
+    if quick and url.startswith(("redis://", "rediss://", "unix://")):
+        return redis.Redis.from_url(
+            url, socket_timeout=QUICK_TIMEOUT, socket_connect_timeout=QUICK_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )  # fmt: skip
+    return connect(url)[0]
+
+
+class Semaphores:
+    """One client per Redis URL and one :class:`Semaphore` per gate, in this process.
+
+    redis-py connection pools notice a fork and reconnect in the child.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, bool], SyncClient] = {}
+        self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
+
+    def get(
+        self, name: str, limit: int, config: SemaphoreConfig, *, quick: bool = False
+    ) -> Semaphore:
+        """Semaphore ``name``; ``quick``: on a client that gives up within
+        :data:`QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
+        key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick)
+        semaphore = self._semaphores.get(key)
+        if semaphore is None:
+            with self._lock:
+                client = self._clients.get((config.redis_url, quick))
+                if client is None:
+                    client = self._clients[(config.redis_url, quick)] = _client(
+                        config.redis_url, quick
+                    )
+                semaphore = Semaphore(
+                    client,
+                    name,
+                    limit,
+                    lease_timeout=config.lease_timeout,
+                    namespace=config.namespace,
+                )
+                semaphore.url = mask_url(config.redis_url)
+                self._semaphores[key] = semaphore
+        return semaphore
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+            self._semaphores.clear()
+
+
+@dataclass
+class AppState:
+    config: SemaphoreConfig | None = None
+    task_configs: dict[str, SemaphoreConfig] = field(default_factory=dict)
+    semaphores: Semaphores = field(default_factory=Semaphores)
+    publish_paused_until: float = 0.0
+
+
+_create_lock = threading.Lock()
+
+
+def state_of(app: Any) -> AppState:
+    """The plugin's state for ``app`` (made on first use)."""
+    state: AppState | None = app.__dict__.get(ATTRIBUTE)
+    if state is None:
+        with _create_lock:
+            state = app.__dict__.setdefault(ATTRIBUTE, AppState())
+    return state
+
+
+def reset(app: Any) -> None:
+    """Forget what the plugin keeps for ``app``: settings (read again from
+    ``app.conf`` on next use), per-task settings, Redis clients, the publish pause.
+
+    For tests that change an app's settings or point it at another Redis
+    between runs. Harmless on an app the plugin never saw.
+    """
+    state: AppState | None = app.__dict__.pop(ATTRIBUTE, None)
+    if state is not None:
+        state.semaphores.close()

@@ -1,0 +1,56 @@
+"""Wiring the plugin into Celery: :func:`install`, called when the plugin is first used.
+
+Importing :mod:`celery_semaphore` connects nothing. The Celery side wires
+itself when it is used: a :class:`~celery_semaphore.LimitedTask` bound to an
+app calls :func:`install`; an app that only uses ``semaphore_queue_limits``
+calls it itself. Installing adds the worker bootstep and its command-line
+option to the app and connects the package's signal handlers (once per
+process, whatever the number of apps).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery.signals import (
+    before_task_publish,
+    task_failure,
+    task_received,
+    task_retry,
+    task_revoked,
+)
+
+from . import events
+from .publish import take_places
+from .state import installed_apps
+from .worker import release
+from .worker.bootstep import METRICS_PORT_OPTION, SemaphoreStep
+from .worker.received import decide_gates
+
+_connected = threading.Event()
+_lock = threading.Lock()
+
+
+def _connect_handlers() -> None:
+    with _lock:
+        if _connected.is_set():
+            return
+        before_task_publish.connect(take_places, weak=False)
+        task_received.connect(decide_gates, weak=False)
+        task_revoked.connect(release.on_revoked, weak=False)
+        task_failure.connect(release.on_failure, weak=False)
+        task_retry.connect(release.on_cold_shutdown, weak=False)
+        events.connect()
+        _connected.set()
+
+
+def install(app: Any) -> None:
+    """Enable the plugin on ``app``: the worker bootstep (heartbeat, release on
+    every ending, metrics), ``celery worker --semaphore-metrics-port``, places
+    in line at publish. :class:`~celery_semaphore.LimitedTask` does this itself;
+    call it when only ``semaphore_queue_limits`` is used. Idempotent."""
+    _connect_handlers()
+    app.steps["worker"].add(SemaphoreStep)
+    app.user_options["worker"].add(METRICS_PORT_OPTION)
+    installed_apps.add(app)

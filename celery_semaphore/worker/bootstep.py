@@ -1,0 +1,86 @@
+"""The worker bootstep: starts and stops the heartbeat and the metrics endpoint."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+from celery import bootsteps
+from celery.worker import state as worker_state
+
+from celery_semaphore import metrics
+from celery_semaphore.config import get_config
+from celery_semaphore.core.connection import connect, mask_url
+from celery_semaphore.patching import admit_every_task
+from celery_semaphore.state import state_of
+
+from .heartbeat import Heartbeat
+
+logger = logging.getLogger(__name__)
+
+METRICS_PORT_OPTION = click.Option(
+    ["--semaphore-metrics-port"],
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve celery-semaphore's Prometheus metrics on this port (needs the prometheus extra).",
+)
+
+
+def running_requests() -> list[Any]:
+    """The requests this worker runs now (``active_requests`` may change while read)."""
+    for _ in range(5):
+        try:
+            return list(worker_state.active_requests)
+        except RuntimeError:  # changed size during iteration
+            continue
+    return []
+
+
+class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Heartbeat thread and metrics endpoint; with queue caps, admission for every task class.
+
+    Celery may order it before or after the Pool step, so on warm shutdown
+    (``stop``) the heartbeat keeps renewing until the pool has drained: leases
+    outlive the last task. On cold shutdown (``terminate``) it stops at once;
+    the terminated children release in ``finally``, the main process by id.
+    """
+
+    label = "celery-semaphore"
+
+    def __init__(
+        self, worker: Any, semaphore_metrics_port: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(worker, **kwargs)
+        self.heartbeat: Heartbeat | None = None
+        self.metrics_port = semaphore_metrics_port
+        self.metrics_server: Any = None
+        if worker.app.conf.get("semaphore_send_events") is None:
+            worker.app.conf.semaphore_send_events = bool(getattr(worker, "task_events", False))
+            state_of(worker.app).config = None  # read the settings again, with that one
+        if get_config(worker.app).queue_limits:
+            admit_every_task(worker.app)
+
+    def start(self, worker: Any) -> None:
+        self.heartbeat = Heartbeat(worker.app, running_requests)
+        self.heartbeat.start()
+        if self.metrics_port:
+            config = get_config(worker.app)
+            client = connect(config.redis_url)[0]
+            self.metrics_server = metrics.serve(
+                client, config.namespace, self.metrics_port, mask_url(config.redis_url)
+            )
+            logger.info("celery-semaphore metrics on port %s", self.metrics_port)
+
+    def stop(self, worker: Any) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop(drain=True)
+            self.heartbeat = None
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+
+    def terminate(self, worker: Any) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        self.stop(worker)

@@ -1,0 +1,124 @@
+"""The lease heartbeat: renews the permits of every running limited task of a worker.
+
+A plain service that knows nothing of bootsteps or of the worker's state: it
+is given the app and a function that lists the running requests, so the
+worker bootstep (:mod:`.bootstep`) or a test can drive it. One thread, one ``renew_many`` call per
+semaphore per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from celery_semaphore import signals
+from celery_semaphore.config import get_config, task_config
+from celery_semaphore.core.errors import SemaphoreError
+from celery_semaphore.gates import Gate, recorded_gates, semaphore_of
+
+logger = logging.getLogger(__name__)
+
+
+def renew_interval(app: Any) -> float:
+    """The shortest renewal interval any task of ``app`` asks for (per-task
+    ``semaphore_lease_timeout`` / ``semaphore_heartbeat_interval`` included)."""
+    intervals = [get_config(app).renew_every]
+    for task in list(app.tasks.values()):
+        if getattr(type(task), "semaphore_options", None):
+            intervals.append(task_config(task).renew_every)
+    return min(intervals)
+
+
+class Heartbeat:
+    """Renews the leases of the requests ``running()`` lists (worker Requests:
+    ``id``, ``task``, ``time_start``, ``hostname`` and the recorded gates).
+
+    A holder the renewal reports lost is reported (log, :data:`.signals.permit_lost`)
+    only if its task has run longer than it can take to acquire, because a
+    running request may not have taken its permit yet.
+
+    ``stop(drain=True)`` keeps renewing until ``running()`` is empty: on warm
+    shutdown the pool drains after the bootstep is stopped or before, depending
+    on the boot order Celery picks, and the leases must outlive the last task.
+    """
+
+    def __init__(
+        self, app: Any, running: Callable[[], Iterable[Any]], interval: float | None = None
+    ) -> None:
+        self.app = app
+        self.running = running
+        self.interval = renew_interval(app) if interval is None else interval
+        self._stop = threading.Event()
+        self._draining = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="celery-semaphore-heartbeat", daemon=True
+        )
+        self._reported: set[tuple[str, str]] = set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, drain: bool = False) -> None:
+        """Stop now, or with ``drain`` once no task of this worker runs any more
+        (the thread is a daemon: a worker that exits first ends it too)."""
+        if drain:
+            self._draining.set()
+            return
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self._draining.is_set() and not list(self.running()):
+                return
+            try:
+                self.beat()
+            except Exception:  # the heartbeat must survive anything; the lease is the backstop
+                logger.exception("semaphore heartbeat failed")
+
+    def beat(self) -> None:
+        """One round: renew every running request's permits, report the lost ones."""
+        by_gate: dict[Gate, list[Any]] = defaultdict(list)
+        for request in self.running():
+            for gate in recorded_gates(request):
+                by_gate[gate].append(request)
+        live = set()
+        for gate, requests in by_gate.items():
+            task = requests[0].task
+            config = task_config(task)
+            try:
+                lost = semaphore_of(self.app, gate, config).renew_many([r.id for r in requests])
+            except SemaphoreError as error:
+                logger.warning("could not renew leases of %s: %s", gate.name, error)
+                continue
+            for request in requests:
+                live.add((gate.name, request.id))
+                if request.id in lost:
+                    self._lost(gate, request, config.max_block)
+        self._reported &= live
+
+    def _lost(self, gate: Gate, request: Any, max_block: float) -> None:
+        started = getattr(request, "time_start", None)  # epoch seconds (Request.on_accepted)
+        if not started or time.time() - started < max_block + 2.0:
+            return
+        if (gate.name, request.id) in self._reported:
+            return
+        self._reported.add((gate.name, request.id))
+        logger.error(
+            "permit of %s[%s] on semaphore %s is lost (lease ran out or Redis lost data)",
+            request.task.name,
+            request.id,
+            gate.name,
+        )
+        signals.permit_lost.send(
+            sender=request.task,
+            semaphore=gate.name,
+            task_id=request.id,
+            task_name=request.task.name,
+            hostname=request.hostname,
+        )

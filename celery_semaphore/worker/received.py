@@ -1,0 +1,32 @@
+"""Deciding a request's gates in the worker's main process, when its message arrives.
+
+The decision (:func:`~celery_semaphore.gates.request_gates`) is stored in the
+request's headers, so the child that runs the body, the heartbeat and the
+release-by-id handlers all agree on the same gates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_semaphore.gates import GATES_HEADER, encode_gates, queue_of, request_gates
+
+
+def consumed_queue(consumer: Any, delivery_info: dict[str, Any]) -> str | None:
+    """The queue this worker consumed the message from (the Redis transport does
+    not record it: resolved from the exchange and routing key)."""
+    queues = getattr(getattr(consumer, "task_consumer", None), "queues", None) or ()
+    return queue_of(queues, delivery_info.get("exchange"), delivery_info.get("routing_key"))
+
+
+def decide_gates(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """``task_received`` handler (``sender`` is the consumer)."""
+    queue = consumed_queue(sender, request.delivery_info or {})
+    try:
+        gates = request_gates(request.task, request.args, request.kwargs, queue)
+    except (TypeError, ValueError):
+        gates = []  # the child computes them again and fails the task with the message
+    if gates:
+        request.request_dict[GATES_HEADER] = encode_gates(gates)
+    else:
+        request.request_dict.pop(GATES_HEADER, None)

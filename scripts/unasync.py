@@ -1,0 +1,91 @@
+"""Write the synchronous semaphore from the asyncio one, or check that it is up to date.
+
+``celery_semaphore/core/_async/semaphore.py`` is the one source of both APIs. This
+script turns it into ``celery_semaphore/core/_sync/semaphore.py`` by renaming tokens
+(``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncSemaphore`` -> ``Semaphore``,
+...) and formatting the result with ruff, so the two cannot drift apart:
+
+    python scripts/unasync.py           # rewrite the sync file
+    python scripts/unasync.py --check   # exit 1 if the sync file differs (the test command)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parent.parent / "celery_semaphore" / "core"
+SOURCE = CORE / "_async" / "semaphore.py"
+TARGET = CORE / "_sync" / "semaphore.py"
+HEADER = (
+    "# Generated from celery_semaphore/core/_async/semaphore.py by scripts/unasync.py:\n"
+    "# do not edit; edit the asyncio source and run the script.\n"
+)
+
+# Whole words only, applied in this order.
+RENAMES = [
+    (r"async def ", "def "),
+    (r"async with ", "with "),
+    (r"async for ", "for "),
+    (r"await ", ""),
+    (r"\bAsyncSemaphore\b", "Semaphore"),
+    (r"\bAsyncPermit\b", "Permit"),
+    (r"\bAsyncClient\b", "SyncClient"),
+    (r"\bconnect_async\b", "connect"),
+    (r"\b__aenter__\b", "__enter__"),
+    (r"\b__aexit__\b", "__exit__"),
+    (r"\baclose\b", "close"),
+]
+
+
+def unasync(text: str) -> str:
+    for pattern, replacement in RENAMES:
+        text = re.sub(pattern, replacement, text)
+    return HEADER + text
+
+
+def ruff_format(text: str) -> str:
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run(
+        [str(ruff) if ruff.exists() else "ruff", "format", "--stdin-filename", str(TARGET), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
+    args = parser.parse_args(argv)
+    wanted = ruff_format(unasync(SOURCE.read_text(encoding="utf-8")))
+    current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
+    if not args.check:
+        if current != wanted:
+            TARGET.write_text(wanted, encoding="utf-8")
+            print(f"unasync: wrote {TARGET.relative_to(CORE.parent.parent)}")
+        return 0
+    if current == wanted:
+        return 0
+    diff = difflib.unified_diff(
+        wanted.splitlines(keepends=True),
+        current.splitlines(keepends=True),
+        "generated from " + str(SOURCE.relative_to(CORE.parent.parent)),
+        str(TARGET.relative_to(CORE.parent.parent)),
+    )
+    sys.stderr.write("".join(diff))
+    sys.stderr.write(
+        "unasync: the sync semaphore differs from what the asyncio source generates; "
+        "edit celery_semaphore/core/_async/semaphore.py and run python scripts/unasync.py\n"
+    )
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The asyncio semaphore behind the synchronous API, so one test body runs against both.
+
+``BlockingSemaphore`` runs an :class:`~celery_semaphore.AsyncSemaphore` on an event
+loop in a thread of its own and waits for each call, so tests written against
+:class:`~celery_semaphore.Semaphore` (threads that block in ``acquire()`` included)
+drive the asyncio code unchanged. ``client`` is a synchronous client of the same
+server, for the tests that inspect keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis
+
+from celery_semaphore import AsyncPermit, AsyncSemaphore, Place
+
+T = TypeVar("T")
+
+
+class EventLoopThread:
+    """One event loop, run forever in a daemon thread until :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+class BlockingPermit:
+    def __init__(self, loop: EventLoopThread, semaphore: BlockingSemaphore, permit: AsyncPermit):
+        self._loop, self.semaphore, self.permit = loop, semaphore, permit
+
+    holder = property(lambda self: self.permit.holder)
+    fencing_token = property(lambda self: self.permit.fencing_token)
+    expires_at = property(lambda self: self.permit.expires_at)
+    waited = property(lambda self: self.permit.waited)
+
+    def release(self) -> bool:
+        return self._loop.run(self.permit.release())
+
+    def renew(self, lease_timeout: float | None = None) -> bool:
+        return self._loop.run(self.permit.renew(lease_timeout))
+
+    def __enter__(self) -> BlockingPermit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Blocking{self.permit!r}"
+
+
+class BlockingSemaphore:
+    def __init__(self, loop: EventLoopThread, url: str, *args: Any, **kwargs: Any) -> None:
+        self._loop = loop
+
+        async def make() -> AsyncSemaphore:
+            return AsyncSemaphore(url, *args, **kwargs)
+
+        self.async_semaphore = loop.run(make())
+        self.client = redis.Redis.from_url(url)
+        self._held: list[BlockingPermit] = []
+
+    name = property(lambda self: self.async_semaphore.name)
+    limit = property(lambda self: self.async_semaphore.limit)
+    lease_timeout = property(lambda self: self.async_semaphore.lease_timeout)
+    keys = property(lambda self: self.async_semaphore.keys)
+    url = property(lambda self: self.async_semaphore.url)
+
+    def _wrap(self, result: Any) -> Any:
+        if isinstance(result, AsyncPermit):
+            return BlockingPermit(self._loop, self, result)
+        return result
+
+    def attempt(self, *args: Any, **kwargs: Any) -> BlockingPermit | Place:
+        return self._wrap(self._loop.run(self.async_semaphore.attempt(*args, **kwargs)))
+
+    def try_acquire(self, *args: Any, **kwargs: Any) -> BlockingPermit | None:
+        return self._wrap(self._loop.run(self.async_semaphore.try_acquire(*args, **kwargs)))
+
+    def acquire(self, *args: Any, **kwargs: Any) -> BlockingPermit:
+        return self._wrap(self._loop.run(self.async_semaphore.acquire(*args, **kwargs)))
+
+    def wait_for_turn(self, *args: Any, **kwargs: Any) -> BlockingPermit | Place:
+        return self._wrap(self._loop.run(self.async_semaphore.wait_for_turn(*args, **kwargs)))
+
+    def renew_many(self, holders: Iterable[Any], lease_timeout: float | None = None) -> set[str]:
+        unwrapped = [h.permit if isinstance(h, BlockingPermit) else h for h in holders]
+        return self._loop.run(self.async_semaphore.renew_many(unwrapped, lease_timeout))
+
+    def __getattr__(self, name: str) -> Any:
+        """enqueue, release, status, set_limit, clear_limit, set_draining: awaited as they are."""
+        method = getattr(self.async_semaphore, name)
+        return lambda *args, **kwargs: self._loop.run(method(*args, **kwargs))
+
+    def __enter__(self) -> BlockingPermit:
+        permit = self.acquire()
+        self._held.append(permit)
+        return permit
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._held.pop().release()
+
+    def close(self) -> None:
+        self._loop.run(self.async_semaphore.aclose())
+        self.client.close()
