@@ -31,12 +31,11 @@ PAUSE_AFTER_ERROR = 5.0
 
 
 def published_queue(app: Any, declare: Any, exchange: Any, routing_key: str | None) -> str | None:
-    """The queue a message goes to: the one Celery declares for it, else the
-    app's queue bound to its exchange and routing key (as the worker resolves it)."""
-    declared = [q for q in declare or () if isinstance(q, Queue)]
-    if len(declared) == 1:
-        return str(declared[0].name)
-    return queue_of(app.amqp.queues.values(), exchange, routing_key)
+    """The queue a message sent to ``exchange`` with ``routing_key`` lands in, resolved
+    as the worker resolves it (``declare`` is not the answer: with an explicit exchange
+    and routing key Celery still declares the task's routed queue)."""
+    queues = [q for q in declare or () if isinstance(q, Queue)]
+    return queue_of([*queues, *app.amqp.queues.values()], exchange, routing_key)
 
 
 def take_places(

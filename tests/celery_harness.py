@@ -65,6 +65,7 @@ def detach_client(app: Any) -> None:
     if pool is not None:
         pool.force_close_all()
     app.amqp._producer_pool = None
+    app.__dict__.pop("amqp", None)  # its queues and routes, made from the old settings
     celery_semaphore.reset(app)  # settings, clients and the publish pause of the old server
 
 
@@ -202,7 +203,7 @@ class Cluster:
         app.conf.broker_url = self.broker_url
         app.conf.result_backend = self.state_url
         self.app_module._log = redis.Redis.from_url(self.state_url)
-        app.conf.update(json.loads(self.env["CS_EXTRA_CONF"]))
+        app.conf.update(self.app_module.extra_conf(self.env["CS_EXTRA_CONF"]))
         repoint_client(self)
 
     def worker(

@@ -60,7 +60,7 @@ def point_client_at(cluster: Cluster) -> Cluster:
         semaphore_lease_timeout=cluster.lease,
         semaphore_queue_limits=json.loads(cluster.env["CS_QUEUE_LIMITS"]),
         task_default_queue="default",
-        **json.loads(cluster.env["CS_EXTRA_CONF"]),
+        **cluster.app_module.extra_conf(cluster.env["CS_EXTRA_CONF"]),
     )
     celery_semaphore.reset(app)
     return cluster

@@ -102,3 +102,37 @@ def test_limited_task_on_a_capped_queue_holds_both_permits_and_waits_holding_nei
         blocker.release()
     assert waiting.get(timeout=20) == "waiter"
     assert (queue_sem.status().holder_count, own_sem.status().holder_count) == (0, 0)
+
+
+def test_a_routing_key_unlike_the_queue_name_is_capped_as_its_queue_at_publish_and_in_the_worker(
+    clusters: Clusters,
+) -> None:
+    """The publisher and the worker name the queue the same way: a task sent to
+    exchange ``work`` with routing key ``rk.reports`` lands in ``reports``, so its
+    place at publish and its permit are both on ``queue:reports``."""
+    queues = [["reports", "work", "rk.reports"], ["default", "default", "default"]]
+    cluster = clusters(limit=3, queue_limits={"reports": 1}, extra_conf={"task_queues": queues})
+    queue_sem = cluster.semaphore("queue:reports", 1)
+    blocker = queue_sem.attempt(holder="test-blocker")
+    assert isinstance(blocker, Permit)
+
+    app = cluster.app_module.app
+    with app.connection_for_write() as connection:  # the binding, before any worker runs
+        app.amqp.queues["reports"].bind(connection.default_channel).declare()
+    plain = cluster.app_module.plain
+    routed = [
+        plain.apply_async((0.3, f"r{i}"), exchange="work", routing_key="rk.reports")
+        for i in range(3)
+    ]
+    # No worker runs yet: only the publisher can have put them in line, in order.
+    assert [w.holder for w in queue_sem.status().waiters] == [r.id for r in routed]
+
+    cluster.worker("w1", **WORKER)
+    time.sleep(1.0)
+    assert not any(cluster.started(r.id) for r in routed), "ran without the queue's permit"
+    blocker.release()
+    assert [r.get(timeout=30) for r in routed] == ["r0", "r1", "r2"]
+    runs = of(cluster.events(), {r.id for r in routed})
+    assert max_overlap(runs) == 1
+    starts = [e["id"] for e in runs if e["event"] == "start"]
+    assert starts == [r.id for r in routed], "not served in publish order"

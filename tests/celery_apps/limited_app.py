@@ -2,7 +2,8 @@
 
 Configured from the environment (the test harness sets these):
 ``CS_BROKER_URL``, ``CS_REDIS_URL`` (semaphores and the event log), ``CS_LIMIT``,
-``CS_LEASE``, ``CS_QUEUE_LIMITS`` (JSON), ``CS_EXTRA_CONF`` (JSON of more settings).
+``CS_LEASE``, ``CS_QUEUE_LIMITS`` (JSON), ``CS_EXTRA_CONF`` (JSON of more settings;
+``task_queues`` as ``[[queue, direct exchange, routing key], ...]``).
 Every task body appends ``{"id", "task", "tag", "event", "at", "pid", "retries"}``
 records to the Redis list ``events``, so a test sees from outside who ran when.
 """
@@ -17,12 +18,25 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject
+from kombu import Exchange, Queue
 
 from celery_semaphore import LimitedTask, install
 
 BROKER = os.environ.get("CS_BROKER_URL", "redis://127.0.0.1:6399/0")
 REDIS_URL = os.environ.get("CS_REDIS_URL", BROKER)
 LIMIT = int(os.environ.get("CS_LIMIT", "2"))
+
+
+def extra_conf(text: str) -> dict[str, Any]:
+    """The settings ``CS_EXTRA_CONF`` holds, with ``task_queues`` made into kombu Queues."""
+    conf: dict[str, Any] = json.loads(text)
+    if "task_queues" in conf:
+        conf["task_queues"] = [
+            Queue(name, Exchange(exchange, type="direct"), routing_key=key)
+            for name, exchange, key in conf["task_queues"]
+        ]
+    return conf
+
 
 app = Celery("limited_app", broker=BROKER, backend=REDIS_URL)
 app.conf.update(
@@ -33,7 +47,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     task_default_queue="default",
     result_expires=600,
-    **json.loads(os.environ.get("CS_EXTRA_CONF", "{}")),
+    **extra_conf(os.environ.get("CS_EXTRA_CONF", "{}")),
 )
 install(app)
 _log = redis.Redis.from_url(REDIS_URL)
