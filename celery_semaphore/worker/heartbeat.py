@@ -62,6 +62,11 @@ class Heartbeat:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the renewing thread still runs."""
+        return self._thread.is_alive()
+
     def stop(self, *, drain: bool = False) -> None:
         """Stop now, or with ``drain`` once no task of this worker runs any more
         (the thread is a daemon: a worker that exits first ends it too)."""
