@@ -31,7 +31,24 @@ class EventLoopThread:
         self._thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        """The coroutine's result. An exception that interrupts the wait here (a signal
+        handler's) cancels the coroutine, as it would interrupt a blocking call."""
+        finished = threading.Event()
+
+        async def watched() -> T:
+            try:
+                return await coroutine
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(watched(), self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                future.cancel()
+                finished.wait(5)
+            raise
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

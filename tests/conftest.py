@@ -7,11 +7,13 @@ teardown, whatever the outcome of the test. The shared Redis on 6379 is never us
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from async_as_sync import BlockingSemaphore, EventLoopThread
 from celery_harness import Cluster
 from servers import (
     AclRedisServer,
@@ -104,3 +106,28 @@ def celery_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callab
     yield make
     for cluster in made:
         cluster.close()
+
+
+@pytest.fixture(params=["sync", "asyncio"])
+def make_semaphore(
+    request: pytest.FixtureRequest, redis_session_server: RedisServer
+) -> Iterator[Callable[..., Any]]:
+    """Factory of semaphores on the session server (a fresh name unless named), run
+    twice: :class:`Semaphore`, then :class:`AsyncSemaphore` behind the same blocking
+    calls (``async_as_sync.py``), so one test body covers both APIs. Closed at teardown."""
+    from celery_semaphore import Semaphore
+
+    made: list[Any] = []
+    loop = EventLoopThread() if request.param == "asyncio" else None
+
+    def make(limit: int = 1, *, name: str | None = None, url: str | None = None, **kw: Any):
+        args = (url or redis_session_server.url, name or f"t-{uuid.uuid4().hex}", limit)
+        sem = Semaphore(*args, **kw) if loop is None else BlockingSemaphore(loop, *args, **kw)
+        made.append(sem)
+        return sem
+
+    yield make
+    for sem in made:
+        sem.close()
+    if loop is not None:
+        loop.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from celery_semaphore import Permit, Place, Semaphore
+from celery_semaphore.core.protocol import DEFAULT_LEASE_TIMEOUT
 
 APPS = Path(__file__).parent / "celery_apps"
 

@@ -1,4 +1,4 @@
-"""FIFO fairness of the semaphore against a real redis-server.
+"""FIFO fairness of the semaphore against a real redis-server, sync and asyncio alike.
 
 Contenders that queued in a known order are granted in exactly that order, whether
 they poll with attempt() or block in acquire() in threads; a ticket presented again
@@ -10,31 +10,16 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from outcomes import granted, refused, wait_for
 from servers import RedisServer
 
-from celery_semaphore import Permit, Semaphore
+from celery_semaphore import Permit, Place, Semaphore
 
 MakeSemaphore = Callable[..., Semaphore]
-
-
-@pytest.fixture
-def make(redis_session_server: RedisServer) -> Iterator[MakeSemaphore]:
-    made: list[Semaphore] = []
-
-    def make(limit: int = 1, *, name: str | None = None, **kw: Any) -> Semaphore:
-        sem = Semaphore(redis_session_server.url, name or f"fifo-{uuid.uuid4().hex}", limit, **kw)
-        made.append(sem)
-        return sem
-
-    yield make
-    for sem in made:
-        sem.close()
 
 
 def waiter_ids(sem: Semaphore) -> list[str]:
@@ -43,11 +28,13 @@ def waiter_ids(sem: Semaphore) -> list[str]:
 
 def poll(sem: Semaphore, contenders: list[str]) -> list[Permit]:
     """One attempt per contender, in the given order; the permits granted."""
-    return [r for r in (sem.attempt(c) for c in contenders) if isinstance(r, Permit)]
+    return [r for r in (sem.attempt(c) for c in contenders) if not isinstance(r, Place)]
 
 
-def test_polling_contenders_are_granted_in_the_order_they_queued(make: MakeSemaphore) -> None:
-    sem = make(2)
+def test_polling_contenders_are_granted_in_the_order_they_queued(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(2)
     holders = [granted(sem.attempt(h)) for h in ("h1", "h2")]
     contenders = [f"c{i}" for i in range(6)]
     places = [refused(sem.attempt(c)) for c in contenders]
@@ -77,8 +64,8 @@ def test_polling_contenders_are_granted_in_the_order_they_queued(make: MakeSemap
     assert order == contenders
 
 
-def test_two_free_permits_go_to_the_first_two_in_line(make: MakeSemaphore) -> None:
-    sem = make(2)
+def test_two_free_permits_go_to_the_first_two_in_line(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(2)
     a, b = granted(sem.attempt("a")), granted(sem.attempt("b"))
     for c in ("c1", "c2", "c3"):
         refused(sem.attempt(c))
@@ -90,8 +77,10 @@ def test_two_free_permits_go_to_the_first_two_in_line(make: MakeSemaphore) -> No
     assert refused(sem.attempt("c3")).position == 1
 
 
-def test_blocked_acquires_are_granted_in_the_order_they_queued(make: MakeSemaphore) -> None:
-    sem = make(1, recheck_interval=0.5)
+def test_blocked_acquires_are_granted_in_the_order_they_queued(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(1, recheck_interval=0.5)
     first = granted(sem.attempt("first"))
     grants: list[tuple[int, str]] = []
     errors: list[BaseException] = []
@@ -125,8 +114,10 @@ def test_blocked_acquires_are_granted_in_the_order_they_queued(make: MakeSemapho
     assert [holder for _, holder in sorted(grants)] == names
 
 
-def test_a_ticket_presented_after_its_place_lapsed_regains_it(make: MakeSemaphore) -> None:
-    sem = make(1)
+def test_a_ticket_presented_after_its_place_lapsed_regains_it(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(1)
     holder = granted(sem.attempt("holder"))
     place = refused(sem.attempt("early", wait_lease=0.2))
     refused(sem.attempt("late"))  # queued after "early", keeps its place for 20 s
@@ -145,8 +136,8 @@ def test_a_ticket_presented_after_its_place_lapsed_regains_it(make: MakeSemaphor
     assert granted(sem.attempt("early")).holder == "early"
 
 
-def test_a_ticket_presented_to_acquire_regains_its_place(make: MakeSemaphore) -> None:
-    sem = make(1, recheck_interval=0.5)
+def test_a_ticket_presented_to_acquire_regains_its_place(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, recheck_interval=0.5)
     holder = granted(sem.attempt("holder"))
     place = refused(sem.attempt("early", wait_lease=0.2))
     time.sleep(0.3)
@@ -179,12 +170,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
-def test_an_interrupted_acquire_leaves_the_line(make: MakeSemaphore) -> None:
+def test_an_interrupted_acquire_leaves_the_line(make_semaphore: MakeSemaphore) -> None:
     # Celery's soft time limit (and KeyboardInterrupt) arrive as an exception raised by
     # a signal handler in the middle of the blocked acquire(). Its place in line must go
     # with it: a ghost at the head of the line would keep the next permit from anyone
     # else for the whole waiter lease.
-    sem = make(1, waiter_lease=20)
+    sem = make_semaphore(1, waiter_lease=20)
     holder = granted(sem.attempt("holder"))
     previous = signal.signal(signal.SIGALRM, _interrupt)
     try:
@@ -232,3 +223,25 @@ def test_a_release_wakes_only_the_waiters_it_can_admit(redis_server: RedisServer
     assert order == [f"w{i}" for i in range(waiters)]
     assert calls <= 3 * waiters + 1, calls
     client.close()
+
+
+def test_any_exception_inside_the_wait_leaves_the_line(
+    make_semaphore: MakeSemaphore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sync and asyncio alike (the asyncio semaphore used to leave only on cancellation)."""
+    from celery_semaphore import AsyncSemaphore
+
+    async def broken_async_sleep(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    def broken_sleep(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(AsyncSemaphore, "_sleep", broken_async_sleep)
+    monkeypatch.setattr(Semaphore, "_sleep", broken_sleep)
+    sem = make_semaphore(1, waiter_lease=20)
+    holder = granted(sem.attempt("holder"))
+    with pytest.raises(RuntimeError, match="boom"):
+        sem.acquire(timeout=10, holder="broken")
+    assert waiter_ids(sem) == []
+    holder.release()

@@ -15,11 +15,11 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from async_as_sync import BlockingPermit, BlockingSemaphore, EventLoopThread
+from async_as_sync import BlockingPermit
 from outcomes import granted, refused, wait_for
 from servers import RedisServer
 
@@ -27,28 +27,6 @@ from celery_semaphore import Permit, Semaphore
 from celery_semaphore.core.keys import ROLES
 
 MakeSemaphore = Callable[..., Semaphore]
-
-
-@pytest.fixture(params=["sync", "asyncio"])
-def make(
-    request: pytest.FixtureRequest, redis_session_server: RedisServer
-) -> Iterator[MakeSemaphore]:
-    """Semaphores (sync, or asyncio behind the sync calls) on the session server, each
-    under a fresh name unless named; closed at teardown."""
-    made: list[Any] = []
-    loop = EventLoopThread() if request.param == "asyncio" else None
-
-    def make(limit: int = 1, *, name: str | None = None, url: str | None = None, **kw: Any):
-        args = (url or redis_session_server.url, name or f"t-{uuid.uuid4().hex}", limit)
-        sem = Semaphore(*args, **kw) if loop is None else BlockingSemaphore(loop, *args, **kw)
-        made.append(sem)
-        return sem
-
-    yield make
-    for sem in made:
-        sem.close()
-    if loop is not None:
-        loop.close()
 
 
 def sleep_until(epoch: float) -> None:
@@ -92,8 +70,8 @@ class BlockedAcquire(threading.Thread):
 # --------------------------------------------------------------------------- basics
 
 
-def test_acquire_up_to_the_limit_then_refuse(make: MakeSemaphore) -> None:
-    sem = make(3)
+def test_acquire_up_to_the_limit_then_refuse(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(3)
     permits = [granted(sem.attempt(f"h{i}")) for i in range(3)]
     place = refused(sem.attempt("h3"))
     assert (place.holders, place.limit, place.position, place.draining) == (3, 3, 1, False)
@@ -106,8 +84,8 @@ def test_acquire_up_to_the_limit_then_refuse(make: MakeSemaphore) -> None:
     assert granted(sem.attempt("h3")).holder == "h3"
 
 
-def test_context_managers_release_on_exit(make: MakeSemaphore) -> None:
-    sem = make(2)
+def test_context_managers_release_on_exit(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(2)
     with sem as outer:
         assert isinstance(outer, Permit | BlockingPermit)
         with sem as inner:
@@ -120,10 +98,10 @@ def test_context_managers_release_on_exit(make: MakeSemaphore) -> None:
     assert sem.status().holder_count == 0, "the permit was not released on an exception"
 
 
-def test_acquire_timeout_raises_and_leaves_the_line(make: MakeSemaphore) -> None:
+def test_acquire_timeout_raises_and_leaves_the_line(make_semaphore: MakeSemaphore) -> None:
     from celery_semaphore import SemaphoreTimeout
 
-    sem = make(1)
+    sem = make_semaphore(1)
     granted(sem.attempt("holder"))
     started = time.monotonic()
     with pytest.raises(SemaphoreTimeout) as info:
@@ -141,8 +119,10 @@ def test_acquire_timeout_raises_and_leaves_the_line(make: MakeSemaphore) -> None
 # ------------------------------------------------------------ re-entrance and fencing
 
 
-def test_reentrant_acquire_gets_a_new_token_and_keeps_one_slot(make: MakeSemaphore) -> None:
-    sem = make(2)
+def test_reentrant_acquire_gets_a_new_token_and_keeps_one_slot(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(2)
     first = granted(sem.attempt("a"))
     again = granted(sem.attempt("a"))
     assert again.fencing_token > first.fencing_token
@@ -159,9 +139,9 @@ def test_reentrant_acquire_gets_a_new_token_and_keeps_one_slot(make: MakeSemapho
 
 
 def test_fencing_tokens_strictly_increase_even_after_flushall(
-    make: MakeSemaphore, redis_server: RedisServer
+    make_semaphore: MakeSemaphore, redis_server: RedisServer
 ) -> None:
-    sem = make(2, url=redis_server.url, name="fence", lease_timeout=0.05)
+    sem = make_semaphore(2, url=redis_server.url, name="fence", lease_timeout=0.05)
     tokens = []
     for i in range(20):
         permit = granted(sem.attempt(f"h{i % 3}"))
@@ -181,8 +161,8 @@ def test_fencing_tokens_strictly_increase_even_after_flushall(
 # ------------------------------------------------------------------- idempotence
 
 
-def test_release_is_idempotent(make: MakeSemaphore) -> None:
-    sem = make(1)
+def test_release_is_idempotent(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1)
     permit = granted(sem.attempt("a"))
     assert permit.release() is True
     assert permit.release() is False
@@ -194,8 +174,8 @@ def test_release_is_idempotent(make: MakeSemaphore) -> None:
     assert permit.release() is False
 
 
-def test_renew_extends_and_a_lost_permit_stays_lost(make: MakeSemaphore) -> None:
-    sem = make(1, lease_timeout=5)
+def test_renew_extends_and_a_lost_permit_stays_lost(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, lease_timeout=5)
     permit = granted(sem.attempt("a"))
     before = permit.expires_at
     time.sleep(0.01)
@@ -208,9 +188,9 @@ def test_renew_extends_and_a_lost_permit_stays_lost(make: MakeSemaphore) -> None
 
 
 def test_renew_after_the_lease_ran_out_fails_even_if_nobody_else_ran(
-    make: MakeSemaphore,
+    make_semaphore: MakeSemaphore,
 ) -> None:
-    sem = make(1, lease_timeout=0.2)
+    sem = make_semaphore(1, lease_timeout=0.2)
     permit = granted(sem.attempt("a"))
     sleep_until(permit.expires_at + 0.05)
     # No other client touched the semaphore since: the expired holder is still in the
@@ -224,9 +204,9 @@ def test_renew_after_the_lease_ran_out_fails_even_if_nobody_else_ran(
 
 
 def test_a_stale_permit_cannot_touch_the_newer_permit_of_its_holder(
-    make: MakeSemaphore,
+    make_semaphore: MakeSemaphore,
 ) -> None:
-    sem = make(1)
+    sem = make_semaphore(1)
     old = granted(sem.attempt("a"))
     new = granted(sem.attempt("a"))  # re-entrant: same holder, newer token
     assert old.renew() is False
@@ -249,9 +229,9 @@ def test_a_stale_permit_cannot_touch_the_newer_permit_of_its_holder(
 
 
 def test_renew_many_renews_all_live_and_returns_exactly_the_lost(
-    make: MakeSemaphore, redis_server: RedisServer
+    make_semaphore: MakeSemaphore, redis_server: RedisServer
 ) -> None:
-    sem = make(20, url=redis_server.url, name="many", lease_timeout=5)
+    sem = make_semaphore(20, url=redis_server.url, name="many", lease_timeout=5)
     permits = {f"h{i}": granted(sem.attempt(f"h{i}")) for i in range(12)}
     short = granted(sem.attempt("short", lease_timeout=0.05))
     permits["h3"].release()
@@ -283,12 +263,12 @@ def test_renew_many_renews_all_live_and_returns_exactly_the_lost(
 
 
 def test_a_holder_that_stops_renewing_loses_the_permit_after_its_lease(
-    make: MakeSemaphore,
+    make_semaphore: MakeSemaphore,
 ) -> None:
     lease = 0.6
-    sem = make(1, lease_timeout=lease)
+    sem = make_semaphore(1, lease_timeout=lease)
     permit = granted(sem.attempt("sleepy"))
-    other = make(1, name=sem.name)  # another client of the same semaphore
+    other = make_semaphore(1, name=sem.name)  # another client of the same semaphore
 
     sleep_until(permit.expires_at - 0.05)
     status = other.status()
@@ -307,8 +287,8 @@ def test_a_holder_that_stops_renewing_loses_the_permit_after_its_lease(
     assert permit.release() is False
 
 
-def test_a_renewing_holder_keeps_its_permit(make: MakeSemaphore) -> None:
-    sem = make(1, lease_timeout=0.3)
+def test_a_renewing_holder_keeps_its_permit(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, lease_timeout=0.3)
     permit = granted(sem.attempt("busy"))
     for _ in range(6):
         time.sleep(0.1)
@@ -318,11 +298,11 @@ def test_a_renewing_holder_keeps_its_permit(make: MakeSemaphore) -> None:
 
 
 def test_a_blocked_waiter_gets_the_permit_within_100ms_of_the_lease_expiry(
-    make: MakeSemaphore,
+    make_semaphore: MakeSemaphore,
 ) -> None:
     # Default recheck_interval (2 s): the waiter must not rely on polling, but sleep
     # exactly until the earliest lease end it was told about, then retry.
-    sem = make(1, lease_timeout=10)
+    sem = make_semaphore(1, lease_timeout=10)
     stuck = granted(sem.attempt("stuck", lease_timeout=0.8))
     waiter = BlockedAcquire(sem, holder="waiter", timeout=10)
     waiter.start()
@@ -340,9 +320,9 @@ def test_a_blocked_waiter_gets_the_permit_within_100ms_of_the_lease_expiry(
 
 
 def test_lowering_the_limit_evicts_nobody_and_admits_nobody_until_below(
-    make: MakeSemaphore,
+    make_semaphore: MakeSemaphore,
 ) -> None:
-    sem = make(3)
+    sem = make_semaphore(3)
     permits = [granted(sem.attempt(h)) for h in "abc"]
     assert sem.set_limit(1) is None
     status = sem.status()
@@ -367,18 +347,18 @@ def test_lowering_the_limit_evicts_nobody_and_admits_nobody_until_below(
     assert sem.clear_limit() is None
 
 
-def test_the_override_applies_to_every_client(make: MakeSemaphore) -> None:
-    first = make(1)
-    second = make(1, name=first.name)
+def test_the_override_applies_to_every_client(make_semaphore: MakeSemaphore) -> None:
+    first = make_semaphore(1)
+    second = make_semaphore(1, name=first.name)
     first.set_limit(2)
     granted(second.attempt("a"))
     granted(second.attempt("b"))
     refused(first.attempt("c"))
 
 
-def test_raising_the_limit_wakes_a_blocked_acquire_promptly(make: MakeSemaphore) -> None:
+def test_raising_the_limit_wakes_a_blocked_acquire_promptly(make_semaphore: MakeSemaphore) -> None:
     # recheck_interval 5 s and a 30 s lease: only the wake-up message can make it prompt.
-    sem = make(1, lease_timeout=30, recheck_interval=5)
+    sem = make_semaphore(1, lease_timeout=30, recheck_interval=5)
     granted(sem.attempt("holder"))
     waiter = BlockedAcquire(sem, holder="waiter", timeout=20)
     waiter.start()
@@ -391,8 +371,8 @@ def test_raising_the_limit_wakes_a_blocked_acquire_promptly(make: MakeSemaphore)
     assert waiter.granted_at - raised_at < 0.5
 
 
-def test_draining_admits_nobody_and_resuming_wakes_waiters(make: MakeSemaphore) -> None:
-    sem = make(3, recheck_interval=5)
+def test_draining_admits_nobody_and_resuming_wakes_waiters(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(3, recheck_interval=5)
     keeper = granted(sem.attempt("keeper"))
     assert sem.set_draining(True) is False
     place = refused(sem.attempt("newcomer", queue=False))
@@ -417,8 +397,10 @@ def test_draining_admits_nobody_and_resuming_wakes_waiters(make: MakeSemaphore) 
 # ------------------------------------------------------------------------- status
 
 
-def test_status_lists_holders_with_expiry_and_waiters_in_order(make: MakeSemaphore) -> None:
-    sem = make(2, lease_timeout=30, waiter_lease=40)
+def test_status_lists_holders_with_expiry_and_waiters_in_order(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(2, lease_timeout=30, waiter_lease=40)
     a = granted(sem.attempt("a", info="task-a"))
     time.sleep(0.002)
     b = granted(sem.attempt("b", lease_timeout=60, info="task-b"))
@@ -448,8 +430,8 @@ def test_status_lists_holders_with_expiry_and_waiters_in_order(make: MakeSemapho
         assert waiter.info == f"task-{waiter.holder}"
 
 
-def test_status_of_an_unused_semaphore(make: MakeSemaphore) -> None:
-    status = make(4).status()
+def test_status_of_an_unused_semaphore(make_semaphore: MakeSemaphore) -> None:
+    status = make_semaphore(4).status()
     assert (status.holder_count, status.waiter_count, status.holders, status.waiters) == (
         0,
         0,
@@ -502,9 +484,11 @@ NAMES = ["plain", "a{b}c", "}{", "{", "}", "{}", "{{x}}", "a%7Bb", "%", "%25", "
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_all_keys_of_a_semaphore_share_one_hash_tag(make: MakeSemaphore, name: str) -> None:
+def test_all_keys_of_a_semaphore_share_one_hash_tag(
+    make_semaphore: MakeSemaphore, name: str
+) -> None:
     name += uuid.uuid4().hex  # unique on the shared server; braces stay where they are
-    sem = make(1, name=name)
+    sem = make_semaphore(1, name=name)
     keys = sem.keys
     assert len(set(keys)) == 7
     tags = {hash_tag(key) for key in keys}
@@ -520,11 +504,11 @@ def test_all_keys_of_a_semaphore_share_one_hash_tag(make: MakeSemaphore, name: s
     assert sem.status().holder_count == 1
 
 
-def test_names_differing_only_by_braces_do_not_collide(make: MakeSemaphore) -> None:
+def test_names_differing_only_by_braces_do_not_collide(make_semaphore: MakeSemaphore) -> None:
     names = ["ab", "{ab}", "a{b", "a}b", "{a}b", "a{}b", "a%7Bb", "a%7Db", "a%257Bb", "%7B", "{"]
     unique = uuid.uuid4().hex
     names = [unique + name for name in names]
-    sems = [make(1, name=name) for name in names]
+    sems = [make_semaphore(1, name=name) for name in names]
     all_keys = [key for sem in sems for key in sem.keys]
     assert len(set(all_keys)) == len(all_keys)
     assert len({hash_tag(sem.keys.holders) for sem in sems}) == len(names)
@@ -535,8 +519,8 @@ def test_names_differing_only_by_braces_do_not_collide(make: MakeSemaphore) -> N
         assert sem.status().holder_count == 1
 
 
-def test_keys_get_a_ttl_and_expire_when_idle(make: MakeSemaphore) -> None:
-    sem = make(1, lease_timeout=0.1, waiter_lease=0.1, idle_ttl=0.4)
+def test_keys_get_a_ttl_and_expire_when_idle(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, lease_timeout=0.1, waiter_lease=0.1, idle_ttl=0.4)
     permit = granted(sem.attempt("a"))
     refused(sem.attempt("b"))
     client = sem.client
@@ -551,17 +535,17 @@ def test_keys_get_a_ttl_and_expire_when_idle(make: MakeSemaphore) -> None:
     granted(sem.attempt("c"))
 
 
-def test_default_idle_ttl_is_long_but_finite(make: MakeSemaphore) -> None:
-    sem = make(1)
+def test_default_idle_ttl_is_long_but_finite(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1)
     granted(sem.attempt("a"))
     ttl = sem.client.ttl(sem.keys.holders)
     assert 6 * 24 * 3600 < ttl <= 7 * 24 * 3600
 
 
-def test_namespace_is_honoured(make: MakeSemaphore) -> None:
+def test_namespace_is_honoured(make_semaphore: MakeSemaphore) -> None:
     name = f"ns-{uuid.uuid4().hex}"
-    mine = make(1, name=name, namespace="myapp")
-    theirs = make(1, name=name, namespace="otherapp")
+    mine = make_semaphore(1, name=name, namespace="myapp")
+    theirs = make_semaphore(1, name=name, namespace="otherapp")
     assert all(key.startswith("myapp:{") for key in mine.keys)
     granted(mine.attempt("a"))
     granted(theirs.attempt("b"))  # same name, other namespace: another semaphore
