@@ -4,8 +4,8 @@ The scripts keep counters and histogram buckets in each semaphore's ``meta``
 hash (``m_*`` fields), so any process can serve the same numbers, whichever
 worker did the work. Serve them with ``celery worker --semaphore-metrics-port
 9808`` (any one worker is enough; every worker that serves them shows the same
-series) or ``celery semaphore metrics --port 9808``. Needs the ``prometheus``
-extra. Counters restart from zero when a semaphore's keys expire while idle.
+series), or from your own process with :func:`serve` or by registering
+:class:`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart from zero when a semaphore's keys expire while idle.
 """
 
 from __future__ import annotations

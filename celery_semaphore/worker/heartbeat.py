@@ -2,8 +2,8 @@
 
 A plain service that knows nothing of bootsteps or of the worker's state: it
 is given the app and a function that lists the running requests, so the
-worker bootstep (:mod:`.bootstep`) or a test can drive it. One thread, one ``renew_many`` call per
-semaphore per interval.
+worker bootstep (``bootstep.py``) or a test can drive it. One thread, one
+``renew_many`` call per semaphore per interval.
 """
 
 from __future__ import annotations
