@@ -5,7 +5,8 @@ hash (``m_*`` fields), so any process can serve the same numbers, whichever
 worker did the work. Serve them with ``celery worker --semaphore-metrics-port
 9808`` (any one worker is enough; every worker that serves them shows the same
 series), or from your own process with :func:`serve` or by registering
-:class:`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart from zero when a semaphore's keys expire while idle.
+:class:`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
+from zero when a semaphore's keys expire while idle.
 """
 
 from __future__ import annotations
