@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from .core import (
         AsyncPermit,
         AsyncSemaphore,
+        Handover,
         HolderInfo,
+        Parked,
         Permit,
         Place,
         Semaphore,
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
         SemaphoreKeyTypeError,
         SemaphoreStatus,
         SemaphoreTimeout,
+        StaleHandover,
         UnknownSemaphore,
         WaiterInfo,
     )
@@ -35,8 +38,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncPermit",
     "AsyncSemaphore",
+    "Handover",
     "HolderInfo",
     "LimitedTask",
+    "Parked",
     "Permit",
     "Place",
     "Semaphore",
@@ -46,6 +51,7 @@ __all__ = [
     "SemaphoreKeyTypeError",
     "SemaphoreStatus",
     "SemaphoreTimeout",
+    "StaleHandover",
     "UnknownSemaphore",
     "WaiterInfo",
     "install",

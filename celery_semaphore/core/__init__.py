@@ -18,14 +18,17 @@ from .errors import (
     SemaphoreError,
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
+    StaleHandover,
     UnknownSemaphore,
 )
-from .protocol import HolderInfo, Place, SemaphoreStatus, WaiterInfo
+from .protocol import Handover, HolderInfo, Parked, Place, SemaphoreStatus, WaiterInfo
 
 __all__ = [
     "AsyncPermit",
     "AsyncSemaphore",
+    "Handover",
     "HolderInfo",
+    "Parked",
     "Permit",
     "Place",
     "Semaphore",
@@ -35,6 +38,7 @@ __all__ = [
     "SemaphoreKeyTypeError",
     "SemaphoreStatus",
     "SemaphoreTimeout",
+    "StaleHandover",
     "UnknownSemaphore",
     "WaiterInfo",
 ]

@@ -88,3 +88,19 @@ class UnknownSemaphore(SemaphoreError, LookupError):
             name,
             namespace,
         )
+
+
+class StaleHandover(SemaphoreError):
+    """An older copy of a handed-over waiter arrived: a newer copy was handed over
+    (its first publisher was presumed dead) or the waiter was served already.
+    Drop this copy; the current one is ``token``."""
+
+    def __init__(self, name: str, token: int) -> None:
+        self.name = name
+        self.token = token
+        self._set(
+            f"a stale copy of a waiter handed over by semaphore {name!r} arrived "
+            f"(the current handover is {token}): drop it",
+            name,
+            token,
+        )

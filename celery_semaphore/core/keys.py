@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-ROLES = ("holders", "hinfo", "waiters", "wexp", "winfo", "meta")
-ROLE_TYPES = ("zset", "hash", "zset", "zset", "hash", "hash")
+ROLES = ("holders", "hinfo", "waiters", "wexp", "winfo", "meta", "parked", "handed")
+ROLE_TYPES = ("zset", "hash", "zset", "zset", "hash", "hash", "hash", "zset")
 
 
 class SemaphoreKeys(NamedTuple):
-    """The six keys every script takes (in this order) and the wake-up channel."""
+    """The eight keys every script takes (in this order) and the wake-up channel.
+
+    ``parked`` and ``handed`` exist only while waiters are parked (see park.lua).
+    """
 
     holders: str
     hinfo: str
@@ -23,11 +26,13 @@ class SemaphoreKeys(NamedTuple):
     wexp: str
     winfo: str
     meta: str
+    parked: str
+    handed: str
     channel: str
 
     @property
     def script_keys(self) -> list[str]:
-        return list(self[:6])
+        return list(self[: len(ROLES)])
 
 
 def _escape(text: str) -> str:
@@ -36,8 +41,8 @@ def _escape(text: str) -> str:
 
 def semaphore_keys(namespace: str, name: str) -> SemaphoreKeys:
     base = f"{namespace}:{{{_escape(name)}}}"
-    holders, hinfo, waiters, wexp, winfo, meta = (f"{base}:{role}" for role in ROLES)
-    return SemaphoreKeys(holders, hinfo, waiters, wexp, winfo, meta, f"{base}:wake")
+    holders, hinfo, waiters, wexp, winfo, meta, parked, handed = (f"{base}:{r}" for r in ROLES)
+    return SemaphoreKeys(holders, hinfo, waiters, wexp, winfo, meta, parked, handed, f"{base}:wake")
 
 
 def unescape(tag: str) -> str:

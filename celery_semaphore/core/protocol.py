@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validation
+from .errors import StaleHandover
 from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
 
 DEFAULT_NAMESPACE = "celery_semaphore"
@@ -17,6 +18,8 @@ DEFAULT_LEASE_TIMEOUT = 60.0
 DEFAULT_WAITER_LEASE = 20.0
 DEFAULT_RECHECK_INTERVAL = 2.0
 DEFAULT_IDLE_TTL = 7 * 24 * 3600.0
+DEFAULT_HANDOVER_WINDOW = 1.0
+DEFAULT_HANDOVER_DEADLINE = 30.0
 STATUS_MOST = 1000
 
 
@@ -52,12 +55,35 @@ class HolderInfo:
 
 @dataclass(frozen=True)
 class WaiterInfo:
+    """A waiter in line. ``state``: ``"parked"`` (it left a payload and stopped
+    asking), ``"handed over"`` (its payload was handed over to be published and
+    has not arrived yet), or ``"asking"`` (it asks itself, or waits blocked)."""
+
     holder: str
     ticket: int
     position: int
     since: float
     expires_at: float
     info: str
+    state: str = "asking"
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A parked waiter now due: publish ``payload`` so that it arrives presenting
+    ``token`` (``attempt(holder, handover=token)``)."""
+
+    holder: str
+    token: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class Parked:
+    """Where a parked waiter stands: its ``ticket`` and ``position`` in line."""
+
+    ticket: int
+    position: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +111,17 @@ class Grant:
     waited: float
 
 
+WAITER_STATES = {"p": "parked", "h": "handed over", "": "asking"}
+
+
+def parse_handovers(flat: Sequence[Any]) -> list[Handover]:
+    """``{holder, token, payload, ...}`` from a script, as Handovers."""
+    return [
+        Handover(text(flat[i]), int(text(flat[i + 1])), text(flat[i + 2]))
+        for i in range(0, len(flat), 3)
+    ]
+
+
 def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -106,6 +143,8 @@ class SemaphoreSpec:
         waiter_lease: float,
         recheck_interval: float,
         idle_ttl: float,
+        handover_window: float | None = None,
+        handover_deadline: float = DEFAULT_HANDOVER_DEADLINE,
     ) -> None:
         self.name = validation.check_name(name)
         self.limit = validation.check_limit(limit)
@@ -116,6 +155,12 @@ class SemaphoreSpec:
         idle = validation.check_seconds(idle_ttl, "idle_ttl")
         self.keys: SemaphoreKeys = semaphore_keys(self.namespace, self.name)
         self.idle_ms = int(1000 * max(idle, 2 * self.lease_timeout, 2 * self.waiter_lease))
+        # What the scripts need to hand parked waiters over ('': this client publishes none).
+        self.dispatch = ""
+        if handover_window is not None:
+            window = validation.check_seconds(handover_window, "handover_window", allow_zero=True)
+            deadline = validation.check_seconds(handover_deadline, "handover_deadline")
+            self.dispatch = f"{int(window * 1000)}|{int(deadline * 1000)}"
 
     def lease_ms(self, lease_timeout: float | None) -> int:
         seconds = self.lease_timeout if lease_timeout is None else lease_timeout
@@ -130,9 +175,11 @@ class SemaphoreSpec:
         wait_lease: float | None,
         lease_timeout: float | None,
         info: str,
+        handover: int | None = None,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
+        validation.check_ticket(handover, "handover")
         validation.check_info(info)
         wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(wait_seconds, "wait_lease")) if queue else 0
@@ -145,7 +192,29 @@ class SemaphoreSpec:
             info,
             self.idle_ms,
             self.keys.channel,
+            "" if handover is None else handover,
+            self.dispatch,
         ]
+
+    def park_args(
+        self, holder: str, ticket: int | None, payload: str, park_lease: float, info: str
+    ) -> list[Any]:
+        validation.check_holder(holder)
+        validation.check_ticket(ticket)
+        validation.check_info(info)
+        if not isinstance(payload, str):
+            raise TypeError(f"payload must be a str, got {type(payload).__name__}")
+        if not self.dispatch:
+            raise ValueError(
+                "park() needs a semaphore that publishes handovers: pass on_handover= "
+                "(and handover_window=) to the semaphore"
+            )
+        park_ms = int(1000 * validation.check_seconds(park_lease, "park_lease"))
+        return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
+                self.dispatch]  # fmt: skip
+
+    def dispatch_args(self) -> list[Any]:
+        return [self.idle_ms, self.keys.channel, self.dispatch]
 
     def enqueue_args(self, holder: str, wait_lease: float | None, info: str) -> list[Any]:
         validation.check_holder(holder)
@@ -156,7 +225,8 @@ class SemaphoreSpec:
 
     def release_args(self, holder: str, token: int | None) -> list[Any]:
         validation.check_holder(holder)
-        return [holder, "" if token is None else token, self.idle_ms, self.keys.channel]
+        return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
+                self.dispatch]  # fmt: skip
 
     def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
         args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel]
@@ -165,7 +235,7 @@ class SemaphoreSpec:
         return args
 
     def configure_args(self, field: str, value: str) -> list[Any]:
-        return [field, value, self.idle_ms, self.keys.channel]
+        return [field, value, self.idle_ms, self.keys.channel, self.dispatch]
 
     def pause(self, place: Place, remaining: float | None) -> float:
         """How long a blocked waiter sleeps unless woken: never past the earliest
@@ -187,11 +257,14 @@ class SemaphoreSpec:
             return True
         return not ticket or ticket <= bound
 
-    @staticmethod
-    def parse_acquire(reply: Sequence[Any]) -> Grant | Place:
+    def parse_acquire(self, reply: Sequence[Any]) -> tuple[Grant | Place, list[Handover]]:
+        """The attempt's outcome and the parked waiters it made due (by reclaiming)."""
         code = int(reply[0])
         if code == 1:
-            return Grant(int(reply[1]), int(reply[2]) / 1000, int(reply[4]) / 1000)
+            grant = Grant(int(reply[1]), int(reply[2]) / 1000, int(reply[4]) / 1000)
+            return grant, parse_handovers(reply[5])
+        if code == 2:
+            raise StaleHandover(self.name, int(text(reply[1])))
         if code == 0:
             earliest, now = int(reply[6]), int(reply[7])
             return Place(
@@ -202,7 +275,7 @@ class SemaphoreSpec:
                 draining=bool(int(reply[5])),
                 next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
                 hold_estimate=int(reply[8]) / 1000 if int(reply[8]) else None,
-            )
+            ), parse_handovers(reply[9])
         raise ValueError(f"acquire.lua answered with unknown code {code!r}")
 
     @staticmethod
@@ -229,7 +302,7 @@ class SemaphoreSpec:
         holders.sort(key=lambda h: h.acquired_at)
         waiters: list[WaiterInfo] = []
         flat = [text(x) for x in reply[7]]
-        for i in range(0, len(flat), 4):
+        for i in range(0, len(flat), 5):
             since, _, info = flat[i + 3].partition("|")
             waiters.append(
                 WaiterInfo(
@@ -239,6 +312,7 @@ class SemaphoreSpec:
                     int(since or 0) / 1000,
                     int(flat[i + 2]) / 1000,
                     info,
+                    WAITER_STATES[flat[i + 4]],
                 )
             )
         effective = override if override is not None else (declared or self.limit)
@@ -254,6 +328,10 @@ class SemaphoreSpec:
             waiters=waiters,
             server_time=now,
         )
+
+    @staticmethod
+    def parse_park(reply: Sequence[Any]) -> tuple[Parked, list[Handover]]:
+        return Parked(int(reply[0]), int(reply[1])), parse_handovers(reply[2])
 
     def expected_types(self) -> Iterable[tuple[str, str]]:
         return zip(self.keys.script_keys, ROLE_TYPES, strict=True)

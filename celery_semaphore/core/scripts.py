@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 from importlib.resources import files
 
-NAMES = ("acquire", "enqueue", "release", "renew", "status", "configure")
+NAMES = ("acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure")
 
 
 @cache

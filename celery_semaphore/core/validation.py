@@ -55,12 +55,13 @@ def check_holder(holder: Any) -> str:
     return check_name(holder, "holder")
 
 
-def check_ticket(ticket: Any) -> int | None:
+def check_ticket(ticket: Any, what: str = "ticket") -> int | None:
     if ticket is None:
         return None
     if isinstance(ticket, bool) or not isinstance(ticket, int) or ticket <= 0:
+        source = "a refused attempt" if what == "ticket" else "the Handover"
         raise ValueError(
-            f"ticket must be None or the positive int a refused attempt returned, got {ticket!r}"
+            f"{what} must be None or the positive int {source} returned, got {ticket!r}"
         )
     return ticket
 

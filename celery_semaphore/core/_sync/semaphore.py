@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -32,7 +32,7 @@ import redis
 from celery_semaphore.core import protocol, validation
 from celery_semaphore.core.connection import SyncClient, connect, translate
 from celery_semaphore.core.errors import SemaphoreKeyTypeError, SemaphoreTimeout
-from celery_semaphore.core.protocol import Place, SemaphoreStatus
+from celery_semaphore.core.protocol import Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import NAMES, source
 
 
@@ -101,6 +101,17 @@ class Semaphore:
       wakes blocked waiters;
     - release and renew are idempotent and answer with a bool; acquiring with a
       holder id that holds a live permit returns that permit with a new token.
+
+    Parking (for callers that can bring a waiter back by publishing a message,
+    such as a task queue): a waiter may :meth:`park` with a payload instead of
+    asking again. ``on_handover`` is then called with the parked waiters that
+    become due (:class:`Handover`: publish each ``payload``; the waiter comes
+    back with ``attempt(holder, handover=token)``) by whichever call of this
+    client made them due: a release, a reclaim, a raised limit, a resume,
+    :meth:`dispatch`. ``handover_window`` (seconds) keeps the waiters whose turn
+    is that near handed over ahead of time, so they already wait when a permit
+    frees; ``handover_deadline``: a handed-over waiter that has not arrived by
+    then is handed over again (and the late copy is refused as stale).
     """
 
     def __init__(
@@ -114,7 +125,12 @@ class Semaphore:
         waiter_lease: float = protocol.DEFAULT_WAITER_LEASE,
         recheck_interval: float = protocol.DEFAULT_RECHECK_INTERVAL,
         idle_ttl: float = protocol.DEFAULT_IDLE_TTL,
+        on_handover: Callable[[list[Handover]], object] | None = None,
+        handover_window: float = protocol.DEFAULT_HANDOVER_WINDOW,
+        handover_deadline: float = protocol.DEFAULT_HANDOVER_DEADLINE,
     ) -> None:
+        if on_handover is not None and not callable(on_handover):
+            raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -123,7 +139,10 @@ class Semaphore:
             waiter_lease=waiter_lease,
             recheck_interval=recheck_interval,
             idle_ttl=idle_ttl,
+            handover_window=None if on_handover is None else handover_window,
+            handover_deadline=handover_deadline,
         )
+        self.on_handover = on_handover
         self.client: SyncClient
         self.client, self.url = connect(redis)
         self._owns_client = isinstance(redis, str)
@@ -167,13 +186,16 @@ class Semaphore:
         wait_lease: float | None = None,
         lease_timeout: float | None = None,
         info: str = "",
+        handover: int | None = None,
     ) -> Permit | Place:
         """Take a permit if one is free and nobody earlier waits; else a :class:`Place`.
 
         With ``queue`` (the default) a refused contender keeps a place in line
         for ``wait_lease`` seconds (default: the semaphore's ``waiter_lease``);
         asking again within that time, or presenting the returned ticket later,
-        keeps the place.
+        keeps the place. ``handover``: the token of the :class:`Handover` that
+        brought a parked waiter back; :class:`StaleHandover` if a newer copy of
+        it was handed over or it was served already.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -183,11 +205,43 @@ class Semaphore:
             wait_lease=wait_lease,
             lease_timeout=lease_timeout,
             info=info,
+            handover=handover,
         )
-        result = self._spec.parse_acquire(self._call("acquire", args))
+        result, handovers = self._spec.parse_acquire(self._call("acquire", args))
+        self._hand_over(handovers)
         if isinstance(result, Place):
             return result
         return Permit(self, holder, result.fencing_token, result.expires_at, result.waited)
+
+    def park(
+        self,
+        holder: str,
+        payload: str,
+        ticket: int | None = None,
+        *,
+        park_lease: float = protocol.DEFAULT_IDLE_TTL,
+        info: str = "",
+    ) -> Parked:
+        """Keep ``holder``'s place in line without asking: ``payload`` is handed to
+        ``on_handover`` when the waiter is due (possibly at once: a permit may have
+        freed since it was refused). The place holds ``park_lease`` seconds."""
+        args = self._spec.park_args(holder, ticket, payload, park_lease, info)
+        parked, handovers = self._spec.parse_park(self._call("park", args))
+        self._hand_over(handovers)
+        return parked
+
+    def dispatch(self) -> int:
+        """Hand over the parked waiters that are due (after reclaiming run-out
+        leases), and again those handed over whose deadline passed; how many."""
+        if not self._spec.dispatch:
+            raise ValueError("dispatch() needs on_handover= on the semaphore")
+        handovers = protocol.parse_handovers(self._call("dispatch", self._spec.dispatch_args()))
+        self._hand_over(handovers)
+        return len(handovers)
+
+    def _hand_over(self, handovers: list[Handover]) -> None:
+        if handovers and self.on_handover is not None:
+            self.on_handover(handovers)
 
     def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
         """Take a place in line for ``holder`` without asking for a permit; returns its ticket.
@@ -291,7 +345,10 @@ class Semaphore:
         return self._release(holder, None)
 
     def _release(self, holder: str, token: int | None) -> bool:
-        released, _held_ms = self._call("release", self._spec.release_args(holder, token))
+        released, _held_ms, handovers = self._call(
+            "release", self._spec.release_args(holder, token)
+        )
+        self._hand_over(protocol.parse_handovers(handovers))
         return bool(released)
 
     def renew_many(
@@ -341,7 +398,8 @@ class Semaphore:
         return self._configure("draining", "1" if draining else "") == 1
 
     def _configure(self, field: str, value: str) -> int | None:
-        reply = self._call("configure", self._spec.configure_args(field, value))
+        reply, handovers = self._call("configure", self._spec.configure_args(field, value))
+        self._hand_over(protocol.parse_handovers(handovers))
         previous = protocol.text(reply)
         return int(previous) if previous else None
 

@@ -1,6 +1,6 @@
 -- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
 --
--- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- KEYS: the eight of common.lua.
 -- ARGV[1] holder           id of the contender
 -- ARGV[2] declared limit   used unless meta.override is set
 -- ARGV[3] lease ms         lease of a granted permit
@@ -9,16 +9,25 @@
 -- ARGV[6] info             free text stored with the holder/waiter (shown by status)
 -- ARGV[7] idle ms          every key expires after this long without use
 -- ARGV[8] wake channel     PUBLISHed to when reclaiming made room
+-- ARGV[9] handover token   the token of the handed-over copy this is, or ''
+-- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>" (common.lua)
 --
--- Returns {1, fencing token, lease expiry ms, now ms, waited ms} when granted,
--- {0, ticket, position, holders, effective limit, draining 0/1, earliest
--- lease expiry ms or 0, now ms, average hold ms or 0} when refused (ticket 0:
--- not queued).
+-- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
+-- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
+-- earliest lease expiry ms or 0, now ms, average hold ms or 0, handovers} when
+-- refused (ticket 0: not queued), {2, current handover token} when this is a
+-- stale copy of a handed-over waiter (changes nothing). ``handovers``:
+-- {holder, token, payload, ...} due after reclaiming (see dispatch()).
 -- A holder that already holds a live permit is granted again: same slot, new token.
 
 local holder, declared = ARGV[1], tonumber(ARGV[2])
 local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local handover, cfg = ARGV[9], ARGV[10]
+
+if handover ~= '' and arrival(holder, handover) == 'stale' then
+  return {2, string.match(redis.call('HGET', parked, holder), '^(%d+)|')}
+end
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(waiting)
@@ -37,6 +46,11 @@ if waiting > 0 then
   ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 end
 local in_line = ticket ~= nil
+if in_line and handover == '' then
+  -- Asking in person: a payload it parked earlier must not bring a second copy.
+  local record = redis.call('HGET', parked, holder)
+  if record and string.match(record, '^%d+|(%a)|') == 'p' then unpark(holder) end
+end
 if presented and (not ticket or presented < ticket) then
   ticket = presented
 end
@@ -61,6 +75,7 @@ if held or (free > 0 and ahead < free) then
     redis.call('ZREM', waiters, holder)
     redis.call('ZREM', wexp, holder)
     redis.call('HDEL', winfo, holder)
+    if handover == '' then served(holder) end
   end
   local token = seq_after(m[4])
   meta_writes[#meta_writes + 1] = 'fence'
@@ -95,6 +110,11 @@ end
 if #meta_writes > 0 then
   redis.call('HSET', meta, unpack(meta_writes))
 end
-if reclaimed > 0 then wake(channel) end
+local out = {}
+if reclaimed > 0 then
+  wake(channel)
+  out = dispatch(cfg)
+end
+result[#result + 1] = out
 touch(idle_ms, waiting == 0)
 return result

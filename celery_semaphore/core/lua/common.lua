@@ -1,13 +1,17 @@
 -- common.lua: prepended to every script of this folder (see celery_semaphore/core/scripts.py).
 --
--- KEYS (the same six, in this order, for every script; one hash tag per semaphore):
+-- KEYS (the same eight, in this order, for every script; one hash tag per semaphore):
 --   KEYS[1] holders  ZSET  holder -> lease expiry, ms of server time
 --   KEYS[2] hinfo    HASH  holder -> "<fencing token>|<acquired ms>|<info>"
 --   KEYS[3] waiters  ZSET  holder -> ticket (place in line; lower goes first)
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
 --   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms,
---                          and the m_* counters metrics.py exports
+--                          released, handover, and the m_* counters metrics.py exports
+--   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<released>|<payload>":
+--                          a waiter that left its payload to be handed over when due
+--                          (state p: parked, h: handed over, d: arrived; see dispatch())
+--   KEYS[8] handed   ZSET  holder -> when to hand it over again (h), or forget it (d)
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.
@@ -18,6 +22,7 @@
 -- are absent too, which lets the hot paths skip the waiter keys entirely.
 
 local holders, hinfo, waiters, wexp, winfo, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local parked, handed = KEYS[7], KEYS[8]
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now_ms = math.floor(now_us / 1000)
@@ -74,6 +79,7 @@ local function reclaim(waiting)
     redis.call('ZREM', holders, unpack(gone))
     redis.call('HDEL', hinfo, unpack(gone))
     bump('m_expired', #gone)
+    bump('released', #gone)
   end
   local lapsed = 0
   if waiting ~= 0 then
@@ -82,6 +88,8 @@ local function reclaim(waiting)
       redis.call('ZREM', waiters, unpack(list))
       redis.call('ZREM', wexp, unpack(list))
       redis.call('HDEL', winfo, unpack(list))
+      redis.call('HDEL', parked, unpack(list))
+      redis.call('ZREM', handed, unpack(list))
     end
     lapsed = #list
   end
@@ -102,12 +110,123 @@ local function wake(channel)
 end
 
 -- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
--- waiter keys are absent (PEXPIRE would do nothing on them), so it skips them.
+-- waiter keys are absent (PEXPIRE would do nothing on them), so it skips them;
+-- parked and handed are touched only where they exist.
 local function touch(idle_ms, no_waiters)
   for i = 1, 6 do
     if not (no_waiters and i >= 3 and i <= 5) then
       redis.call('PEXPIRE', KEYS[i], idle_ms)
     end
+  end
+  if redis.call('HLEN', parked) > 0 then
+    redis.call('PEXPIRE', parked, idle_ms)
+    redis.call('PEXPIRE', handed, idle_ms)
+  end
+end
+
+-- Parked waiters ------------------------------------------------------------
+--
+-- A waiter may leave a payload (a message that brings it back) and stop asking:
+-- it is parked. dispatch() hands parked waiters over when they are due: it marks
+-- them handed (with a new handover token and a deadline) and returns their
+-- payloads for the caller to publish. A waiter is due when
+--   * it is among the first ``free`` waiters (a permit is free for it now), or
+--   * it is among the next ``window`` waiters and parked before the latest
+--     release: its turn is near, so it should be waiting at a worker when it
+--     comes (the window is the number of waiters served within max_block at
+--     the average hold time, at most the limit);
+-- or it was handed over and did not arrive by its deadline (its publisher
+-- may have died): handed over again, with a new token, so the stale copy is
+-- recognised when it arrives (acquire.lua answers "duplicate").
+-- Records of arrived waiters (state d) and of waiters served by another copy
+-- of their task (state x) stay as tombstones for TOMBSTONE_MS.
+
+local TOMBSTONE_MS = 3600000
+local PARKED_RECORD = '^(%d+)|(%a)|(%d+)|(.*)$'
+
+local function hand_over(holder, payload, deadline_ms, out)
+  local token = next_seq('handover')
+  redis.call('HSET', parked, holder, fmt(token) .. '|h|0|' .. payload)
+  redis.call('ZADD', handed, now_ms + deadline_ms, holder)
+  out[#out + 1] = holder
+  out[#out + 1] = fmt(token)
+  out[#out + 1] = payload
+end
+
+-- ``cfg``: '' when the caller does not publish (nothing is handed over), else
+-- "<max block ms>|<deadline ms>". Returns {holder, token, payload, ...}.
+local function dispatch(cfg)
+  local out = {}
+  if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
+  local max_block_ms, deadline_ms = string.match(cfg, '^(%d+)|(%d+)$')
+  max_block_ms, deadline_ms = tonumber(max_block_ms), tonumber(deadline_ms)
+  local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'released', 'hold_ms')
+  local limit = tonumber(m[2]) or tonumber(m[1]) or 0
+  local free = 0
+  if m[3] ~= '1' then free = math.max(0, limit - redis.call('ZCARD', holders)) end
+  local released, hold_ms = tonumber(m[4]) or 0, tonumber(m[5]) or 0
+  local window = limit
+  if hold_ms > 0 then window = math.min(limit, math.floor(max_block_ms * limit / hold_ms)) end
+  if m[3] == '1' then window = 0 end
+  if free + window > 0 then
+    local first = redis.call('ZRANGE', waiters, 0, free + window - 1)
+    for i, holder in ipairs(first) do
+      local record = redis.call('HGET', parked, holder)
+      if record then
+        local _, state, mark, payload = string.match(record, PARKED_RECORD)
+        if state == 'p' and (i <= free or tonumber(mark) < released) then
+          hand_over(holder, payload, deadline_ms, out)
+        end
+      end
+    end
+  end
+  local late = redis.call('ZRANGEBYSCORE', handed, '-inf', now_ms, 'LIMIT', 0, BATCH)
+  for _, holder in ipairs(late) do
+    local record = redis.call('HGET', parked, holder)
+    local _, state, _, payload = string.match(record or '', PARKED_RECORD)
+    if state == 'h' and redis.call('ZSCORE', waiters, holder) then
+      hand_over(holder, payload, deadline_ms, out)
+      bump('m_handover_retried', 1)
+    elseif state ~= 'p' then
+      redis.call('ZREM', handed, holder)
+      redis.call('HDEL', parked, holder)
+    end
+  end
+  bump('m_handed_over', #out / 3)
+  return out
+end
+
+-- What a waiter presenting handover ``token`` is: 'valid' (the copy handed over
+-- last: its record becomes a tombstone), 'again' (that copy delivered again, or
+-- no record: proceed as usual), or 'stale' (an older copy: drop it).
+local function arrival(holder, token)
+  local record = redis.call('HGET', parked, holder)
+  if not record then return 'again' end
+  local current, state = string.match(record, PARKED_RECORD)
+  if current ~= token or state == 'x' then return 'stale' end
+  if state == 'd' then return 'again' end
+  redis.call('HSET', parked, holder, token .. '|d|0|')
+  redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
+  return 'valid'
+end
+
+-- Forget a waiter's parked record (it left the line).
+local function unpark(holder)
+  redis.call('HDEL', parked, holder)
+  redis.call('ZREM', handed, holder)
+end
+
+-- A waiter was served by a copy of its task other than the one handed over
+-- (it came back on its own): a handed-over copy still on its way is stale.
+local function served(holder)
+  local record = redis.call('HGET', parked, holder)
+  if not record then return end
+  local token, state = string.match(record, PARKED_RECORD)
+  if state == 'h' then
+    redis.call('HSET', parked, holder, token .. '|x|0|')
+    redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
+  elseif state == 'p' then
+    unpark(holder)
   end
 end
 

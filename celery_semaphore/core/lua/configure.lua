@@ -1,15 +1,16 @@
 -- configure.lua: set or clear a runtime setting of a live semaphore.
 --
--- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- KEYS: the eight of common.lua.
 -- ARGV[1] field     'override' (the runtime limit) or 'draining' ('1': admit nobody)
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
+-- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
 --
--- Returns the previous value, or '' if it was not set. Waiters are woken so a
--- raised limit or an ended drain admits them at once.
+-- Returns {the previous value or '', handovers}. Waiters are woken, and parked
+-- ones handed over, so a raised limit or an ended drain admits them at once.
 
-local field, value, idle_ms, channel = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 if field ~= 'override' and field ~= 'draining' then
   return redis.error_reply('ERR unknown semaphore setting ' .. field)
 end
@@ -21,5 +22,6 @@ else
 end
 reclaim()
 wake(channel)
+local out = dispatch(cfg)
 touch(idle_ms)
-return previous
+return {previous, out}

@@ -1,6 +1,6 @@
 -- enqueue.lua: take a place in line without asking for a permit (at publish time).
 --
--- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- KEYS: the eight of common.lua.
 -- ARGV[1] holder           id of the future contender (the task id)
 -- ARGV[2] waiter lease ms  how long the place holds while nobody asks
 -- ARGV[3] info             free text stored with the waiter

@@ -1,18 +1,20 @@
 -- release.lua: give a permit back; without a token, also leave the line.
 --
--- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- KEYS: the eight of common.lua.
 -- ARGV[1] holder
 -- ARGV[2] fencing token, or '' to release whatever this holder holds and drop
 --         its place in line (the by-id release of a worker that lost the child)
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
+-- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
--- Returns {released 0/1, held ms (0 if nothing released)}. Idempotent: a second
--- release, an unknown or expired holder, or a stale token returns {0, 0}.
+-- Returns {released 0/1, held ms (0 if nothing released), handovers}: the
+-- parked waiters now due (see dispatch()). Idempotent: a second release, an
+-- unknown or expired holder, or a stale token releases nothing.
 
-local holder, token, idle_ms, channel = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(waiting)
@@ -27,12 +29,18 @@ if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, ho
   average = average and (0.8 * average + 0.2 * held_ms) or held_ms
   redis.call('HSET', meta, 'hold_ms', fmt(average))
   observe('hold', held_ms)
+  bump('released', 1)
 end
 if token == '' and waiting > 0 then
   bump('m_abandoned', redis.call('ZREM', waiters, holder))
   redis.call('ZREM', wexp, holder)
   redis.call('HDEL', winfo, holder)
+  unpark(holder)
 end
-if (released == 1 or reclaimed > 0) and waiting > 0 then wake(channel) end
+local out = {}
+if (released == 1 or reclaimed > 0) and waiting > 0 then
+  wake(channel)
+  out = dispatch(cfg)
+end
 touch(idle_ms, waiting == 0)
-return {released, held_ms}
+return {released, held_ms, out}

@@ -1,12 +1,13 @@
 -- status.lua: read the state of one semaphore; changes nothing.
 --
--- KEYS: the six of common.lua (holders, hinfo, waiters, wexp, winfo, meta).
+-- KEYS: the eight of common.lua.
 -- ARGV[1] most   at most this many holders and waiters are listed
 --
 -- Returns {now ms, declared limit or '', override or '', draining 0/1,
 -- live holders, live waiters,
 -- {holder, lease expiry ms, hinfo record, ...} earliest acquired first,
--- {holder, ticket, waiter lease expiry ms, winfo record, ...} in line order}.
+-- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
+-- line order}; parked state: 'p' parked, 'h' handed over, '' asking itself.
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
 local most = tonumber(ARGV[1])
@@ -23,13 +24,17 @@ end
 local listed_waiters = {}
 local w = redis.call('ZRANGE', waiters, 0, most * 2 - 1, 'WITHSCORES')
 for i = 1, #w, 2 do
-  if #listed_waiters >= most * 4 then break end
+  if #listed_waiters >= most * 5 then break end
   local lease = tonumber(redis.call('ZSCORE', wexp, w[i]))
   if lease and lease > now_ms then
     listed_waiters[#listed_waiters + 1] = w[i]
     listed_waiters[#listed_waiters + 1] = w[i + 1]
     listed_waiters[#listed_waiters + 1] = fmt(lease)
     listed_waiters[#listed_waiters + 1] = redis.call('HGET', winfo, w[i]) or ''
+    local record = redis.call('HGET', parked, w[i]) or ''
+    local state = string.match(record, '^%d+|(%a)|')
+    if state ~= 'p' and state ~= 'h' then state = '' end
+    listed_waiters[#listed_waiters + 1] = state
   end
 end
 

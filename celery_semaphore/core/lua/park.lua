@@ -1,0 +1,35 @@
+-- park.lua: stay in line without asking: leave a payload to be handed over when due.
+--
+-- KEYS: the eight of common.lua.
+-- ARGV[1] holder           id of the waiter (the task id)
+-- ARGV[2] ticket           its ticket, or '' (keeps the one it has, or takes a new one)
+-- ARGV[3] payload          opaque text handed back to whoever publishes it when due
+-- ARGV[4] park lease ms    how long the place holds without being handed over
+-- ARGV[5] info             free text stored with the waiter
+-- ARGV[6] idle ms
+-- ARGV[7] dispatch         "<max block ms>|<deadline ms>" (see dispatch() in common.lua)
+--
+-- Returns {ticket, position, {holder, handover token, payload, ...}}: the
+-- waiters now due, possibly this one (a permit freed since it was refused).
+
+local holder, presented, payload = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
+
+reclaim()
+local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
+if presented and (not ticket or presented < ticket) then ticket = presented end
+if not ticket then ticket = next_seq('ticket') end
+redis.call('ZADD', waiters, fmt(ticket), holder)
+redis.call('ZADD', wexp, now_ms + park_ms, holder)
+if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
+  local first = string.match(redis.call('HGET', winfo, holder), '^(%d+)|') or fmt(now_ms)
+  redis.call('HSET', winfo, holder, first .. '|' .. info)
+end
+local released = redis.call('HGET', meta, 'released') or '0'
+redis.call('HSET', parked, holder, '0|p|' .. released .. '|' .. payload)
+redis.call('ZREM', handed, holder)
+bump('m_parked', 1)
+local position = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket)) + 1
+local out = dispatch(cfg)
+touch(idle_ms, false)
+return {ticket, position, out}

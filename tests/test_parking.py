@@ -1,0 +1,264 @@
+"""Parked waiters and their hand-over, in the semaphore core (sync and asyncio alike).
+
+A parked waiter leaves a payload and stops asking; whichever call of a
+publishing client makes it due hands it over (``on_handover``); it comes back
+presenting the handover token, and an older copy is refused as stale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from outcomes import granted, refused
+
+from celery_semaphore import Handover, SemaphoreKeyTypeError, StaleHandover
+
+MakeSemaphore = Callable[..., Any]
+
+
+class Outbox:
+    """What on_handover was given, in order."""
+
+    def __init__(self) -> None:
+        self.handovers: list[Handover] = []
+
+    def __call__(self, handovers: list[Handover]) -> None:
+        self.handovers.extend(handovers)
+
+    def take(self) -> dict[str, Handover]:
+        taken, self.handovers = self.handovers, []
+        return {h.holder: h for h in taken}
+
+
+@pytest.fixture
+def outbox() -> Outbox:
+    return Outbox()
+
+
+def states(sem: Any) -> dict[str, str]:
+    return {w.holder: w.state for w in sem.status().waiters}
+
+
+def test_a_parked_waiter_is_handed_over_when_a_permit_frees_and_comes_back_with_its_token(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    place = refused(sem.attempt("a"))
+    parked = sem.park("a", "payload-a", place.ticket)
+    assert (parked.ticket, parked.position) == (place.ticket, 1)
+    assert outbox.take() == {}
+    assert states(sem) == {"a": "parked"}
+
+    holder.release()
+    handed = outbox.take()
+    assert list(handed) == ["a"]
+    assert handed["a"].payload == "payload-a"
+    assert states(sem) == {"a": "handed over"}
+
+    permit = granted(sem.attempt("a", handover=handed["a"].token))
+    assert sem.status().waiter_count == 0
+    permit.release()
+    assert outbox.take() == {}, "handed over twice"
+
+
+def test_parking_while_a_permit_is_free_hands_the_waiter_over_at_once(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    place = refused(sem.attempt("a"))
+    holder.release()  # freed between the refusal and the park: nobody is parked yet
+    assert outbox.take() == {}
+    sem.park("a", "payload-a", place.ticket)
+    assert list(outbox.take()) == ["a"]
+
+
+def test_a_release_hands_over_the_next_one_and_the_window_behind_it_in_line_order(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    for name in ("a", "b", "c"):
+        sem.park(name, f"payload-{name}", refused(sem.attempt(name)).ticket)
+    assert outbox.take() == {}, "nothing is due while the permit is held"
+    holder.release()
+    # "a" gets the free permit; "b" is in the window (the limit, with no hold
+    # estimate yet) and parked before this release; "c" stays parked.
+    assert list(outbox.take()) == ["a", "b"]
+    assert states(sem) == {"a": "handed over", "b": "handed over", "c": "parked"}
+
+
+def test_a_waiter_that_parks_again_inside_the_window_is_not_handed_over_until_a_release(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(2, on_handover=outbox)
+    held = [granted(sem.attempt(h)) for h in ("h1", "h2")]
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    assert outbox.take() == {}, "in the window, but it parked after the last release"
+    held[0].release()
+    assert list(outbox.take()) == ["a"]
+
+
+def test_a_handed_over_waiter_that_never_arrives_is_handed_over_again_and_the_late_copy_is_stale(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox, handover_deadline=0.2)
+    holder = granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    holder.release()
+    first = outbox.take()["a"]
+    assert sem.dispatch() == 0, "handed over again before its deadline"
+    time.sleep(0.3)
+    assert sem.dispatch() == 1
+    second = outbox.take()["a"]
+    assert second.token > first.token
+    assert second.payload == "payload-a"
+    with pytest.raises(StaleHandover) as info:
+        sem.attempt("a", handover=first.token)
+    assert info.value.token == second.token
+    assert states(sem) == {"a": "handed over"}, "a stale copy changed the line"
+    permit = granted(sem.attempt("a", handover=second.token))
+    permit.release()
+    with pytest.raises(StaleHandover):
+        sem.attempt("a", handover=first.token)
+
+
+def test_the_same_copy_delivered_again_proceeds_as_usual(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """A redelivery of the copy that arrived (acks_late, a lost worker) is not a duplicate."""
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    holder.release()
+    token = outbox.take()["a"].token
+    first = granted(sem.attempt("a", handover=token))
+    again = granted(sem.attempt("a", handover=token))  # re-entrant: same slot
+    assert again.fencing_token > first.fencing_token
+    assert sem.status().holder_count == 1
+
+
+def test_a_waiter_served_in_person_makes_its_handed_over_copy_stale(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    holder.release()
+    token = outbox.take()["a"].token
+    granted(sem.attempt("a")).release()  # came back on its own (another copy of the task)
+    with pytest.raises(StaleHandover):
+        sem.attempt("a", handover=token)
+
+
+def test_asking_in_person_unparks(make_semaphore: MakeSemaphore, outbox: Outbox) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    place = refused(sem.attempt("a"))
+    sem.park("a", "payload-a", place.ticket)
+    assert refused(sem.attempt("a")).ticket == place.ticket  # keeps its place
+    assert states(sem) == {"a": "asking"}
+    holder.release()
+    assert outbox.take() == {}, "a waiter asking in person was handed over too"
+
+
+def test_leaving_the_line_drops_the_payload(make_semaphore: MakeSemaphore, outbox: Outbox) -> None:
+    """What a revoke of a parked task does (release by id): never handed over."""
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    assert sem.release("a") is False
+    holder.release()
+    assert outbox.take() == {}
+    assert sem.status().waiter_count == 0
+
+
+def test_draining_hands_nobody_over_and_resuming_does(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    sem.set_draining(True)
+    holder.release()
+    assert outbox.take() == {}
+    sem.set_draining(False)
+    assert list(outbox.take()) == ["a"]
+
+
+def test_raising_the_limit_hands_over_at_once(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    sem.set_limit(2)
+    assert list(outbox.take()) == ["a"]
+
+
+def test_a_lease_that_runs_out_while_nobody_calls_is_noticed_by_dispatch(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox, lease_timeout=0.2)
+    granted(sem.attempt("holder"))  # never released: its owner died
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    time.sleep(0.3)
+    assert outbox.take() == {}
+    assert sem.dispatch() == 1
+    assert list(outbox.take()) == ["a"]
+
+
+def test_a_client_without_on_handover_hands_nobody_over(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    parking = make_semaphore(1, on_handover=outbox)
+    plain = make_semaphore(1, name=parking.name)
+    holder = granted(plain.attempt("holder"))
+    parking.park("a", "payload-a", refused(parking.attempt("a")).ticket)
+    holder.release()  # by a client that does not publish
+    assert outbox.take() == {}
+    assert parking.dispatch() == 1
+    with pytest.raises(ValueError, match="on_handover"):
+        plain.park("b", "payload-b")
+    with pytest.raises(ValueError, match="on_handover"):
+        plain.dispatch()
+
+
+def test_parked_keys_expire_when_idle(make_semaphore: MakeSemaphore, outbox: Outbox) -> None:
+    sem = make_semaphore(1, on_handover=outbox, lease_timeout=0.1, waiter_lease=0.1, idle_ttl=0.4)
+    granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket, park_lease=0.2)
+    client = sem.client
+    assert 0 < client.pttl(sem.keys.parked) <= 400
+    time.sleep(0.7)
+    assert client.exists(*sem.keys.script_keys) == 0, "idle keys must expire"
+
+
+@pytest.mark.parametrize("role", ["parked", "handed"])
+def test_a_parking_key_of_the_wrong_type_is_named(
+    make_semaphore: MakeSemaphore, outbox: Outbox, role: str
+) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    granted(sem.attempt("holder"))
+    place = refused(sem.attempt("a"))
+    key = getattr(sem.keys, role)
+    sem.client.set(key, "not mine")
+    with pytest.raises(SemaphoreKeyTypeError) as info:
+        sem.park("a", "payload-a", place.ticket)
+    assert info.value.key == key
+
+
+def test_bad_parking_arguments_are_refused(make_semaphore: MakeSemaphore, outbox: Outbox) -> None:
+    sem = make_semaphore(1, on_handover=outbox)
+    with pytest.raises(TypeError, match="payload"):
+        sem.park("a", b"bytes")
+    with pytest.raises(ValueError, match="park_lease"):
+        sem.park("a", "p", park_lease=0)
+    with pytest.raises(ValueError, match="handover"):
+        sem.attempt("a", handover=0)
+    with pytest.raises(TypeError, match="on_handover"):
+        make_semaphore(1, on_handover="not callable")
