@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 
 from . import signals
 from .config import SemaphoreConfig, task_config
@@ -39,9 +39,12 @@ from .core import (
     Semaphore,
     SemaphoreBackendError,
     SemaphoreConnectionError,
+    SemaphoreError,
     SemaphoreTimeout,
+    StaleHandover,
 )
 from .gates import GATES_HEADER, WAIT_HEADER, Gate, decode_gates, semaphore_of, task_gate
+from .handover import HANDOVER_KEY, encode
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class WaitState:
     waits: int = 0
     first_ask: float | None = None
     period_start: int = 0
+    handover: tuple[str, int] | None = None  # set by the publisher of a parked task
 
     @property
     def period_waits(self) -> int:
@@ -74,11 +78,13 @@ class WaitState:
         if not isinstance(raw, dict):
             return cls()
         tickets = raw.get("tickets") or {}
+        handover = raw.get(HANDOVER_KEY)
         return cls(
             {str(k): int(v) for k, v in tickets.items() if v},
             int(raw.get("waits") or 0),
             raw.get("first_ask"),
             int(raw.get("period_start") or 0),
+            (str(handover[0]), int(handover[1])) if handover else None,
         )
 
     def encode(self) -> dict[str, Any]:
@@ -100,9 +106,14 @@ def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any
 
 
 def estimate_turn(place: Place) -> float | None:
-    """Seconds until ``place`` is likely served: its position times the mean hold
-    time, over the limit (the rate at which permits free up in steady state)."""
-    if place.draining or place.hold_estimate is None:
+    """Seconds until ``place`` is likely served: its position times the time
+    between grants measured on the server while others waited (the pace at
+    which the line really moves), else times the mean hold over the limit."""
+    if place.draining:
+        return None
+    if place.grant_interval is not None:
+        return place.position * place.grant_interval
+    if place.hold_estimate is None:
         return None
     return place.position * place.hold_estimate / max(place.limit, 1)
 
@@ -172,12 +183,27 @@ class Admission:
                         self._granted(earlier, again)
                 else:
                     self._granted(gate, result)
+        except StaleHandover as stale:
+            self.exit()
+            logger.info(
+                "%s[%s]: dropped an older copy of this task (semaphore %s handed over a "
+                "newer one, or the task was served already)",
+                self.task.name,
+                self.request.id,
+                stale.name,
+            )
+            raise Ignore() from None
         except (SemaphoreConnectionError, SemaphoreBackendError) as error:
             self._on_redis_error(error)
 
     def _attempt(self, gate: Gate, info: str) -> Permit | Place:
         ticket = self.state.tickets.get(gate.name)
-        result = self._sem(gate).attempt(self.request.id, ticket, wait_lease=PLACE_GRACE, info=info)
+        handover = None
+        if self.state.handover is not None and self.state.handover[0] == gate.name:
+            handover, self.state.handover = self.state.handover[1], None
+        result = self._sem(gate).attempt(
+            self.request.id, ticket, wait_lease=PLACE_GRACE, info=info, handover=handover
+        )
         if isinstance(result, Place):
             self.state.tickets[gate.name] = result.ticket
         return result
@@ -213,6 +239,8 @@ class Admission:
                 f"task {self.task.name}[{self.request.id}] gave up after {waits} "
                 "waits (semaphore_max_waits / semaphore_max_wait_time)",
             )
+        if place is not None and config.wait_mode == "handover":
+            self._park(gate, place, info)
         delay = countdown(waits, place, config)
         if place is not None and delay > PLACE_GRACE / 2:  # the place would lapse first
             refreshed = self._sem(gate).attempt(
@@ -224,22 +252,57 @@ class Admission:
             signals.permit_waiting, gate, position=place.position if place else 0, countdown=delay
         )
         self.state.waits += 1
-        raise self._retry(delay)
+        raise self._retry(delay, gate, place.position if place else 0)
 
-    def _retry(self, delay: float) -> Retry:
+    def _park(self, gate: Gate, place: Place, info: str) -> None:
+        """Leave the retry's message beside the place in line and end as a retry that
+        publishes nothing; the semaphore hands it over when its turn comes. Returns
+        (to retry with a countdown instead) when the message can't be parked."""
+        self.state.waits += 1
+        signature = self._signature()
+        try:
+            payload = encode(self.task.app, signature, self.config.park_max_bytes)
+            parked = self._sem(gate).park(
+                self.request.id, payload, place.ticket, info=info, due=self._budget_left()
+            )
+        except (ValueError, TypeError, SemaphoreError) as error:
+            self.state.waits -= 1
+            logger.info(
+                "%s[%s] is not parked (retried with a countdown): %s",
+                self.task.name,
+                self.request.id,
+                error,
+            )
+            return
+        self._send(signals.permit_waiting, gate, position=parked.position, countdown=None)
+        raise Retry(self._reason(gate, parked.position), None)
+
+    def _budget_left(self) -> float | None:
+        """Seconds until the wait budget (``semaphore_max_wait_time``) runs out."""
+        if self.config.max_wait_time is None:
+            return None
+        waited = time.time() - (self.state.first_ask or time.time())
+        return max(0.0, self.config.max_wait_time - waited)
+
+    def _signature(self, **options: Any) -> Any:
+        """The message that brings this request back, with its wait state."""
         request = self.request
         headers = {**(request.headers or {}), WAIT_HEADER: self.state.encode()}
         headers.pop(GATES_HEADER, None)
-        signature = self.task.signature_from_request(
-            request, countdown=delay, retries=request.retries + 1, headers=headers
+        return self.task.signature_from_request(
+            request, retries=request.retries + 1, headers=headers, **options
         )
+
+    def _reason(self, gate: Gate, position: int) -> str:
+        return (
+            f"waiting for semaphore {gate.name!r}: position {position} in line "
+            f"(wait {self.state.waits})"
+        )
+
+    def _retry(self, delay: float, gate: Gate, position: int) -> Retry:
+        signature = self._signature(countdown=delay)
         signature.apply_async()
-        return Retry(
-            f"waiting for a semaphore permit (wait {self.state.waits})",
-            None,
-            when=delay,
-            sig=signature,
-        )
+        return Retry(self._reason(gate, position), None, when=delay, sig=signature)
 
     def _on_redis_error(self, error: Exception) -> None:
         policy = self.config.on_redis_error

@@ -173,7 +173,10 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.pass_context
 @_fail_cleanly
 def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Who waits for NAME, in line order: task id, task name, worker, waiting since."""
+    """Who waits for NAME, in line order: task id, task name, worker, state, waiting since.
+
+    State: parked (its message waits in Redis for its turn), handed over (published
+    for its turn, not yet at a worker), asking (at a worker, or retrying itself)."""
     with _operator(ctx) as operator:
         state = operator.open(name).status()
         rows = [
@@ -182,6 +185,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
                 "holder": w.holder,
                 **_describe(w.info),
                 "ticket": w.ticket,
+                "state": w.state,
                 "waiting_for": round(state.server_time - w.since, 3),
             }
             for w in state.waiters
@@ -189,11 +193,13 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(f"{'#':>4} {'HOLDER':<38} {'TASK':<32} {'WORKER':<24} {'WAITING':>8}")
+        click.echo(
+            f"{'#':>4} {'HOLDER':<38} {'TASK':<32} {'WORKER':<24} {'STATE':<12} {'WAITING':>8}"
+        )
         for row in rows:
             click.echo(
                 f"{row['position']:>4} {row['holder']:<38} {row.get('task', '-'):<32} "
-                f"{row.get('worker', '-'):<24} {row['waiting_for']:>7.1f}s"
+                f"{row.get('worker', '-'):<24} {row['state']:<12} {row['waiting_for']:>7.1f}s"
             )
 
 

@@ -10,9 +10,19 @@
   cap of every countdown; with ``max_block`` it must stay below half the Redis
   broker's ``visibility_timeout`` (checked), or waiting tasks would run twice.
 - ``semaphore_backoff_jitter`` (True): full jitter on that backoff.
+- ``semaphore_wait_mode`` (``"handover"``): how a task refused a permit waits.
+  ``"handover"``: it parks (its message is kept beside its place in line, in
+  Redis) and is published again when its turn comes; ``"countdown"``: it is
+  retried with a countdown aimed at its estimated turn.
 - ``semaphore_max_block`` (1.0 s): a task among the next ``limit`` in line
   whose turn is due within this long waits for it in place (blocking its
-  worker process at most this long) instead of retrying; 0 never waits in place.
+  worker process at most this long) instead of parking or retrying; 0 never
+  waits in place. In handover mode it is also the window: parked tasks whose
+  turn is that near are handed over ahead of time, so they wait in place.
+- ``semaphore_handover_deadline`` (30 s): a handed-over task that has not
+  reached a worker by then is published again (its late copy is dropped).
+- ``semaphore_park_max_bytes`` (262144): a task whose message is larger is not
+  parked but retried with a countdown.
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
   with :class:`~celery_semaphore.SemaphoreTimeout`.
@@ -38,6 +48,7 @@ from .core import protocol, validation
 from .state import state_of
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
+WAIT_MODES = ("handover", "countdown")
 PREFIX = "semaphore_"
 APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events"})
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -52,7 +63,10 @@ class SemaphoreConfig:
     backoff_base: float = 0.5
     backoff_max: float = 60.0
     backoff_jitter: bool = True
+    wait_mode: str = "handover"
     max_block: float = 1.0
+    handover_deadline: float = protocol.DEFAULT_HANDOVER_DEADLINE
+    park_max_bytes: int = 262144
     max_waits: int | None = None
     max_wait_time: float | None = None
     on_redis_error: str = "retry"
@@ -72,6 +86,12 @@ class SemaphoreConfig:
         validation.check_seconds(self.backoff_base, "backoff_base")
         validation.check_seconds(self.backoff_max, "backoff_max")
         validation.check_seconds(self.max_block, "max_block", allow_zero=True)
+        if self.wait_mode not in WAIT_MODES:
+            raise ValueError(
+                f"wait_mode must be one of {', '.join(WAIT_MODES)}, got {self.wait_mode!r}"
+            )
+        validation.check_seconds(self.handover_deadline, "handover_deadline")
+        validation.check_limit(self.park_max_bytes, "park_max_bytes")
         if self.send_events is not None and not isinstance(self.send_events, bool):
             raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")
         if not isinstance(self.backoff_jitter, bool):

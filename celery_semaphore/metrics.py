@@ -46,6 +46,23 @@ class SemaphoreCollector:
         limit = GaugeMetricFamily(p + "limit", "Effective limit.", labels=["semaphore"])
         waiters = GaugeMetricFamily(p + "waiters", "Live places in line.", labels=["semaphore"])
         draining = GaugeMetricFamily(p + "draining", "1 while draining.", labels=["semaphore"])
+        parked = GaugeMetricFamily(
+            p + "parked", "Waiting tasks parked in Redis until their turn.", labels=["semaphore"]
+        )
+        handed = GaugeMetricFamily(
+            p + "handed_over",
+            "Parked tasks published for their turn, not yet at a worker.",
+            labels=["semaphore"],
+        )
+        parks = CounterMetricFamily(p + "parks", "Tasks parked.", labels=["semaphore"])
+        handovers = CounterMetricFamily(
+            p + "handovers", "Parked tasks handed over (published).", labels=["semaphore"]
+        )
+        handover_retries = CounterMetricFamily(
+            p + "handover_retries",
+            "Handed-over tasks published again after their deadline.",
+            labels=["semaphore"],
+        )
         attempts = CounterMetricFamily(
             p + "acquire_attempts", "Acquire attempts by outcome.", labels=["semaphore", "outcome"]
         )
@@ -74,6 +91,11 @@ class SemaphoreCollector:
             limit.add_metric([name], status.effective_limit)
             waiters.add_metric([name], status.waiter_count)
             draining.add_metric([name], 1 if status.draining else 0)
+            parked.add_metric([name], status.parked_count)
+            handed.add_metric([name], status.handed_over_count)
+            parks.add_metric([name], float(meta.get("m_parked", 0)))
+            handovers.add_metric([name], float(meta.get("m_handed_over", 0)))
+            handover_retries.add_metric([name], float(meta.get("m_handover_retried", 0)))
             for field, outcome in OUTCOMES.items():
                 attempts.add_metric([name, outcome], float(meta.get(field, 0)))
             renewals.add_metric([name], float(meta.get("m_renewed", 0)))
@@ -87,7 +109,12 @@ class SemaphoreCollector:
             limit,
             waiters,
             draining,
+            parked,
+            handed,
             attempts,
+            parks,
+            handovers,
+            handover_retries,
             renewals,
             lost,
             expired,

@@ -49,10 +49,13 @@ def _client(url: str, quick: bool) -> SyncClient:
 class Semaphores:
     """One client per Redis URL and one :class:`Semaphore` per gate, in this process.
 
-    redis-py connection pools notice a fork and reconnect in the child.
+    In handover mode each semaphore publishes the parked tasks it hands over
+    (:mod:`celery_semaphore.handover`). redis-py connection pools notice a fork
+    and reconnect in the child.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, app: Any = None) -> None:
+        self.app = app
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool], SyncClient] = {}
         self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
@@ -62,7 +65,9 @@ class Semaphores:
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         :data:`QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
-        key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick)
+        handover = config.wait_mode == "handover" and not quick and self.app is not None
+        key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
+               handover, config.max_block, config.handover_deadline)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is None:
             with self._lock:
@@ -71,16 +76,32 @@ class Semaphores:
                     client = self._clients[(config.redis_url, quick)] = _client(
                         config.redis_url, quick
                     )
+                on_handover = None
+                if handover:
+                    from .handover import publisher  # noqa: PLC0415 (imports Celery)
+
+                    on_handover = publisher(self.app, name)
                 semaphore = Semaphore(
                     client,
                     name,
                     limit,
                     lease_timeout=config.lease_timeout,
                     namespace=config.namespace,
+                    on_handover=on_handover,
+                    handover_window=config.max_block,
+                    handover_deadline=config.handover_deadline,
                 )
                 semaphore.url = mask_url(config.redis_url)
                 self._semaphores[key] = semaphore
         return semaphore
+
+    def client(self, url: str) -> SyncClient:
+        """This process's client of ``url``."""
+        with self._lock:
+            client = self._clients.get((url, False))
+            if client is None:
+                client = self._clients[(url, False)] = _client(url, False)
+            return client
 
     def close(self) -> None:
         with self._lock:
@@ -92,9 +113,9 @@ class Semaphores:
 
 @dataclass
 class AppState:
+    semaphores: Semaphores
     config: SemaphoreConfig | None = None
     task_configs: dict[str, SemaphoreConfig] = field(default_factory=dict)
-    semaphores: Semaphores = field(default_factory=Semaphores)
     publish_paused_until: float = 0.0
 
 
@@ -106,7 +127,7 @@ def state_of(app: Any) -> AppState:
     state: AppState | None = app.__dict__.get(ATTRIBUTE)
     if state is None:
         with _create_lock:
-            state = app.__dict__.setdefault(ATTRIBUTE, AppState())
+            state = app.__dict__.setdefault(ATTRIBUTE, AppState(Semaphores(app)))
     return state
 
 

@@ -262,3 +262,33 @@ def test_bad_parking_arguments_are_refused(make_semaphore: MakeSemaphore, outbox
         sem.attempt("a", handover=0)
     with pytest.raises(TypeError, match="on_handover"):
         make_semaphore(1, on_handover="not callable")
+
+
+def test_dispatch_drops_named_parked_waiters_and_leaves_the_others(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """What the heartbeat does for revoked tasks: a parked one leaves the line and is
+    never handed over; one asking in person or holding a permit is left alone."""
+    sem = make_semaphore(1, on_handover=outbox)
+    holder = granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    refused(sem.attempt("b"))
+    sem.dispatch(drop=["a", "b", "holder", "unknown"])
+    assert [w.holder for w in sem.status().waiters] == ["b"]
+    assert [h.holder for h in sem.status().holders] == ["holder"]
+    holder.release()
+    assert outbox.take() == {}
+
+
+def test_a_parked_waiter_with_a_due_time_is_handed_over_then_even_if_its_turn_has_not_come(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """A task whose wait budget runs out comes back to fail with SemaphoreTimeout."""
+    sem = make_semaphore(1, on_handover=outbox)
+    granted(sem.attempt("holder"))
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket, due=0.2)
+    sem.park("b", "payload-b", refused(sem.attempt("b")).ticket)
+    assert sem.dispatch() == 0
+    time.sleep(0.3)
+    assert sem.dispatch() == 1
+    assert list(outbox.take()) == ["a"]

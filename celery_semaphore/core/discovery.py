@@ -17,11 +17,14 @@ from .keys import name_from_meta_key, semaphore_keys
 from .protocol import text
 
 
-def semaphore_names(client: SyncClient, namespace: str, url: str = "") -> list[str]:
-    """Names of every semaphore with state in Redis, sorted."""
+def semaphore_names(
+    client: SyncClient, namespace: str, url: str = "", *, role: str = "meta"
+) -> list[str]:
+    """Names of every semaphore with state in Redis, sorted; with ``role="parked"``,
+    of those with parked waiters (or their tombstones)."""
     try:
-        keys = client.scan_iter(match=f"{namespace}:{{*}}:meta", count=1000)
-        names = {name_from_meta_key(namespace, text(key)) for key in keys}
+        keys = client.scan_iter(match=f"{namespace}:{{*}}:{role}", count=1000)
+        names = {name_from_meta_key(namespace, text(key), role) for key in keys}
     except redis.RedisError as error:
         raise translate(error, url or "redis") from error
     return sorted(n for n in names if n is not None)

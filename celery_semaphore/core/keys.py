@@ -49,9 +49,9 @@ def unescape(tag: str) -> str:
     return tag.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
 
 
-def name_from_meta_key(namespace: str, key: str) -> str | None:
-    """The semaphore name of a ``meta`` key (for listing semaphores), or None."""
-    prefix, suffix = f"{namespace}:{{", "}:meta"
+def name_from_meta_key(namespace: str, key: str, role: str = "meta") -> str | None:
+    """The semaphore name of a ``meta`` key (or of another ``role``'s key), or None."""
+    prefix, suffix = f"{namespace}:{{", f"}}:{role}"
     if key.startswith(prefix) and key.endswith(suffix):
         return unescape(key[len(prefix) : -len(suffix)])
     return None

@@ -32,7 +32,9 @@ class Place:
     attempt did not queue. ``next_expiry_in`` is the time until the earliest
     holder lease runs out (None if nobody holds a permit); ``hold_estimate`` a
     moving average of how long permits of this semaphore were held (None before
-    the first release).
+    the first release); ``grant_interval`` a moving average of the time between
+    two grants while others waited (None before there was a line): the pace at
+    which the line moves, measured on the server.
     """
 
     ticket: int
@@ -42,6 +44,7 @@ class Place:
     draining: bool
     next_expiry_in: float | None
     hold_estimate: float | None = None
+    grant_interval: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class SemaphoreStatus:
     holders: list[HolderInfo]
     waiters: list[WaiterInfo]
     server_time: float
+    parked_count: int = 0
+    handed_over_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,14 @@ class SemaphoreSpec:
         ]
 
     def park_args(
-        self, holder: str, ticket: int | None, payload: str, park_lease: float, info: str
+        self,
+        holder: str,
+        ticket: int | None,
+        payload: str,
+        *,
+        park_lease: float,
+        info: str,
+        due: float | None,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
@@ -210,11 +222,15 @@ class SemaphoreSpec:
                 "(and handover_window=) to the semaphore"
             )
         park_ms = int(1000 * validation.check_seconds(park_lease, "park_lease"))
+        due_ms = 0
+        if due is not None:
+            due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
         return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
-                self.dispatch]  # fmt: skip
+                self.dispatch, due_ms]  # fmt: skip
 
-    def dispatch_args(self) -> list[Any]:
-        return [self.idle_ms, self.keys.channel, self.dispatch]
+    def dispatch_args(self, drop: Iterable[str] = ()) -> list[Any]:
+        return [self.idle_ms, self.keys.channel, self.dispatch,
+                *(validation.check_holder(h) for h in drop)]  # fmt: skip
 
     def enqueue_args(self, holder: str, wait_lease: float | None, info: str) -> list[Any]:
         validation.check_holder(holder)
@@ -275,7 +291,8 @@ class SemaphoreSpec:
                 draining=bool(int(reply[5])),
                 next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
                 hold_estimate=int(reply[8]) / 1000 if int(reply[8]) else None,
-            ), parse_handovers(reply[9])
+                grant_interval=int(reply[9]) / 1000 if int(reply[9]) else None,
+            ), parse_handovers(reply[10])
         raise ValueError(f"acquire.lua answered with unknown code {code!r}")
 
     @staticmethod
@@ -327,6 +344,8 @@ class SemaphoreSpec:
             holders=holders,
             waiters=waiters,
             server_time=now,
+            parked_count=int(reply[8]),
+            handed_over_count=int(reply[9]),
         )
 
     @staticmethod

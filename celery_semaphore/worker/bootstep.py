@@ -27,14 +27,24 @@ METRICS_PORT_OPTION = click.Option(
 )
 
 
-def running_requests() -> list[Any]:
-    """The requests this worker runs now (``active_requests`` may change while read)."""
+def _read(collection: Any) -> list[Any]:
+    """The items of one of the worker state's collections, which other threads change."""
     for _ in range(5):
         try:
-            return list(worker_state.active_requests)
+            return list(collection)
         except RuntimeError:  # changed size during iteration
             continue
     return []
+
+
+def running_requests() -> list[Any]:
+    """The requests this worker runs now."""
+    return _read(worker_state.active_requests)
+
+
+def revoked_ids() -> list[str]:
+    """The task ids this worker was told to revoke (kept for a few hours)."""
+    return _read(worker_state.revoked)
 
 
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -62,7 +72,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             admit_every_task(worker.app)
 
     def start(self, worker: Any) -> None:
-        self.heartbeat = Heartbeat(worker.app, running_requests)
+        self.heartbeat = Heartbeat(worker.app, running_requests, revoked=revoked_ids)
         self.heartbeat.start()
         if self.metrics_port:
             config = get_config(worker.app)

@@ -1,9 +1,14 @@
 """The lease heartbeat: renews the permits of every running limited task of a worker.
 
 A plain service that knows nothing of bootsteps or of the worker's state: it
-is given the app and a function that lists the running requests, so the
-worker bootstep (``bootstep.py``) or a test can drive it. One thread, one
-``renew_many`` call per semaphore per interval.
+is given the app and functions that list the running requests and the revoked
+task ids, so the worker bootstep (``bootstep.py``) or a test can drive it. One
+thread, one ``renew_many`` call per semaphore per interval.
+
+In handover mode it also looks after parked tasks, once per interval, in every
+semaphore that has some: it publishes those whose turn came while nobody called
+(a lease ran out), publishes again those whose publisher died before publishing
+(past ``semaphore_handover_deadline``), and drops revoked ones from the line.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config
+from celery_semaphore.core.discovery import semaphore_names
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.gates import Gate, recorded_gates, semaphore_of
+from celery_semaphore.state import state_of
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +54,16 @@ class Heartbeat:
     """
 
     def __init__(
-        self, app: Any, running: Callable[[], Iterable[Any]], interval: float | None = None
+        self,
+        app: Any,
+        running: Callable[[], Iterable[Any]],
+        interval: float | None = None,
+        revoked: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.app = app
         self.running = running
+        self.revoked = revoked
+        self._dropped: set[str] = set()
         self.interval = renew_interval(app) if interval is None else interval
         self._stop = threading.Event()
         self._draining = threading.Event()
@@ -106,6 +119,23 @@ class Heartbeat:
                 if request.id in lost:
                     self._lost(gate, request, config.max_block)
         self._reported &= live
+        if get_config(self.app).wait_mode == "handover":
+            self.look_after_parked()
+
+    def look_after_parked(self) -> None:
+        """One dispatch call per semaphore with parked tasks (see the module doc)."""
+        config = get_config(self.app)
+        client = state_of(self.app).semaphores.client(config.redis_url)
+        revoked = set(self.revoked())
+        self._dropped &= revoked
+        drop = sorted(revoked - self._dropped)
+        for name in semaphore_names(client, config.namespace, role="parked"):
+            try:
+                semaphore_of(self.app, Gate(name, 1), config).dispatch(drop)
+            except SemaphoreError as error:
+                logger.warning("could not hand over parked tasks of %s: %s", name, error)
+                return
+        self._dropped.update(drop)
 
     def _lost(self, gate: Gate, request: Any, max_block: float) -> None:
         started = getattr(request, "time_start", None)  # epoch seconds (Request.on_accepted)

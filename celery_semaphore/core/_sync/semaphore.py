@@ -221,23 +221,33 @@ class Semaphore:
         *,
         park_lease: float = protocol.DEFAULT_IDLE_TTL,
         info: str = "",
+        due: float | None = None,
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
-        freed since it was refused). The place holds ``park_lease`` seconds."""
-        args = self._spec.park_args(holder, ticket, payload, park_lease, info)
+        freed since it was refused), or ``due`` seconds from now at the latest (by
+        the next call that hands over: its wait budget runs out then). The place
+        holds ``park_lease`` seconds."""
+        args = self._spec.park_args(
+            holder, ticket, payload, park_lease=park_lease, info=info, due=due
+        )
         parked, handovers = self._spec.parse_park(self._call("park", args))
         self._hand_over(handovers)
         return parked
 
-    def dispatch(self) -> int:
+    def dispatch(self, drop: Iterable[str] = ()) -> int:
         """Hand over the parked waiters that are due (after reclaiming run-out
-        leases), and again those handed over whose deadline passed; how many."""
+        leases), and again those handed over whose deadline passed; how many.
+
+        ``drop``: holders to take out of the line first if they are parked or
+        handed over (revoked tasks); one asking in person or holding a permit stays.
+        """
         if not self._spec.dispatch:
             raise ValueError("dispatch() needs on_handover= on the semaphore")
-        handovers = protocol.parse_handovers(self._call("dispatch", self._spec.dispatch_args()))
-        self._hand_over(handovers)
-        return len(handovers)
+        _dropped, handovers = self._call("dispatch", self._spec.dispatch_args(drop))
+        parsed = protocol.parse_handovers(handovers)
+        self._hand_over(parsed)
+        return len(parsed)
 
     def _hand_over(self, handovers: list[Handover]) -> None:
         if handovers and self.on_handover is not None:

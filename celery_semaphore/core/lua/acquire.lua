@@ -14,8 +14,9 @@
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
 -- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
--- earliest lease expiry ms or 0, now ms, average hold ms or 0, handovers} when
--- refused (ticket 0: not queued), {2, current handover token} when this is a
+-- earliest lease expiry ms or 0, now ms, average hold ms or 0, average ms
+-- between grants while others wait or 0, handovers} when refused (ticket 0:
+-- not queued), {2, current handover token} when this is a
 -- stale copy of a handed-over waiter (changes nothing). ``handovers``:
 -- {holder, token, payload, ...} due after reclaiming (see dispatch()).
 -- A holder that already holds a live permit is granted again: same slot, new token.
@@ -33,7 +34,8 @@ local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 -- The runtime override wins over the declared limit; draining admits nobody.
-local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms')
+local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms',
+  'grant_at', 'grant_gap_ms')
 local limit, draining = tonumber(m[2]) or declared, m[3] == '1'
 local meta_writes = {}  -- field, value, ...: one HSET at the end
 if m[1] ~= ARGV[2] then
@@ -80,6 +82,17 @@ if held or (free > 0 and ahead < free) then
   local token = seq_after(m[4])
   meta_writes[#meta_writes + 1] = 'fence'
   meta_writes[#meta_writes + 1] = fmt(token)
+  -- The pace at which permits change hands while others wait: what a place in
+  -- line is worth in time (hold / limit assumes instant hand-overs).
+  if waiting > (in_line and 1 or 0) and m[7] then
+    local gap = now_ms - tonumber(m[7])
+    local average = tonumber(m[8])
+    average = average and (0.8 * average + 0.2 * gap) or gap
+    meta_writes[#meta_writes + 1] = 'grant_gap_ms'
+    meta_writes[#meta_writes + 1] = fmt(average)
+  end
+  meta_writes[#meta_writes + 1] = 'grant_at'
+  meta_writes[#meta_writes + 1] = fmt(now_ms)
   local expires = now_ms + lease_ms
   redis.call('ZADD', holders, expires, holder)
   redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
@@ -105,7 +118,9 @@ else
   end
   bump('m_refused', 1)
   local hold_ms = tonumber(m[6]) or 0
-  result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms, hold_ms}
+  local gap_ms = tonumber(m[8]) or 0
+  result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms,
+    hold_ms, gap_ms}
 end
 if #meta_writes > 0 then
   redis.call('HSET', meta, unpack(meta_writes))

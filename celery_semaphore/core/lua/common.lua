@@ -137,7 +137,8 @@ end
 --     the average hold time, at most the limit);
 -- or it was handed over and did not arrive by its deadline (its publisher
 -- may have died): handed over again, with a new token, so the stale copy is
--- recognised when it arrives (acquire.lua answers "duplicate").
+-- recognised when it arrives (acquire.lua answers "duplicate"); or it parked
+-- with a time by which it must come back (its wait budget), and that passed.
 -- Records of arrived waiters (state d) and of waiters served by another copy
 -- of their task (state x) stay as tombstones for TOMBSTONE_MS.
 
@@ -184,10 +185,10 @@ local function dispatch(cfg)
   for _, holder in ipairs(late) do
     local record = redis.call('HGET', parked, holder)
     local _, state, _, payload = string.match(record or '', PARKED_RECORD)
-    if state == 'h' and redis.call('ZSCORE', waiters, holder) then
+    if (state == 'h' or state == 'p') and redis.call('ZSCORE', waiters, holder) then
+      if state == 'h' then bump('m_handover_retried', 1) end
       hand_over(holder, payload, deadline_ms, out)
-      bump('m_handover_retried', 1)
-    elseif state ~= 'p' then
+    else
       redis.call('ZREM', handed, holder)
       redis.call('HDEL', parked, holder)
     end

@@ -1,21 +1,37 @@
--- dispatch.lua: hand over the parked waiters that are due (see common.lua).
+-- dispatch.lua: hand over the parked waiters that are due (see common.lua), after
+-- dropping the named parked waiters from the line.
 --
 -- For a caller that publishes but frees nothing: the worker heartbeat, which so
--- notices permits freed by a lease that ran out while nobody called, and
--- handed-over waiters whose publisher died before publishing.
+-- notices permits freed by a lease that ran out while nobody called, handed-over
+-- waiters whose publisher died before publishing, and revoked parked tasks.
 --
 -- KEYS: the eight of common.lua.
 -- ARGV[1] idle ms
 -- ARGV[2] wake channel
 -- ARGV[3] dispatch         "<max block ms>|<deadline ms>"
+-- ARGV[4..] holders to drop from the line if they are parked or handed over
+--           (a holder asking in person, or holding a permit, is left alone)
 --
--- Returns {holder, handover token, payload, ...}.
+-- Returns {dropped count, {holder, handover token, payload, ...}}.
 
 local idle_ms, channel, cfg = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-if redis.call('HLEN', meta) == 0 then return {} end
+if redis.call('HLEN', meta) == 0 then return {0, {}} end
+local dropped = 0
+for i = 4, #ARGV do
+  local holder = ARGV[i]
+  local state = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|')
+  if state == 'p' or state == 'h' then
+    redis.call('ZREM', waiters, holder)
+    redis.call('ZREM', wexp, holder)
+    redis.call('HDEL', winfo, holder)
+    unpark(holder)
+    dropped = dropped + 1
+  end
+end
+bump('m_abandoned', dropped)
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed = reclaim(waiting)
-if reclaimed > 0 then wake(channel) end
+if reclaimed > 0 or dropped > 0 then wake(channel) end
 local out = dispatch(cfg)
-if reclaimed > 0 or #out > 0 then touch(idle_ms, waiting == 0) end
-return out
+if reclaimed > 0 or dropped > 0 or #out > 0 then touch(idle_ms, waiting == 0) end
+return {dropped, out}

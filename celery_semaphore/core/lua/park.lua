@@ -8,12 +8,15 @@
 -- ARGV[5] info             free text stored with the waiter
 -- ARGV[6] idle ms
 -- ARGV[7] dispatch         "<max block ms>|<deadline ms>" (see dispatch() in common.lua)
+-- ARGV[8] due ms           hand it over after this long even if its turn has not
+--                          come (its wait budget runs out then), or 0
 --
 -- Returns {ticket, position, {holder, handover token, payload, ...}}: the
 -- waiters now due, possibly this one (a permit freed since it was refused).
 
 local holder, presented, payload = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local due_ms = tonumber(ARGV[8])
 
 reclaim()
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
@@ -27,7 +30,11 @@ if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
 end
 local released = redis.call('HGET', meta, 'released') or '0'
 redis.call('HSET', parked, holder, '0|p|' .. released .. '|' .. payload)
-redis.call('ZREM', handed, holder)
+if due_ms > 0 then
+  redis.call('ZADD', handed, now_ms + due_ms, holder)
+else
+  redis.call('ZREM', handed, holder)
+end
 bump('m_parked', 1)
 local position = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket)) + 1
 local out = dispatch(cfg)

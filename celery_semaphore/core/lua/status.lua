@@ -7,7 +7,8 @@
 -- live holders, live waiters,
 -- {holder, lease expiry ms, hinfo record, ...} earliest acquired first,
 -- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
--- line order}; parked state: 'p' parked, 'h' handed over, '' asking itself.
+-- line order}; parked state: 'p' parked, 'h' handed over, '' asking itself;
+-- then how many waiters are parked and how many handed over.
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
 local most = tonumber(ARGV[1])
@@ -38,9 +39,16 @@ for i = 1, #w, 2 do
   end
 end
 
+local parked_count, handed_count = 0, 0
+for _, record in ipairs(redis.call('HVALS', parked)) do
+  local state = string.match(record, '^%d+|(%a)|')
+  if state == 'p' then parked_count = parked_count + 1 end
+  if state == 'h' then handed_count = handed_count + 1 end
+end
+
 return {
   now_ms, m[1] or '', m[2] or '', m[3] == '1' and 1 or 0,
   redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
-  listed_holders, listed_waiters,
+  listed_holders, listed_waiters, parked_count, handed_count,
 }
