@@ -94,7 +94,7 @@ def test_limited_tasks_in_a_chain_a_group_and_a_chord(clusters: Clusters) -> Non
     chorded = chord((add.s(i, 1, 0.2) for i in range(5)), tasks.limited_sum.s()).apply_async()
     first = [r.id for r in grouped.results] + [chained.parent.parent.id]
     cluster.wait_for(
-        lambda: all(max(events.received_retries(i), default=0) >= 1 for i in first),
+        lambda: all(events.of(i, "task-retried") for i in first),
         20,
         "every task of the group and the chain's first waited",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -107,12 +108,14 @@ def flower_of(tmp_path: Path) -> Iterator[Any]:
         flower.close()
 
 
+@pytest.mark.parametrize("mode", ["countdown", "handover"])
 def test_flower_shows_a_waiting_task_as_retry_with_its_waits(
-    clusters: Clusters, flower_of: Any
+    clusters: Clusters, flower_of: Any, mode: str
 ) -> None:
-    cluster = clusters(
-        limit=1, extra_conf={"semaphore_backoff_max": 0.3, "semaphore_max_block": 0.0}
-    )
+    """Countdown: each wait is a delivery, so the count grows while it waits.
+    Handover: it parks (RETRY) and comes back once, when its turn comes."""
+    conf = {"semaphore_backoff_max": 0.3, "semaphore_max_block": 0.0, "semaphore_wait_mode": mode}
+    cluster = clusters(limit=1, extra_conf=conf)
     flower = flower_of(cluster)
     events = clusters.events(cluster)
     cluster.worker("w1", concurrency=2, extra=["-E"])
@@ -127,18 +130,23 @@ def test_flower_shows_a_waiting_task_as_retry_with_its_waits(
     waiting = hold.delay(0.2, "waited")
     states: list[str] = []  # each attempt shows RECEIVED, STARTED (it asks), RETRY (it waits)
 
+    waits = 3 if mode == "countdown" else 0
+
     def shown_waiting() -> bool:
         info = flower.task(waiting.id)
         states.append(info.get("state", "?"))
-        return info.get("retries", 0) >= 3 and states[-1] == "RETRY"
+        return info.get("retries", 0) >= waits and states[-1] == "RETRY"
 
-    cluster.wait_for(shown_waiting, 20, "flower shows the task in RETRY after 3 waits")
+    cluster.wait_for(shown_waiting, 20, f"flower shows the task in RETRY after {waits} waits")
     assert not {"SUCCESS", "FAILURE"} & set(states)
     assert flower.task(waiting.id)["name"] == "limited_app.hold"
     listed = flower.api("/api/tasks")
     assert listed[waiting.id]["state"] in {"RECEIVED", "STARTED", "RETRY"}
-    assert listed[waiting.id]["retries"] >= 3
+    assert listed[waiting.id]["retries"] >= waits
     assert not cluster.started(waiting.id)
+    if mode == "handover":
+        time.sleep(1.0)
+        assert flower.task(waiting.id)["state"] == "RETRY", "a parked task stays in RETRY"
 
     blocker.release()
     assert waiting.get(timeout=20) == "waited"
@@ -146,6 +154,8 @@ def test_flower_shows_a_waiting_task_as_retry_with_its_waits(
     info = flower.task(waiting.id)
     seen = events.received_retries(waiting.id)
     assert info["retries"] == max(seen) == len(seen) - 1  # one per wait
+    if mode == "handover":
+        assert info["retries"] == 1
     assert info["result"] == "'waited'"
     assert flower.api("/api/tasks")[waiting.id]["retries"] == info["retries"]
 

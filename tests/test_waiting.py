@@ -1,10 +1,11 @@
-"""Waiting for a permit in real ``celery worker`` processes.
+"""Waiting for a permit in real ``celery worker`` processes, mostly in countdown mode.
 
-Waits are retries with a countdown: they show in ``request.retries`` to the
-outside (events, Flower) but not against the task's own ``max_retries``; the
-wait budget fails the task with SemaphoreTimeout and gives up its place; the
+Waits are retries: they show in ``request.retries`` to the outside (events,
+Flower) but not against the task's own ``max_retries``; the wait budget fails
+the task with SemaphoreTimeout and gives up its place (in both modes); the
 backoff stays capped; tasks start in submission order; per-key caps are
 independent; and each ``semaphore_on_redis_error`` policy does what it says.
+Handover mode (parking) has its own tests in test_handover.py.
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ from celery_semaphore import Permit, SemaphoreConnectionError, SemaphoreTimeout,
 
 pytestmark = pytest.mark.slow
 
-# Short backoff, no waiting in place: every refused attempt is a retry through the broker.
-FAST = {"semaphore_backoff_base": 0.05, "semaphore_backoff_max": 0.2, "semaphore_max_block": 0.0}
+# Countdown mode, short backoff, no waiting in place: every refused attempt is a retry
+# through the broker.
+FAST = {
+    "semaphore_wait_mode": "countdown",
+    "semaphore_backoff_base": 0.05,
+    "semaphore_backoff_max": 0.2,
+    "semaphore_max_block": 0.0,
+}
+# Handover mode, no waiting in place: a refused task parks; the heartbeat looks
+# after parked tasks every 0.3 s.
+PARKING = {"semaphore_max_block": 0.0, "semaphore_heartbeat_interval": 0.3}
 
 
 @pytest.fixture
@@ -105,12 +115,18 @@ def test_own_retry_goes_to_the_back_of_the_line_with_a_fresh_wait_budget(
 
 
 @pytest.mark.parametrize(
-    ("setting", "value"), [("semaphore_max_waits", 3), ("semaphore_max_wait_time", 1.0)]
+    ("mode", "setting", "value"),
+    [
+        ("countdown", "semaphore_max_waits", 3),
+        ("countdown", "semaphore_max_wait_time", 1.0),
+        ("handover", "semaphore_max_wait_time", 1.0),
+    ],
 )
 def test_wait_budget_fails_the_task_and_gives_up_its_place(
-    clusters: Clusters, setting: str, value: float
+    clusters: Clusters, mode: str, setting: str, value: float
 ) -> None:
-    cluster = clusters(limit=1, extra_conf={**FAST, setting: value})
+    conf = FAST if mode == "countdown" else PARKING
+    cluster = clusters(limit=1, extra_conf={**conf, setting: value})
     events = clusters.events(cluster)
     cluster.worker("w1", concurrency=1, extra=["-E"])
     block(cluster)
@@ -134,8 +150,11 @@ def test_wait_budget_fails_the_task_and_gives_up_its_place(
     if setting == "semaphore_max_waits":
         assert waits == 3
         assert error.waited < elapsed
-    else:
+    elif mode == "countdown":
         assert waits > 3  # ~0.1 s per wait
+        assert value <= error.waited < value + 1.0
+    else:  # parked once, handed over when the budget ran out (by the next heartbeat)
+        assert waits == 1
         assert value <= error.waited < value + 1.0
     assert result.id not in [w.holder for w in status.waiters]
     assert [h.holder for h in status.holders] == ["test-blocker-hold"]
@@ -148,7 +167,12 @@ def test_backoff_is_capped_by_backoff_max_even_when_the_turn_is_far(clusters: Cl
     broker's visibility_timeout) is still capped at semaphore_backoff_max."""
     cap = 0.5
     cluster = clusters(
-        limit=1, extra_conf={"semaphore_backoff_max": cap, "semaphore_max_block": 0.0}
+        limit=1,
+        extra_conf={
+            "semaphore_wait_mode": "countdown",
+            "semaphore_backoff_max": cap,
+            "semaphore_max_block": 0.0,
+        },
     )
     sem = cluster.semaphore("hold", 1)
     warm = block(cluster)  # a 1.5 s hold teaches the semaphore its hold time
