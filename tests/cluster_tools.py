@@ -54,13 +54,15 @@ def point_client_at(cluster: Cluster) -> Cluster:
         if key not in _BASE_SETTINGS:
             del app.conf[key]
     app.conf.update(
-        broker_url=cluster.broker_url,
-        result_backend=cluster.state_url,
-        semaphore_redis_url=cluster.state_url,
-        semaphore_lease_timeout=cluster.lease,
-        semaphore_queue_limits=json.loads(cluster.env["CS_QUEUE_LIMITS"]),
-        task_default_queue="default",
-        **cluster.app_module.extra_conf(cluster.env["CS_EXTRA_CONF"]),
+        {
+            "broker_url": cluster.broker_url,
+            "result_backend": cluster.state_url,
+            "semaphore_redis_url": cluster.state_url,
+            "semaphore_lease_timeout": cluster.lease,
+            "semaphore_queue_limits": json.loads(cluster.env["CS_QUEUE_LIMITS"]),
+            "task_default_queue": "default",
+            **cluster.app_module.extra_conf(cluster.env["CS_EXTRA_CONF"]),
+        }
     )
     celery_semaphore.reset(app)
     return cluster

@@ -47,6 +47,22 @@ def revoked_ids() -> list[str]:
     return _read(worker_state.revoked)
 
 
+def warn_without_persistence(client: Any, url: str) -> None:
+    """Parked tasks live in the semaphore's Redis: say so if it keeps nothing on disk."""
+    try:
+        appendonly = client.config_get("appendonly").get("appendonly")
+        save = client.config_get("save").get("save")
+    except Exception:  # CONFIG may be disabled (managed Redis): nothing to say
+        return
+    if appendonly != "yes" and not save:
+        logger.warning(
+            "celery-semaphore: the Redis at %s persists nothing (appendonly no, save ''): "
+            "tasks parked there while they wait are lost if it restarts. Set appendonly "
+            "yes, or semaphore_wait_mode = 'countdown' to keep waiting tasks in the broker",
+            url,
+        )
+
+
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Heartbeat thread and metrics endpoint; with queue caps, admission for every task class.
 
@@ -74,6 +90,10 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, worker: Any) -> None:
         self.heartbeat = Heartbeat(worker.app, running_requests, revoked=revoked_ids)
         self.heartbeat.start()
+        config = get_config(worker.app)
+        if config.wait_mode == "handover":
+            client = state_of(worker.app).semaphores.client(config.redis_url)
+            warn_without_persistence(client, mask_url(config.redis_url))
         if self.metrics_port:
             config = get_config(worker.app)
             client = connect(config.redis_url)[0]

@@ -9,6 +9,8 @@ In handover mode it also looks after parked tasks, once per interval, in every
 semaphore that has some: it publishes those whose turn came while nobody called
 (a lease ran out), publishes again those whose publisher died before publishing
 (past ``semaphore_handover_deadline``), and drops revoked ones from the line.
+When Redis restarts without the parked tasks it had (no persistence), it says
+so in an ERROR: those tasks are lost.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config
+from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import semaphore_names
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.gates import Gate, recorded_gates, semaphore_of
@@ -64,6 +68,8 @@ class Heartbeat:
         self.running = running
         self.revoked = revoked
         self._dropped: set[str] = set()
+        self._parked_in: set[str] = set()  # semaphores with parked tasks at the last look
+        self._marker: bytes | None = None
         self.interval = renew_interval(app) if interval is None else interval
         self._stop = threading.Event()
         self._draining = threading.Event()
@@ -129,13 +135,35 @@ class Heartbeat:
         revoked = set(self.revoked())
         self._dropped &= revoked
         drop = sorted(revoked - self._dropped)
-        for name in semaphore_names(client, config.namespace, role="parked"):
+        names = semaphore_names(client, config.namespace, mask_url(config.redis_url), role="parked")
+        self._notice_data_loss(client, set(names), config.redis_url)
+        for name in names:
             try:
                 semaphore_of(self.app, Gate(name, 1), config).dispatch(drop)
             except SemaphoreError as error:
                 logger.warning("could not hand over parked tasks of %s: %s", name, error)
                 return
         self._dropped.update(drop)
+
+    def _notice_data_loss(self, client: Any, names: set[str], url: str) -> None:
+        """A marker key (one per namespace, no expiry) changes only when Redis lost
+        its data: then the tasks parked there are gone, which deserves an ERROR."""
+        marker = f"{get_config(self.app).namespace}:alive"
+        token = client.get(marker)
+        if token is None:
+            client.set(marker, uuid.uuid4().hex, nx=True)
+            token = client.get(marker)
+        if self._marker is not None and token != self._marker:
+            known = sorted(self._parked_in - names)
+            logger.error(
+                "Redis at %s lost its data: the tasks parked there are lost%s; they will "
+                "not run. Give that Redis persistence (appendonly yes) or set "
+                "semaphore_wait_mode = 'countdown'",
+                mask_url(url),
+                f" (semaphores {', '.join(known)})" if known else "",
+            )
+        self._marker = token
+        self._parked_in = names
 
     def _lost(self, gate: Gate, request: Any, max_block: float) -> None:
         started = getattr(request, "time_start", None)  # epoch seconds (Request.on_accepted)

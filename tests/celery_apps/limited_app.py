@@ -40,14 +40,16 @@ def extra_conf(text: str) -> dict[str, Any]:
 
 app = Celery("limited_app", broker=BROKER, backend=REDIS_URL)
 app.conf.update(
-    semaphore_redis_url=REDIS_URL,
-    semaphore_lease_timeout=float(os.environ.get("CS_LEASE", "60")),
-    semaphore_queue_limits=json.loads(os.environ.get("CS_QUEUE_LIMITS", "{}")),
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-    task_default_queue="default",
-    result_expires=600,
-    **extra_conf(os.environ.get("CS_EXTRA_CONF", "{}")),
+    {
+        "semaphore_redis_url": REDIS_URL,
+        "semaphore_lease_timeout": float(os.environ.get("CS_LEASE", "60")),
+        "semaphore_queue_limits": json.loads(os.environ.get("CS_QUEUE_LIMITS", "{}")),
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": "default",
+        "result_expires": 600,
+        **extra_conf(os.environ.get("CS_EXTRA_CONF", "{}")),
+    }
 )
 install(app)
 _log = redis.Redis.from_url(REDIS_URL)
