@@ -14,14 +14,15 @@ imports this module and before it starts the workers):
 Tasks:
 
 - ``ours(index, hold)``: a :class:`~celery_semaphore.LimitedTask`, defaults as a
-  user gets them; the body sleeps ``hold`` seconds;
+  user gets them (handover mode); the body sleeps ``hold`` seconds;
+- ``ours_countdown(index, hold)``: the same in countdown mode, on a semaphore of its own;
 - ``baseline(index, hold)``: a plain task that takes a py-redis-semaphore 0.2
   permit itself (non-blocking), and when refused retries with exponential
   backoff and full jitter, as its README suggests for Celery;
 - ``noop_limited(index, total, counter)`` / ``noop_plain(...)``: count themselves in
   Redis; the ``total``-th stamps the time in ``<counter>:last``.
 
-Each execution of ``ours``/``baseline`` appends one JSON record to the Redis
+Each execution of ``ours``/``ours_countdown``/``baseline`` appends one JSON record to the Redis
 list ``bench:records:<task>``. In the worker processes, the app also records
 (list ``bench:inplace``) every wait in place of ours (``Semaphore.wait_for_turn``,
 timed from outside the package) and (list ``bench:waiting``) each
@@ -57,6 +58,7 @@ BACKOFF_MAX = float(os.environ.get("BENCH_BACKOFF_MAX", "2"))
 LEASE = 60.0
 
 OURS = "bench-ours"
+OURS_COUNTDOWN = "bench-ours-countdown"
 BASELINE = "bench-baseline"
 NOOP = "bench-noop"
 READY_KEY = "bench:ready"
@@ -82,23 +84,35 @@ def _record(task: str, **fields: Any) -> None:
     _records.rpush(records_key(task), json.dumps(fields))
 
 
-@app.task(bind=True, base=LimitedTask, semaphore=OURS, limit=LIMIT)
-def ours(self: Any, index: int, hold: float) -> int:
+def _held(task: Any, kind: str, index: int, hold: float) -> int:
     start = time.time()
     time.sleep(hold)
     end = time.time()
-    header = getattr(self.request, "celery_semaphore", None) or {}
+    header = getattr(task.request, "celery_semaphore", None) or {}
     _record(
-        "ours",
-        id=self.request.id,
+        kind,
+        id=task.request.id,
         index=index,
         start=start,
         end=end,
         waits=header.get("waits", 0),
-        retries=self.request.retries,
+        retries=task.request.retries,
         pid=os.getpid(),
     )
     return index
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=OURS, limit=LIMIT)
+def ours(self: Any, index: int, hold: float) -> int:
+    """Handover mode (the default)."""
+    return _held(self, "ours", index, hold)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=OURS_COUNTDOWN, limit=LIMIT,
+          semaphore_wait_mode="countdown")  # fmt: skip
+def ours_countdown(self: Any, index: int, hold: float) -> int:
+    """Countdown mode (a semaphore of its own)."""
+    return _held(self, "ours_countdown", index, hold)
 
 
 @app.task(bind=True, max_retries=None)

@@ -43,7 +43,16 @@ from .core import (
     SemaphoreTimeout,
     StaleHandover,
 )
-from .gates import GATES_HEADER, WAIT_HEADER, Gate, decode_gates, semaphore_of, task_gate
+from .gates import (
+    GATES_HEADER,
+    HANDOVER_SUFFIX,
+    QUEUE_HEADER,
+    WAIT_HEADER,
+    Gate,
+    decode_gates,
+    semaphore_of,
+    task_gate,
+)
 from .handover import HANDOVER_KEY, encode
 
 logger = logging.getLogger(__name__)
@@ -259,7 +268,8 @@ class Admission:
         publishes nothing; the semaphore hands it over when its turn comes. Returns
         (to retry with a countdown instead) when the message can't be parked."""
         self.state.waits += 1
-        signature = self._signature()
+        queue = getattr(self.request, QUEUE_HEADER, None)
+        signature = self._signature(queue=queue + HANDOVER_SUFFIX if queue else None)
         try:
             payload = encode(self.task.app, signature, self.config.park_max_bytes)
             parked = self._sem(gate).park(
@@ -284,14 +294,16 @@ class Admission:
         waited = time.time() - (self.state.first_ask or time.time())
         return max(0.0, self.config.max_wait_time - waited)
 
-    def _signature(self, **options: Any) -> Any:
-        """The message that brings this request back, with its wait state."""
+    def _signature(self, queue: str | None = None, **options: Any) -> Any:
+        """The message that brings this request back, with its wait state, to its
+        queue (its consumed queue's, when it came by a handover queue) or ``queue``."""
         request = self.request
         headers = {**(request.headers or {}), WAIT_HEADER: self.state.encode()}
         headers.pop(GATES_HEADER, None)
         return self.task.signature_from_request(
-            request, retries=request.retries + 1, headers=headers, **options
-        )
+            request, None, None, queue or home_queue(request), retries=request.retries + 1,
+            headers=headers, **options,
+        )  # fmt: skip
 
     def _reason(self, gate: Gate, position: int) -> str:
         return (
@@ -389,6 +401,16 @@ def _eager_call(
         return body(*args, **kwargs)
     finally:
         admission.exit()
+
+
+def home_queue(request: Any) -> str | None:
+    """For a request delivered by a handover queue, the queue it serves (where its
+    retries go); None for any other (Celery then routes as it was delivered)."""
+    routing_key = (getattr(request, "delivery_info", None) or {}).get("routing_key")
+    if isinstance(routing_key, str) and routing_key.endswith(HANDOVER_SUFFIX):
+        queue = getattr(request, QUEUE_HEADER, None)
+        return queue if isinstance(queue, str) else routing_key[: -len(HANDOVER_SUFFIX)]
+    return None
 
 
 def with_waits_added(request: Any, options: dict[str, Any]) -> dict[str, Any]:

@@ -22,8 +22,19 @@ from .core import Semaphore, validation
 from .state import state_of
 
 GATES_HEADER = "celery_semaphore_gates"
+QUEUE_HEADER = "celery_semaphore_queue"  # the queue the main process resolved
 WAIT_HEADER = "celery_semaphore"
 QUEUE_PREFIX = "queue:"
+# Handed-over tasks travel on "<queue>.semaphore-handover", which the workers of
+# <queue> consume too, so they do not wait behind the queue's backlog.
+HANDOVER_SUFFIX = ".semaphore-handover"
+
+
+def base_queue(name: str | None) -> str | None:
+    """The queue a handover queue serves (any other name as it is)."""
+    if name is not None and name.endswith(HANDOVER_SUFFIX):
+        return name[: -len(HANDOVER_SUFFIX)]
+    return name
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .admission import admitted_call, with_waits_added
+from .admission import admitted_call, home_queue, with_waits_added
 
 PATCHED = "_celery_semaphore_admission"
 
@@ -43,8 +43,9 @@ def _patch(cls: type) -> None:
     ) -> Any:
         request = self.request if request is None else request
         return original_signature(
-            self, request, args, kwargs, queue, **with_waits_added(request, extra)
-        )
+            self, request, args, kwargs, queue or home_queue(request),
+            **with_waits_added(request, extra),
+        )  # fmt: skip
 
     cls.__call__ = __call__  # type: ignore[method-assign]
     cls.signature_from_request = signature_from_request  # type: ignore[attr-defined]

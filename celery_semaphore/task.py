@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from celery import Task
 
-from .admission import admitted_call, with_waits_added
+from .admission import admitted_call, home_queue, with_waits_added
 from .config import APP_WIDE, PREFIX, SemaphoreConfig
 from .core import validation
 from .patching import PATCHED
@@ -82,7 +82,11 @@ class LimitedTask(Task):  # type: ignore[misc]
     ) -> Any:
         request = self.request if request is None else request
         return super().signature_from_request(
-            request, args, kwargs, queue, **with_waits_added(request, extra_options)
+            request,
+            args,
+            kwargs,
+            queue or home_queue(request),
+            **with_waits_added(request, extra_options),
         )
 
 

@@ -26,6 +26,7 @@ from .publish import take_places
 from .state import installed_apps
 from .worker import release
 from .worker.bootstep import METRICS_PORT_OPTION, SemaphoreStep
+from .worker.handover_queues import HandoverQueues
 from .worker.received import decide_gates
 
 _connected = threading.Event()
@@ -52,5 +53,6 @@ def install(app: Any) -> None:
     call it when only ``semaphore_queue_limits`` is used. Idempotent."""
     _connect_handlers()
     app.steps["worker"].add(SemaphoreStep)
+    app.steps["consumer"].add(HandoverQueues)
     app.user_options["worker"].add(METRICS_PORT_OPTION)
     installed_apps.add(app)

@@ -49,6 +49,16 @@ def test_quick_run_reports_every_figure_and_never_exceeds_the_limit():
     assert ours["body_retries_max"] == 0  # waits are not the task's own retries
     assert ours["in_place"]["granted"] <= ours["in_place"]["count"]
 
+    backlog = results["backlog"]
+    n, backlog_limit = results["backlog_settings"]["tasks"], results["backlog_settings"]["limit"]
+    for name in ("ours", "ours_countdown", "baseline"):
+        figures = backlog[name]
+        assert figures["tasks_run"] == figures["distinct_tasks"] == n, name
+        assert figures["workers_rss_peak_mib"] > 10, name
+        assert figures["held_by_workers_peak"] >= 0, name
+    for name in ("ours", "ours_countdown"):
+        assert backlog[name]["peak_overlap"] <= backlog_limit, name
+
     noop = results["noop"]
     assert noop["plain_per_s"] > 0
     assert noop["limited_per_s"] > 0

@@ -9,19 +9,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_semaphore.gates import GATES_HEADER, encode_gates, queue_of, request_gates
+from celery_semaphore.gates import (
+    GATES_HEADER,
+    QUEUE_HEADER,
+    base_queue,
+    encode_gates,
+    queue_of,
+    request_gates,
+)
 
 
 def consumed_queue(consumer: Any, delivery_info: dict[str, Any]) -> str | None:
     """The queue this worker consumed the message from (the Redis transport does
-    not record it: resolved from the exchange and routing key)."""
+    not record it: resolved from the exchange and routing key); for a handed-over
+    task, the queue its handover queue serves."""
     queues = getattr(getattr(consumer, "task_consumer", None), "queues", None) or ()
-    return queue_of(queues, delivery_info.get("exchange"), delivery_info.get("routing_key"))
+    exchange, routing_key = delivery_info.get("exchange"), delivery_info.get("routing_key")
+    return base_queue(queue_of(queues, exchange, routing_key))
 
 
 def decide_gates(sender: Any = None, request: Any = None, **_: Any) -> None:
     """``task_received`` handler (``sender`` is the consumer)."""
     queue = consumed_queue(sender, request.delivery_info or {})
+    if queue is not None:
+        request.request_dict[QUEUE_HEADER] = queue
     try:
         gates = request_gates(request.task, request.args, request.kwargs, queue)
     except (TypeError, ValueError):
