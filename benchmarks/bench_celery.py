@@ -33,7 +33,6 @@ import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,8 +49,10 @@ import redis
 
 import celery_semaphore
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _servers import PrivateRedis, private_redis
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
+from devkit.measures import kendall_tau, peak_overlap, percentile
+from devkit.processes import Processes, worker_command
+from devkit.redis_servers import RedisServer
 
 HERE = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
@@ -127,44 +128,30 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 class Workers:
-    """K ``celery worker`` processes, each in a session of its own (Ctrl-C reaches only
-    this script, which stops them: SIGTERM, then SIGKILL to the whole process group)."""
+    """K ``celery worker`` processes (devkit.processes: each in a session of its own,
+    stopped warm, then SIGKILL to the whole process group)."""
 
     def __init__(self, env: dict[str, str], settings: Settings, log_dir: Path, level: str):
         self.env = env
         self.settings = settings
-        self.log_dir = log_dir
         self.level = level
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
+        self.processes = Processes(log_dir, cwd=HERE)
+
+    @property
+    def pids(self) -> list[int]:
+        return self.processes.pids()
 
     def start(self, ready: Callable[[], int]) -> None:
         for i in range(self.settings.workers):
-            path = self.log_dir / f"worker{i + 1}.log"
-            command = [
-                sys.executable, "-m", "celery", "-A", "bench_app", "worker",
-                "-P", "prefork", "-c", str(self.settings.concurrency),
-                "-n", f"bench{i + 1}@%h", "-l", self.level,
-                "--without-gossip", "--without-mingle", "--without-heartbeat",
-            ]  # fmt: skip
-            with path.open("wb") as out:
-                self.procs.append(
-                    subprocess.Popen(
-                        command,
-                        env=self.env,
-                        cwd=HERE,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-            self.logs.append(path)
+            command = worker_command(
+                "bench_app", f"bench{i + 1}", concurrency=self.settings.concurrency,
+                loglevel=self.level,
+            )  # fmt: skip
+            self.processes.start(f"worker{i + 1}", command, env=self.env)
         deadline = time.monotonic() + READY_TIMEOUT
         while ready() < self.settings.workers:
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"a worker exited at start:\n{self.tails()}")
+            if not all(child.alive() for child in self.processes):
+                raise RuntimeError(f"a worker exited at start:\n{self.tails()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"workers not ready after {READY_TIMEOUT:.0f} s:\n{self.tails()}"
@@ -172,68 +159,13 @@ class Workers:
             time.sleep(0.05)
 
     def tails(self, size: int = 3000) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-size:]}"
-            for p in self.logs
-            if p.exists()
-        )
+        return self.processes.tails(size)
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # warm shutdown
-        deadline = time.monotonic() + STOP_TIMEOUT
-        for proc in self.procs:
-            with suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # pool children left behind, if any
-            proc.wait()
-        self.procs.clear()
+        self.processes.stop_all(STOP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- figures
-
-
-def kendall_tau(sequence: list[int]) -> float:
-    """Kendall's tau between the positions of ``sequence`` and its values (distinct):
-    1 - 4 * inversions / (n (n - 1)); inversions counted by merge sort."""
-    n = len(sequence)
-    if n < 2:
-        return 1.0
-
-    def sort_count(items: list[int]) -> tuple[list[int], int]:
-        if len(items) <= 1:
-            return items, 0
-        mid = len(items) // 2
-        left, a = sort_count(items[:mid])
-        right, b = sort_count(items[mid:])
-        merged: list[int] = []
-        inversions = a + b
-        i = j = 0
-        while i < len(left) and j < len(right):
-            if left[i] <= right[j]:
-                merged.append(left[i])
-                i += 1
-            else:
-                merged.append(right[j])
-                inversions += len(left) - i
-                j += 1
-        merged += left[i:] + right[j:]
-        return merged, inversions
-
-    _, inversions = sort_count(list(sequence))
-    return 1.0 - 4.0 * inversions / (n * (n - 1))
-
-
-def peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at once (an end at the same instant as a start closes first)."""
-    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    running = peak = 0
-    for _, step in points:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -255,13 +187,6 @@ def handoff_gaps(intervals: list[tuple[float, float]], limit: int) -> list[float
     starts = sorted(s for s, _ in intervals)
     ends = sorted(e for _, e in intervals)
     return [starts[k] - ends[k - limit] for k in range(limit, len(starts))]
-
-
-def percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))]
 
 
 def analyze(
@@ -294,8 +219,8 @@ def analyze(
         "idle_permit_share": max(0.0, 1.0 - held / (settings.limit * span)),
         "first_start_after_submit_s": first_start - first_submit,
         "handoff_gap_s": {
-            "median": percentile(gaps, 50),
-            "p90": percentile(gaps, 90),
+            "median": percentile(gaps, 50) if gaps else 0.0,
+            "p90": percentile(gaps, 90) if gaps else 0.0,
             "max": max(gaps, default=0.0),
             "total": sum(gaps),
             "over_50ms": sum(1 for g in gaps if g > 0.05),
@@ -401,7 +326,7 @@ class BacklogSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.1):
             self.unacked.append(int(self.broker.hlen("unacked")))
-            self.rss.append(rss_bytes(descendants([p.pid for p in self.workers.procs])))
+            self.rss.append(rss_bytes(descendants(self.workers.pids)))
 
     @contextmanager
     def running(self) -> Iterator[BacklogSampler]:
@@ -495,9 +420,9 @@ class CpuMeter:
 
     def read(self) -> dict[str, float]:
         cpu = self.server.info("cpu")
-        main = sum(process_cpu(proc.pid, children=False) for proc in self.workers.procs)
+        main = sum(process_cpu(pid, children=False) for pid in self.workers.pids)
         return {
-            "workers": sum(process_cpu(proc.pid) for proc in self.workers.procs),
+            "workers": sum(process_cpu(pid) for pid in self.workers.pids),
             "worker_main": main,
             "redis": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
             "client": time.process_time(),
@@ -791,14 +716,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
 
 
 def run_backlog(
-    args: argparse.Namespace, settings: Settings, server: PrivateRedis, raw: dict[str, Any]
+    args: argparse.Namespace, settings: Settings, server: RedisServer, raw: dict[str, Any]
 ) -> dict[str, Any]:
     """The backlog scenario: handover mode, countdown mode and the baseline, one
     after the other on the same workers."""
     bench, worker_env = bench_environment(server, settings)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-backlog-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records, state = server.client(2), server.client(0)
+    records, state = server.client(db=2), server.client(db=0)
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
     figures: dict[str, Any] = {}
     try:
@@ -825,9 +750,7 @@ def run_backlog(
     return figures
 
 
-def bench_environment(
-    server: PrivateRedis, settings: Settings
-) -> tuple[ModuleType, dict[str, str]]:
+def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleType, dict[str, str]]:
     """The bench app, configured for ``server`` and ``settings``, and the workers' environment."""
     env = {
         "BENCH_BROKER_URL": server.url_for(0),
@@ -849,13 +772,13 @@ def bench_environment(
 
 
 def run(
-    args: argparse.Namespace, settings: Settings, server: PrivateRedis, raw: dict[str, Any]
+    args: argparse.Namespace, settings: Settings, server: RedisServer, raw: dict[str, Any]
 ) -> dict[str, Any]:
     bench, worker_env = bench_environment(server, settings)
 
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-celery-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records, state = server.client(2), server.client(0)
+    records, state = server.client(db=2), server.client(db=0)
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
     try:
         log(f"starting {settings.workers} workers x {settings.concurrency} processes")
@@ -898,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
-    with private_redis() as server:
+    with RedisServer(die_with_parent=True) as server:
         log(f"private redis-server on 127.0.0.1:{server.port}")
         redis_version = server.version()
         figures: dict[str, Any] = {}

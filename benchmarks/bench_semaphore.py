@@ -37,8 +37,9 @@ import redis
 from celery_semaphore import Semaphore
 from celery_semaphore.core.protocol import Place
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _servers import HOST, PrivateRedis, private_redis
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
+from devkit.measures import percentile
+from devkit.redis_servers import HOST, RedisServer
 
 LIMIT = 5  # limit of the uncontended semaphores (one client: never more than 1 holder)
 LONG_LEASE = 3600.0  # leases of the pre-populated holders and waiters: no expiry mid-run
@@ -107,12 +108,6 @@ def no_gc() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def percentile(sorted_values: list[float], pct: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    rank = max(1, round(pct / 100 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 @dataclass
@@ -196,7 +191,7 @@ def dramatiq_operation(client: redis.Redis) -> Callable[[], None]:
     return operation
 
 
-def run_throughput(server: PrivateRedis, settings: Settings) -> dict[str, Any]:
+def run_throughput(server: RedisServer, settings: Settings) -> dict[str, Any]:
     clients = [server.client() for _ in range(5)]
     monitor, ping_client, ours_client, prs_client, dramatiq_client = clients
     try:
@@ -301,7 +296,7 @@ def summarize(samples: list[float]) -> dict[str, float]:
     return {"p50_us": percentile(samples, 50), "p99_us": percentile(samples, 99)}
 
 
-def run_latency(server: PrivateRedis, settings: Settings) -> dict[str, Any]:
+def run_latency(server: RedisServer, settings: Settings) -> dict[str, Any]:
     client = server.client()
     try:
         options = {"lease_timeout": LONG_LEASE, "waiter_lease": LONG_LEASE}
@@ -420,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.perf_counter()
-    with private_redis(die_with_parent=True) as server:
+    with RedisServer(die_with_parent=True) as server:
         log(f"private redis-server on {HOST}:{server.port} ({server.binary})")
         with server.client() as client:
             redis_version = str(client.info("server")["redis_version"])

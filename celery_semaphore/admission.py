@@ -115,16 +115,20 @@ def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any
 
 
 def estimate_turn(place: Place) -> float | None:
-    """Seconds until ``place`` is likely served: its position times the time
-    between grants measured on the server while others waited (the pace at
-    which the line really moves), else times the mean hold over the limit."""
+    """Seconds until ``place`` is likely served: its position times the pace of the
+    line, the time between grants measured on the server while others waited (slower
+    than hold / limit when hand-overs are slow), at most twice hold / limit: when
+    tasks come back late the permits idle and the measured pace slows down, which
+    would send them back later still."""
     if place.draining:
         return None
-    if place.grant_interval is not None:
-        return place.position * place.grant_interval
-    if place.hold_estimate is None:
+    capacity = place.hold_estimate / max(place.limit, 1) if place.hold_estimate else None
+    pace = place.grant_interval or capacity
+    if pace is None:
         return None
-    return place.position * place.hold_estimate / max(place.limit, 1)
+    if capacity is not None:
+        pace = min(pace, 2 * capacity)
+    return place.position * pace
 
 
 def should_wait_in_place(place: Place, max_block: float) -> bool:

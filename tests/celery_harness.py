@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from servers import wait_until
 
 import celery_semaphore
 from celery_semaphore import Semaphore
+from devkit.measures import peak_of_records
+from devkit.processes import Child, wait_until, worker_command
 
 APPS = Path(__file__).parent / "celery_apps"
 
@@ -70,7 +70,7 @@ def detach_client(app: Any) -> None:
 
 
 class Worker:
-    """One ``celery worker`` process (and its pool children)."""
+    """One ``celery worker`` process (and its pool children), seen from outside."""
 
     def __init__(
         self,
@@ -86,48 +86,22 @@ class Worker:
     ) -> None:
         self.name = name
         self.log = log
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            app,
-            "worker",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "-n",
-            f"{name}@%h",
-            "-l",
-            "info",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            *extra,
-        ]
-        if queues:
-            command += ["-Q", queues]
-        self._log_file = log.open("wb")
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            cwd=APPS,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        command = worker_command(
+            app, name, pool=pool, concurrency=concurrency, queues=queues, extra=extra
         )
+        self.child = Child.start(name, command, log, env=env, cwd=APPS)
+        self.process = self.child.process
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.child.pid
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.child.text()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
-            if self.process.poll() is not None:
+            if not self.child.alive():
                 raise AssertionError(f"worker {self.name} exited:\n{self.text()[-3000:]}")
             return " ready." in self.text()
 
@@ -138,24 +112,18 @@ class Worker:
         return [int(p) for p in out.stdout.split()]
 
     def signal(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.kill(self.pid, signum)
+        self.child.signal(signum)
 
     def kill_all(self) -> None:
         """SIGKILL the worker and its children at once (a machine dying)."""
-        if self.process.poll() is None:
-            os.killpg(self.pid, signal.SIGKILL)
+        self.child.kill_group()
         self.process.wait(10)
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         return self.process.wait(timeout)
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self._log_file.close()
+        self.child.finish(time.monotonic())
 
 
 class Cluster:
@@ -269,16 +237,7 @@ class Cluster:
 
 def max_overlap(events: list[dict[str, Any]]) -> int:
     """Most task bodies running at once, from their start/end records."""
-    points = sorted(
-        (e["at"], 1 if e["event"] == "start" else -1)
-        for e in events
-        if e["event"] in ("start", "end")
-    )
-    running = peak = 0
-    for _, step in points:
-        running += step
-        peak = max(peak, running)
-    return peak
+    return peak_of_records(events)
 
 
 def settle(seconds: float) -> None:

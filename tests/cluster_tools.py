@@ -13,7 +13,6 @@ sets the cluster's lease and queue limits (used when places are taken at publish
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from datetime import datetime
@@ -122,22 +121,6 @@ class TaskEvents:
         self._receiver.should_stop = True
         self._thread.join(10)
         self._connection.release()
-
-
-def kendall_tau(order: list[Any]) -> float:
-    """Rank correlation of ``order`` with its sorted self: 1.0 is perfect order."""
-    n = len(order)
-    pairs = n * (n - 1) // 2
-    concordant = sum(1 for i in range(n) for j in range(i + 1, n) if order[i] < order[j])
-    discordant = sum(1 for i in range(n) for j in range(i + 1, n) if order[i] > order[j])
-    return (concordant - discordant) / pairs if pairs else 1.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def intervals(events: list[dict[str, Any]], task_ids: set[str]) -> list[tuple[float, float]]:

@@ -1,4 +1,4 @@
-"""Fixtures that run real, throwaway Redis servers (see servers.py).
+"""Fixtures that run real, throwaway Redis servers (see devkit/redis_servers.py).
 
 Each fixture starts its own processes on free loopback ports and stops them at
 teardown, whatever the outcome of the test. The shared Redis on 6379 is never used.
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from async_as_sync import BlockingSemaphore, EventLoopThread
 from celery_harness import Cluster
-from servers import (
+
+from devkit.redis_servers import (
     AclRedisServer,
     RedisClusterServers,
     RedisSentinelServers,

@@ -122,6 +122,6 @@ def test_unreachable_redis_is_one_clear_line(unused_url):
 
 @pytest.fixture
 def unused_url() -> str:
-    from servers import free_port
+    from devkit.redis_servers import free_port
 
     return f"redis://:hunter2@127.0.0.1:{free_port()}/0"

@@ -22,15 +22,6 @@ import pytest
 import redis
 import redis.asyncio.cluster
 from redis.sentinel import Sentinel
-from servers import (
-    AclRedisServer,
-    RedisClusterServers,
-    RedisSentinelServers,
-    RedisServer,
-    TlsRedisServer,
-    UnixSocketRedisServer,
-    wait_until,
-)
 
 from celery_semaphore import Semaphore
 from celery_semaphore.core import AsyncSemaphore
@@ -41,6 +32,15 @@ from celery_semaphore.core.errors import (
 )
 from celery_semaphore.core.keys import semaphore_keys
 from celery_semaphore.core.protocol import DEFAULT_NAMESPACE, Place
+from devkit.redis_servers import (
+    AclRedisServer,
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    TlsRedisServer,
+    UnixSocketRedisServer,
+    wait_until,
+)
 
 # Waiters sleep at most this long between re-checks when no message comes; wake-up
 # tests release well inside it, so only a pub/sub message can explain a fast grant.

@@ -36,9 +36,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from servers import RedisServer
 
 from celery_semaphore import Semaphore
+from devkit.redis_servers import RedisServer
 
 PROCESSES = 32
 LIMIT = 5

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from outcomes import granted, refused, wait_for
-from servers import RedisServer
 
 from celery_semaphore import Permit, Place, Semaphore
+from devkit.redis_servers import RedisServer
 
 MakeSemaphore = Callable[..., Semaphore]
 

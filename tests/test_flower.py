@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 from celery_harness import APPS, Cluster
-from cluster_tools import Clusters, free_port
-from servers import wait_until
+from cluster_tools import Clusters
 
 from celery_semaphore import Permit
+from devkit.processes import wait_until
+from devkit.redis_servers import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from celery_harness import max_overlap
 from cluster_tools import Clusters, eta_countdowns
-from servers import RedisServer
 from test_brokers_canvas import AMQP, rabbitmq_vhost
 
 from celery_semaphore import Handover, Permit, Semaphore
 from celery_semaphore.handover import publish
+from devkit.redis_servers import RedisServer
 
 pytestmark = pytest.mark.slow
 FIXTURES = (rabbitmq_vhost,)

@@ -7,10 +7,10 @@ import time
 import urllib.request
 
 import pytest
-from servers import free_port
 
 from celery_semaphore import Semaphore
 from celery_semaphore.metrics import serve
+from devkit.redis_servers import free_port
 
 pytestmark = pytest.mark.slow
 

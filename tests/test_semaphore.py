@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from async_as_sync import BlockingPermit
 from outcomes import granted, refused, wait_for
-from servers import RedisServer
 
 from celery_semaphore import Permit, Semaphore
 from celery_semaphore.core.keys import ROLES
+from devkit.redis_servers import RedisServer
 
 MakeSemaphore = Callable[..., Semaphore]
 

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from servers import RedisServer, free_port
 
 from celery_semaphore import (
     AsyncPermit,
@@ -23,6 +22,7 @@ from celery_semaphore import (
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
 )
+from devkit.redis_servers import RedisServer, free_port
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from servers import AclRedisServer, RedisServer, free_port
 
 from celery_semaphore import (
     Permit,
@@ -23,6 +22,7 @@ from celery_semaphore import (
     SemaphoreKeyTypeError,
 )
 from celery_semaphore.core.keys import ROLE_TYPES, ROLES
+from devkit.redis_servers import AclRedisServer, RedisServer, free_port
 
 
 def granted(result: Permit | Place) -> Permit:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import redis
-import servers
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
-from servers import (
+
+import devkit.redis_servers as servers
+from devkit.redis_servers import (
     AclRedisServer,
     RedisBinaryNotFoundError,
     RedisClusterServers,

@@ -23,9 +23,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from servers import RedisServer
 
 from celery_semaphore import Permit, Place, Semaphore
+from devkit.redis_servers import RedisServer
 
 HOLDERS = ("h0", "h1", "h2", "h3", "h4")
 holders_st = st.sampled_from(HOLDERS)

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 from celery_harness import max_overlap
-from cluster_tools import Clusters, eta_countdowns, free_port, intervals, kendall_tau
-from servers import RedisServer
+from cluster_tools import Clusters, eta_countdowns, intervals
 
 from celery_semaphore import Permit, SemaphoreConnectionError, SemaphoreTimeout, publish
+from devkit.measures import kendall_tau
+from devkit.redis_servers import RedisServer, free_port
 
 pytestmark = pytest.mark.slow
 

