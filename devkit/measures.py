@@ -70,10 +70,14 @@ def levels(changes: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
     return out
 
 
+def steps(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, int]]:
+    """(time, how many are open) after each start or end of the (start, end) intervals."""
+    return levels([change for s, e in intervals for change in ((s, 1), (e, -1))])
+
+
 def peak_overlap(intervals: Iterable[tuple[float, float]]) -> int:
     """Most (start, end) intervals open at once."""
-    changes = [change for s, e in intervals for change in ((s, 1), (e, -1))]
-    return max((n for _, n in levels(changes)), default=0)
+    return max((n for _, n in steps(intervals)), default=0)
 
 
 def peak_of_records(records: Iterable[dict[str, Any]]) -> int:

@@ -132,6 +132,7 @@ class Processes:
     log_dir: Path
     cwd: Path | str | None = None
     children: list[Child] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)  # run after stop_all
 
     def start(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> Child:
         child = Child.start(name, command, self.log_dir / f"{name}.log", env=env, cwd=self.cwd)
@@ -146,6 +147,8 @@ class Processes:
         for child in reversed(self.children):
             child.finish(deadline)
         self.children.clear()
+        while self.closers:
+            self.closers.pop()()
 
     def tails(self, size: int = 3000) -> str:
         return "\n".join(f"--- {c.name}\n{c.text()[-size:]}" for c in self.children)

@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
-import trustme
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
@@ -345,6 +344,8 @@ class TlsRedisServer(RedisServer):
         startup_timeout: float = STARTUP_TIMEOUT,
     ) -> None:
         super().__init__(*extra_args, binary=binary, startup_timeout=startup_timeout)
+        import trustme  # the dev extra; only TLS servers need it
+
         ca = trustme.CA()
         cert = ca.issue_cert(self.host, "localhost")
         self.ca_path = self.dir / "ca.pem"

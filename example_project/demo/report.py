@@ -1,0 +1,295 @@
+"""The report: what the partner saw, throughput, waiting, fairness, the other caps."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from devkit.measures import kendall_tau, peak_overlap, percentile, steps
+from example_project.demo.terminal import paint, say
+
+PARTNER_SEMAPHORE = "partner-api"
+REPORTS_QUEUE = "reports"
+
+
+@dataclass(frozen=True)
+class Plan:
+    partner_calls: int
+    customers: int
+    syncs: int
+    reports: int
+
+    @property
+    def total(self) -> int:
+        return self.partner_calls + self.syncs + self.reports
+
+    def batch(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """Every task to send, interleaved as real traffic would be: (task name, args)."""
+        names = ["call_partner"] * self.partner_calls
+        names += ["sync_customer"] * self.syncs + ["build_report"] * self.reports
+        # spread the minority kinds evenly through the partner calls (stable, deterministic)
+        counts: Counter[str] = Counter()
+        positioned: list[tuple[float, int, str]] = []
+        totals = Counter(names)
+        for order, name in enumerate(names):
+            counts[name] += 1
+            positioned.append((counts[name] / (totals[name] + 1), order, name))
+        batch: list[tuple[str, tuple[Any, ...]]] = []
+        seen: Counter[str] = Counter()
+        for _, _, name in sorted(positioned):
+            i = seen[name]
+            seen[name] += 1
+            if name == "call_partner":
+                batch.append((name, (1000 + i,)))
+            elif name == "sync_customer":
+                batch.append((name, (i % self.customers + 1, 1)))
+            else:
+                batch.append((name, (50 + i,)))
+        return batch
+
+
+FULL = Plan(partner_calls=200, customers=4, syncs=40, reports=20)
+QUICK = Plan(partner_calls=40, customers=4, syncs=8, reports=6)
+
+
+def mean_level(points: Sequence[tuple[float, int]], start: float, end: float) -> float:
+    """Time-weighted mean of a step series over [start, end]."""
+    if end <= start:
+        return 0.0
+    total, level, last = 0.0, 0, start
+    for changed_at, n in points:
+        at = min(max(changed_at, start), end)
+        total += level * (at - last)
+        level, last = n, at
+    total += level * (end - last)
+    return total / (end - start)
+
+
+Submitted = tuple[float, int, str, Any]  # (time sent, order sent, task, its key argument)
+
+
+@dataclass
+class Run:
+    """What happened: the tasks' own records, the submit times, the partner's stats."""
+
+    submitted: dict[str, Submitted]  # task id -> when and what was sent
+    events: list[dict[str, Any]]
+    partner: dict[str, Any]
+    balances: dict[int, int]
+    expected_balances: dict[int, int]
+    partner_limit: int
+    reports_limit: int
+
+    def bodies(self, task: str) -> dict[str, dict[str, Any]]:
+        """task id -> {start, end, ok, waits, retries, key} of the last execution of each."""
+        out: dict[str, dict[str, Any]] = {}
+        for event in self.events:
+            if event["task"] != task:
+                continue
+            body = out.setdefault(event["id"], {"key": event["key"]})
+            if event["event"] == "start":
+                body.update(start=event["at"], waits=event["waits"], retries=event["retries"])
+            else:
+                body.update(end=event["at"], ok=event.get("ok"), error=event.get("error"))
+        return out
+
+    def intervals(self, task: str, key: Any = None) -> list[tuple[float, float]]:
+        return [
+            (b["start"], b["end"])
+            for b in self.bodies(task).values()
+            if "start" in b and "end" in b and (key is None or b["key"] == key)
+        ]
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def check(self, ok: bool, label: str, failure: str) -> str:
+        if not ok:
+            self.failures.append(failure)
+        return f"{paint('[ok]', '32') if ok else paint('[FAIL]', '31;1')} {label}"
+
+
+def fmt_s(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds:.2f}s"
+
+
+TASKS = ("call_partner", "sync_customer", "build_report")
+
+
+def report_partner(run: Run, verdict: Verdict) -> None:
+    cap, capacity = run.partner_limit, int(run.partner["capacity"])
+    partner_peak, rejected = int(run.partner["peak"]), int(run.partner["rejected"])
+    say(paint("== What the partner saw ==", "1"))
+    say(
+        verdict.check(
+            partner_peak <= capacity,
+            f"peak concurrency seen by the partner: {partner_peak} (cap {cap}, "
+            f"partner capacity {capacity})",
+            f"the partner saw {partner_peak} concurrent requests, above its capacity {capacity}",
+        )
+    )
+    if partner_peak < cap:
+        verdict.warnings.append(f"the partner peak {partner_peak} stayed below the cap {cap}")
+    say(
+        verdict.check(
+            rejected == 0,
+            f"429 responses: {rejected} (200 responses: {run.partner['ok']})",
+            f"the partner answered 429 {rejected} times",
+        )
+    )
+
+
+def report_throughput(run: Run) -> None:
+    say(paint("== Throughput ==", "1"))
+    calls = run.bodies("call_partner")
+    bodies = [b for b in calls.values() if "start" in b and "end" in b]
+    if not bodies:
+        say("  no partner call finished")
+        return
+    cap = run.partner_limit
+    service = run.partner.get("mean_service_time") or math.nan
+    mean_hold = sum(b["end"] - b["start"] for b in bodies) / len(bodies)
+    first_start = min(b["start"] for b in bodies)
+    last_end = max(b["end"] for b in bodies)
+    first_submit = min(run.submitted[i][0] for i in calls)
+    makespan = last_end - first_submit
+    ideal = len(bodies) * service / cap
+    busy = mean_level(steps(run.intervals("call_partner")), first_start, last_end)
+    say(
+        f"  {len(bodies)} partner calls in {makespan:.2f}s from first submit to last answer; "
+        f"ideal {ideal:.2f}s (= {len(bodies)} x {service * 1000:.0f} ms mean service / cap {cap})"
+    )
+    say(f"  efficiency vs ideal makespan: {ideal / makespan:.0%}")
+    say(
+        f"  permits in use while calls ran: {busy:.2f} of {cap} on average ({busy / cap:.0%}); "
+        f"a call held its permit {mean_hold * 1000:.0f} ms on average "
+        "(service + HTTP + bookkeeping)"
+    )
+    say(f"  first call started {first_start - first_submit:.2f}s after the first submit")
+
+
+def report_waiting(run: Run) -> None:
+    say(paint("== Waiting ==", "1"))
+    say(f"  {'from submit to start':<24}{'n':>5}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
+    for task in TASKS:
+        waits = [
+            b["start"] - run.submitted[i][0] for i, b in run.bodies(task).items() if "start" in b
+        ]
+        say(
+            f"  {task:<24}{len(waits):>5}"
+            + "".join(f"{fmt_s(percentile(waits, q)):>9}" for q in (50, 90, 99, 100))
+        )
+    say("  (a backlog drains at cap / service time: the wait is the queue, by design)")
+    say("  retries per task (times it waited for a permit: re-queued with a countdown):")
+    for task in TASKS:
+        counts = Counter(int(b.get("waits", 0)) for b in run.bodies(task).values() if "start" in b)
+        if not counts:
+            continue
+        n = sum(counts.values())
+        mean = sum(k * v for k, v in counts.items()) / n
+        spread = ", ".join(f"{counts[k]}x{k}" for k in sorted(counts))
+        say(f"  {task:<24}mean {mean:.2f}, max {max(counts)}  (tasks x retries: {spread})")
+
+
+def report_fairness(run: Run, verdict: Verdict) -> None:
+    say(paint("== Fairness (FIFO) ==", "1"))
+    calls = run.bodies("call_partner")
+    ordered = [(run.submitted[i][1], b["start"]) for i, b in calls.items() if "start" in b]
+    if len(ordered) < 2:
+        say("  too few calls to tell")
+        return
+    tau = kendall_tau([o for o, _ in sorted(ordered, key=lambda p: p[1])])  # submit order, by start
+    rank = {o: r for r, (o, _) in enumerate(sorted(ordered, key=lambda p: p[1]))}
+    displacement = [abs(rank[o] - r) for r, o in enumerate(sorted(o for o, _ in ordered))]
+    say(
+        f"  Kendall tau, submit order vs start order of call_partner: {tau:.3f} "
+        "(1 = strictly first come, first served)"
+    )
+    say(
+        f"  |start position - submit position|: median {percentile(displacement, 50):.0f}, "
+        f"p90 {percentile(displacement, 90):.0f}, max {max(displacement)} (of {len(ordered)})"
+    )
+    if tau < 0.8:
+        verdict.warnings.append(f"Kendall tau {tau:.3f} is low for a FIFO semaphore")
+
+
+def report_other_caps(run: Run, verdict: Verdict) -> None:
+    say(paint("== Per-key and per-queue caps ==", "1"))
+    customers = sorted(run.expected_balances)
+    per_customer = {c: peak_overlap(run.intervals("sync_customer", c)) for c in customers}
+    worst = max(per_customer.values(), default=0)
+    say(
+        verdict.check(
+            worst <= 1,
+            "per-customer peak (semaphore customer-<id>, limit 1): "
+            + ", ".join(f"customer {c}: {per_customer[c]}" for c in customers),
+            f"two syncs of one customer overlapped (peak {worst})",
+        )
+    )
+    lost = {c: run.expected_balances[c] - run.balances.get(c, 0) for c in customers}
+    say(
+        verdict.check(
+            not any(lost.values()),
+            "no lost update (balance/syncs): "
+            + ", ".join(f"{run.balances.get(c, 0)}/{run.expected_balances[c]}" for c in customers),
+            f"updates lost per customer: {lost}",
+        )
+    )
+    together = peak_overlap(run.intervals("sync_customer"))
+    say(f"     different customers synced in parallel: up to {together} at once")
+    reports_peak = peak_overlap(run.intervals("build_report"))
+    say(
+        verdict.check(
+            reports_peak <= run.reports_limit,
+            f"reports queue peak (semaphore_queue_limits, limit {run.reports_limit}): "
+            f"{reports_peak}",
+            f"{reports_peak} reports ran at once on a queue capped at {run.reports_limit}",
+        )
+    )
+
+
+def report_tasks(run: Run, plan: Plan, verdict: Verdict) -> None:
+    say(paint("== Tasks ==", "1"))
+    finished = {t: run.bodies(t) for t in TASKS}
+    succeeded = sum(1 for bodies in finished.values() for b in bodies.values() if b.get("ok"))
+    say(
+        verdict.check(
+            succeeded == plan.total,
+            f"{succeeded} of {plan.total} tasks succeeded",
+            f"{plan.total - succeeded} tasks did not succeed",
+        )
+    )
+    failed = [
+        f"{task}[{i}]: {b.get('error')}"
+        for task, bodies in finished.items()
+        for i, b in bodies.items()
+        if "end" in b and not b.get("ok")
+    ]
+    for line in failed[:10]:
+        say(f"     {line}")
+
+
+def report(run: Run, plan: Plan) -> Verdict:
+    verdict = Verdict()
+    sections: list[Callable[[], None]] = [
+        partial(report_partner, run, verdict),
+        partial(report_throughput, run),
+        partial(report_waiting, run),
+        partial(report_fairness, run, verdict),
+        partial(report_other_caps, run, verdict),
+        partial(report_tasks, run, plan, verdict),
+    ]
+    for section in sections:
+        say()
+        section()
+    return verdict
