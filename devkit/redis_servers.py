@@ -197,7 +197,7 @@ class RedisServer(_Managed):
         return f"redis://{self.host}:{self.port}/0"
 
     def url_for(self, db: int) -> str:
-        return f"redis://{self.host}:{self.port}/{db}"
+        return f"{self.url.rsplit('/', 1)[0]}/{db}"
 
     def version(self) -> str:
         with self.client() as client:
@@ -217,9 +217,11 @@ class RedisServer(_Managed):
         """Whether the process is alive (it may still be starting up)."""
         return self._proc is not None and self._proc.poll() is None
 
-    def client(self, **kwargs: Any) -> redis.Redis:
-        """New client for this server; the caller must close it (``with server.client() as c``)."""
-        return redis.Redis.from_url(self.url, **kwargs)
+    def client(self, db: int | None = None, **kwargs: Any) -> redis.Redis:
+        """New client for this server (database ``db`` if given, else the URL's); the
+        caller must close it (``with server.client() as c``)."""
+        url = self.url if db is None else f"{self.url.rsplit('/', 1)[0]}/{db}"
+        return redis.Redis.from_url(url, **kwargs)
 
     def start(self) -> None:
         if self.is_running():
@@ -360,9 +362,9 @@ class TlsRedisServer(RedisServer):
     def url(self) -> str:
         return f"rediss://{self.host}:{self.port}/0"
 
-    def client(self, **kwargs: Any) -> redis.Redis:
+    def client(self, db: int | None = None, **kwargs: Any) -> redis.Redis:
         kwargs.setdefault("ssl_ca_certs", str(self.ca_path))
-        return super().client(**kwargs)
+        return super().client(db, **kwargs)
 
     def _config_args(self) -> list[str]:
         return [
