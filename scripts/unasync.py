@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parent.parent / "celery_semaphore" / "core"
 SOURCE = CORE / "_async" / "semaphore.py"
 TARGET = CORE / "_sync" / "semaphore.py"
+FORMAT_AS = TARGET  # ruff picks the project's settings by this path
 HEADER = (
     "# Generated from celery_semaphore/core/_async/semaphore.py by scripts/unasync.py:\n"
     "# do not edit; edit the asyncio source and run the script.\n"
@@ -51,7 +53,7 @@ def unasync(text: str) -> str:
 def ruff_format(text: str) -> str:
     ruff = Path(sys.executable).with_name("ruff")
     done = subprocess.run(
-        [str(ruff) if ruff.exists() else "ruff", "format", "--stdin-filename", str(TARGET), "-"],
+        [str(ruff) if ruff.exists() else "ruff", "format", "--stdin-filename", str(FORMAT_AS), "-"],
         input=text,
         capture_output=True,
         text=True,
@@ -69,15 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         if current != wanted:
             TARGET.write_text(wanted, encoding="utf-8")
-            print(f"unasync: wrote {TARGET.relative_to(CORE.parent.parent)}")
+            print(f"unasync: wrote {os.path.relpath(TARGET)}")
         return 0
     if current == wanted:
         return 0
     diff = difflib.unified_diff(
         wanted.splitlines(keepends=True),
         current.splitlines(keepends=True),
-        "generated from " + str(SOURCE.relative_to(CORE.parent.parent)),
-        str(TARGET.relative_to(CORE.parent.parent)),
+        "generated from " + os.path.relpath(SOURCE),
+        os.path.relpath(TARGET),
     )
     sys.stderr.write("".join(diff))
     sys.stderr.write(

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_celery.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_celery.py"
 
 
 def test_quick_run_reports_every_figure_and_never_exceeds_the_limit():

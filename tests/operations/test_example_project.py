@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 EXAMPLE = ROOT / "example_project"
 # Columns Flower's tasks page knows (flower docs, "tasks_columns").

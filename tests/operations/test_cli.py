@@ -13,7 +13,7 @@ import pytest
 from celery_semaphore import Permit, Place, Semaphore
 from celery_semaphore.core.protocol import DEFAULT_LEASE_TIMEOUT
 
-APPS = Path(__file__).parent / "celery_apps"
+APPS = Path(__file__).parents[1] / "celery_apps"
 
 
 def run(redis_url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,43 @@
+"""Every error of the package survives the result backend: ``type(e)(*e.args)``."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from celery_semaphore import (
+    SemaphoreBackendError,
+    SemaphoreConnectionError,
+    SemaphoreError,
+    SemaphoreKeyTypeError,
+    SemaphoreTimeout,
+    StaleHandover,
+    UnknownSemaphore,
+)
+
+ERRORS = [
+    SemaphoreTimeout("s", 3, 1.25, "position 4 in line"),
+    SemaphoreConnectionError("redis://h:1/0", "refused"),
+    SemaphoreBackendError("denied"),
+    SemaphoreKeyTypeError("k", "string", "zset"),
+    UnknownSemaphore("s", "ns"),
+    StaleHandover("s", 7),
+]
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_rebuilt_from_args_and_pickled_it_says_the_same(error: SemaphoreError) -> None:
+    assert isinstance(error, SemaphoreError)
+    rebuilt = type(error)(*error.args)
+    assert str(rebuilt) == str(error)
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
+
+
+def test_messages_say_what_to_do() -> None:
+    assert "check the name and semaphore_namespace" in str(UnknownSemaphore("x", "ns"))
+    assert "drop it" in str(StaleHandover("x", 1))
+    assert "another program writes to this key" in str(SemaphoreKeyTypeError("k", "a", "b"))
+    assert isinstance(SemaphoreTimeout("s", 1, 0.0), TimeoutError)
+    assert isinstance(SemaphoreConnectionError("u", "x"), ConnectionError)
+    assert isinstance(UnknownSemaphore("s", "ns"), LookupError)

@@ -1,0 +1,102 @@
+"""The layout's rules, enforced: a Celery-free core, one source for sync and asyncio."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "celery_semaphore" / "core"
+FORBIDDEN = ("celery", "click", "kombu", "billiard")
+
+
+def test_importing_the_semaphore_loads_no_celery_and_connects_nothing() -> None:
+    code = (
+        "import sys, celery_semaphore\n"
+        "celery_semaphore.Semaphore, celery_semaphore.AsyncSemaphore, celery_semaphore.Place\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('celery', 'click', 'kombu')]\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_celery_side_loads_on_first_use() -> None:
+    code = (
+        "import sys, celery_semaphore\n"
+        "assert 'celery' not in sys.modules\n"
+        "celery_semaphore.LimitedTask\n"
+        "assert 'celery' in sys.modules\n"
+        "from celery.signals import task_received\n"
+        "assert not task_received.receivers, 'a handler is connected before install()'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_module_of_the_core_imports_celery_click_kombu_or_billiard() -> None:
+    files = sorted(CORE.rglob("*.py"))
+    assert len(files) >= 10
+    offending = {
+        str(f.relative_to(ROOT)): sorted(imported_modules(f) & set(FORBIDDEN)) for f in files
+    }
+    assert {f: m for f, m in offending.items() if m} == {}
+
+
+def test_the_core_imports_nothing_from_the_celery_side() -> None:
+    celery_side = {"admission", "config", "gates", "publish", "state", "task", "wiring", "worker"}
+    for path in CORE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "celery_semaphore."
+            ):
+                part = (node.module or "").split(".")[1]
+                assert part not in celery_side, f"{path.name} imports {node.module}"
+
+
+def load_unasync() -> object:
+    spec = importlib.util.spec_from_file_location("unasync", ROOT / "scripts" / "unasync.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sync_semaphore_is_exactly_what_the_asyncio_one_generates() -> None:
+    unasync = load_unasync()
+    source = (CORE / "_async" / "semaphore.py").read_text(encoding="utf-8")
+    wanted = unasync.ruff_format(unasync.unasync(source))  # type: ignore[attr-defined]
+    assert (CORE / "_sync" / "semaphore.py").read_text(encoding="utf-8") == wanted
+
+
+def test_a_hand_edit_of_the_sync_semaphore_is_caught(tmp_path: Path, monkeypatch: object) -> None:
+    unasync = load_unasync()
+    edited = tmp_path / "semaphore.py"
+    text = (CORE / "_sync" / "semaphore.py").read_text(encoding="utf-8")
+    edited.write_text(text.replace("def release(", "def release_(", 1), encoding="utf-8")
+    monkeypatch.setattr(unasync, "TARGET", edited)  # type: ignore[attr-defined]
+    assert unasync.main(["--check"]) == 1  # type: ignore[attr-defined]
+    edited.write_text(text, encoding="utf-8")
+    assert unasync.main(["--check"]) == 0  # type: ignore[attr-defined]
+
+
+def test_the_generated_code_names_no_async_api() -> None:
+    text = (CORE / "_sync" / "semaphore.py").read_text(encoding="utf-8")
+    for word in ("async ", "await ", "AsyncSemaphore", "AsyncPermit", "aclose", "__aenter__"):
+        assert word not in text, word
