@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -53,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, besi
 from devkit.measures import kendall_tau, peak_overlap, percentile
 from devkit.processes import Processes, worker_command
 from devkit.redis_servers import RedisServer
+from devkit.reporting import package_version, verdict
 
 HERE = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
@@ -506,17 +506,6 @@ def warm_up(bench: ModuleType, settings: Settings, records: redis.Redis) -> None
 # --------------------------------------------------------------------------- report
 
 
-def package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def mark(met: bool) -> str:
-    return "ok" if met else "MISSED"
-
-
 def gap_cell(figures: dict[str, Any]) -> str:
     gaps = figures["handoff_gap_s"]
     return f"{gaps['median'] * 1000:.0f} / {gaps['p90'] * 1000:.0f}"
@@ -552,18 +541,18 @@ def print_report(results: dict[str, Any]) -> None:
          f"{base['makespan_from_submit_s']:.2f}", ""),
         ("efficiency (ideal / makespan)", f"{ours['efficiency']:.3f}",
          f"{base['efficiency']:.3f}",
-         f">= {TARGETS['efficiency_min']:.2f}  {mark(ours['efficiency'] >= TARGETS['efficiency_min'])}"),  # noqa: E501
+         f">= {TARGETS['efficiency_min']:.2f}  {verdict(ours['efficiency'] >= TARGETS['efficiency_min'])}"),  # noqa: E501
         ("efficiency from first submit", f"{ours['efficiency_from_submit']:.3f}",
          f"{base['efficiency_from_submit']:.3f}", ""),
         ("peak overlap (from the bodies' times)", str(ours["peak_overlap"]),
          str(base["peak_overlap"]),
-         f"= {s['limit']}  {mark(ours['peak_overlap'] == s['limit'])}"),
+         f"= {s['limit']}  {verdict(ours['peak_overlap'] == s['limit'])}"),
         ("Kendall tau, start vs submit order", f"{ours['kendall_tau']:.3f}",
          f"{base['kendall_tau']:.3f}",
-         f">= {TARGETS['kendall_tau_min']:.2f}  {mark(ours['kendall_tau'] >= TARGETS['kendall_tau_min'])}"),  # noqa: E501
+         f">= {TARGETS['kendall_tau_min']:.2f}  {verdict(ours['kendall_tau'] >= TARGETS['kendall_tau_min'])}"),  # noqa: E501
         ("waits (retries for a permit) / task, mean",
          f"{ours['waits_mean']:.2f}", f"{base['waits_mean']:.2f}",
-         f"<= {TARGETS['retries_mean_max']:.0f}  {mark(ours['waits_mean'] <= TARGETS['retries_mean_max'])}"),  # noqa: E501
+         f"<= {TARGETS['retries_mean_max']:.0f}  {verdict(ours['waits_mean'] <= TARGETS['retries_mean_max'])}"),  # noqa: E501
         ("waits / task, max (total)", f"{ours['waits_max']:.0f} ({ours['waits_total']:.0f})",
          f"{base['waits_max']:.0f} ({base['waits_total']:.0f})", ""),
         ("request.retries seen by the body, mean", f"{ours['body_retries_mean']:.2f}",
@@ -619,7 +608,7 @@ def print_report(results: dict[str, Any]) -> None:
     print(f"  (LimitedTask limit {s['noop_limit']}: never binds)")
     print(
         f"  ratio limited/plain  {noop['ratio']:.3f}   target >= {TARGETS['noop_ratio_min']:.2f}"
-        f"  {mark(noop['ratio'] >= TARGETS['noop_ratio_min'])}"
+        f"  {verdict(noop['ratio'] >= TARGETS['noop_ratio_min'])}"
     )
 
 
@@ -641,17 +630,17 @@ def print_backlog(results: dict[str, Any]) -> None:
         ["figure", *(LABELS[k] for k in BACKLOG_MODES), "target (handover)"],
         row("efficiency", lambda m: f"{m['efficiency']:.3f}",
             f">= {t['efficiency_min']:.2f} and > baseline  "
-            f"{mark(ours['efficiency'] >= t['efficiency_min'] and ours['efficiency'] > base['efficiency'])}"),  # noqa: E501
+            f"{verdict(ours['efficiency'] >= t['efficiency_min'] and ours['efficiency'] > base['efficiency'])}"),  # noqa: E501
         row("makespan (s)", lambda m: f"{m['makespan_s']:.1f}", f"ideal {s['ideal_s']:.1f}"),
         row("waits / task, mean (max)", lambda m: f"{m['waits_mean']:.2f} ({m['waits_max']:.0f})",
-            f"<= {t['waits_mean_max']}  {mark(ours['waits_mean'] <= t['waits_mean_max'])}"),
+            f"<= {t['waits_mean_max']}  {verdict(ours['waits_mean'] <= t['waits_mean_max'])}"),
         row("Kendall tau", lambda m: f"{m['kendall_tau']:.3f}",
-            f">= {t['kendall_tau_min']}  {mark(ours['kendall_tau'] >= t['kendall_tau_min'])}"),
+            f">= {t['kendall_tau_min']}  {verdict(ours['kendall_tau'] >= t['kendall_tau_min'])}"),
         row("peak overlap", lambda m: str(m["peak_overlap"]),
-            f"= {s['limit']}  {mark(ours['peak_overlap'] == s['limit'])}"),
+            f"= {s['limit']}  {verdict(ours['peak_overlap'] == s['limit'])}"),
         row("release -> next start, median / p90 (ms)", gap_cell),
         row("waiting tasks held by workers, peak", lambda m: str(m["held_by_workers_peak"]),
-            f"<= {held_max}  {mark(ours['held_by_workers_peak'] <= held_max)}"),
+            f"<= {held_max}  {verdict(ours['held_by_workers_peak'] <= held_max)}"),
         row("workers' RSS, peak (MiB)", lambda m: f"{m['workers_rss_peak_mib']:.0f}",
             "within 10% at N=12,000 (--backlog-n)"),
         row("tasks run / distinct", lambda m: f"{m['tasks_run']} / {m['distinct_tasks']}",

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,6 +39,7 @@ from celery_semaphore.core.protocol import Place
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.measures import percentile
 from devkit.redis_servers import HOST, RedisServer
+from devkit.reporting import package_version, verdict
 
 LIMIT = 5  # limit of the uncontended semaphores (one client: never more than 1 holder)
 LONG_LEASE = 3600.0  # leases of the pre-populated holders and waiters: no expiry mid-run
@@ -332,17 +332,6 @@ def run_latency(server: RedisServer, settings: Settings) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
-
-
-def package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "?"
-
-
-def verdict(met: bool) -> str:
-    return "met" if met else "MISSED"
 
 
 def print_report(results: dict[str, Any]) -> None:

@@ -107,12 +107,7 @@ else
       meta_writes[#meta_writes + 1] = 'ticket'
       meta_writes[#meta_writes + 1] = fmt(ticket)
     end
-    redis.call('ZADD', waiters, fmt(ticket), holder)
-    redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
-    if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
-      local first = string.match(redis.call('HGET', winfo, holder), '^(%d+)|') or fmt(now_ms)
-      redis.call('HSET', winfo, holder, first .. '|' .. info)
-    end
+    stand_in_line(holder, ticket, waiter_lease_ms, info)
     queued = ticket
     waiting = waiting + 1
   end

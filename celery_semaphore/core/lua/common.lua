@@ -231,6 +231,16 @@ local function served(holder)
   end
 end
 
+-- Puts ``holder`` in line at ``ticket`` for ``lease_ms``, keeping when it first asked.
+local function stand_in_line(holder, ticket, lease_ms, info)
+  redis.call('ZADD', waiters, fmt(ticket), holder)
+  redis.call('ZADD', wexp, now_ms + lease_ms, holder)
+  if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
+    local first = string.match(redis.call('HGET', winfo, holder), '^(%d+)|') or fmt(now_ms)
+    redis.call('HSET', winfo, holder, first .. '|' .. info)
+  end
+end
+
 local function earliest_expiry()
   local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   return tonumber(first[2]) or 0

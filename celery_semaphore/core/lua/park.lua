@@ -22,12 +22,7 @@ reclaim()
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end
 if not ticket then ticket = next_seq('ticket') end
-redis.call('ZADD', waiters, fmt(ticket), holder)
-redis.call('ZADD', wexp, now_ms + park_ms, holder)
-if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
-  local first = string.match(redis.call('HGET', winfo, holder), '^(%d+)|') or fmt(now_ms)
-  redis.call('HSET', winfo, holder, first .. '|' .. info)
-end
+stand_in_line(holder, ticket, park_ms, info)
 local released = redis.call('HGET', meta, 'released') or '0'
 redis.call('HSET', parked, holder, '0|p|' .. released .. '|' .. payload)
 if due_ms > 0 then
