@@ -671,8 +671,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--backoff-base", type=float, help="baseline backoff base (s)")
     parser.add_argument("--backoff-max", type=float, help="baseline backoff cap (s)")
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["ours", "baseline", "noop"],
-        help="skip a phase (then the figures are printed as JSON)",
+        "--skip", action="append", default=[],
+        choices=["ours", "baseline", "noop", "countdown"],
+        help="skip a phase (ours = handover; countdown: the backlog's countdown phase); "
+        "then the figures are printed as JSON",
     )  # fmt: skip
     parser.add_argument(
         "--prime",
@@ -720,7 +722,10 @@ def run_backlog(
         records.delete(bench.READY_KEY)
         workers.start(lambda: int(records.scard(bench.READY_KEY)))
         warm_up(bench, settings, records)
+        skipped = {"ours": "ours", "ours_countdown": "countdown", "baseline": "baseline"}
         for kind in BACKLOG_MODES:
+            if skipped[kind] in args.skip:
+                continue
             what = f"{settings.tasks} tasks x {settings.hold} s, L={settings.limit}"
             log(f"backlog, {LABELS[kind]}: {what}")
             sampler = BacklogSampler(state, workers)
@@ -852,8 +857,10 @@ def main(argv: list[str] | None = None) -> int:
         print_report(results)
     elif args.scenario in ("today", "both"):
         print(json.dumps(today, indent=2))
-    if "backlog" in figures:
+    if "backlog" in figures and len(figures["backlog"]) == len(BACKLOG_MODES):
         print_backlog(results)
+    elif "backlog" in figures:
+        print(json.dumps(figures["backlog"], indent=2))
     print(f"\n(whole run: {results['elapsed_s']:.0f} s)")
     return 0
 
