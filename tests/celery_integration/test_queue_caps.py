@@ -51,7 +51,9 @@ def test_queue_cap_holds_plain_tasks_across_workers_and_spares_other_queues(
     assert max_overlap(capped_runs) == 2
     pids = {e["pid"] for e in capped_runs}
     assert all(pids & set(w.children()) for w in workers)  # both workers ran capped tasks
-    assert max_overlap(of(events, {r.id for r in free})) == 4  # not capped
+    # not capped: more than the 2 of queue:reports ran at once (all 4 when both workers
+    # reserve 2 each; the Redis transport may hand one worker 3, leaving one process idle)
+    assert max_overlap(of(events, {r.id for r in free})) >= 3
     status = cluster.semaphore("queue:reports", 2).status()
     assert (status.holder_count, status.waiter_count) == (0, 0)
 
