@@ -148,7 +148,7 @@ def countdown(waits: int, place: Place | None, config: SemaphoreConfig) -> float
         early = turn - place.hold_estimate / 2
         delay = early * (random.uniform(0.85, 0.95) if config.backoff_jitter else 0.9)
     else:
-        cap = min(config.backoff_max, config.backoff_base * 2.0**waits)
+        cap = min(config.backoff_max, config.backoff_base * 2.0 ** min(waits, 64))
         delay = random.uniform(0.0, cap) if config.backoff_jitter else cap
     return min(max(delay, MIN_COUNTDOWN), config.backoff_max)
 

@@ -48,6 +48,7 @@ def test_countdown_aims_half_a_hold_before_the_turn_within_its_bounds() -> None:
     assert countdown(0, place(1, hold=0.4), config) == 0.02  # at least MIN_COUNTDOWN
     assert countdown(0, place(10_000, hold=0.4), config) == 30.0  # at most backoff_max
     assert countdown(3, None, config) == pytest.approx(0.5 * 2**3)  # no estimate: backoff
+    assert countdown(5000, None, config) == 30.0  # 2.0 ** 5000 would overflow
     jittered = SemaphoreConfig(backoff_max=30.0)
     assert all(0.02 <= countdown(3, None, jittered) <= 4.0 for _ in range(50))
 

@@ -1,0 +1,273 @@
+"""Gates: which semaphores a request must pass, decided once (queue cap first, then
+the task's own), named the same by the publisher and the worker, and carried
+in the request's headers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.app.task import Context
+from kombu import Exchange, Queue
+
+from celery_semaphore import LimitedTask
+from celery_semaphore.gates import (
+    GATES_HEADER,
+    Gate,
+    decode_gates,
+    encode_gates,
+    queue_gate,
+    queue_of,
+    recorded_gates,
+    request_gates,
+    task_gate,
+)
+from celery_semaphore.publish import published_queue
+
+MakeApp = Callable[..., Celery]
+
+
+def finalized(make_app: MakeApp, **conf: Any) -> Celery:
+    app = make_app(**conf)
+    app.finalize()  # decorators then return tasks, not proxies
+    return app
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def test_gates_round_trip_through_a_json_header() -> None:
+    gates = [Gate("queue:slow", 2), Gate("customer-7", 1)]
+    assert encode_gates(gates) == [["queue:slow", 2], ["customer-7", 1]]
+    assert decode_gates(encode_gates(gates)) == gates
+    assert decode_gates([("s", "3")]) == [Gate("s", 3)]  # as a header may bring it back
+
+
+@pytest.mark.parametrize("raw", [None, [], ()])
+def test_no_gates(raw: Any) -> None:
+    assert decode_gates(raw) == []
+
+
+@pytest.mark.parametrize("raw", [[["s"]], [["s", 1, 2]], [["s", "many"]]])
+def test_a_mangled_header_is_an_error_not_a_guess(raw: Any) -> None:
+    with pytest.raises(ValueError):
+        decode_gates(raw)
+
+
+# ----------------------------------------------------------------- queues
+
+EXCHANGE = Exchange("jobs", type="direct")
+QUEUES = [
+    Queue("celery", Exchange("celery"), routing_key="celery"),
+    Queue("slow", EXCHANGE, routing_key="slow.key"),
+    Queue("slow-copy", Exchange("other"), routing_key="slow.key"),
+    Queue("plain"),  # default exchange: routing key '' here
+]
+
+
+@pytest.mark.parametrize(
+    ("exchange", "routing_key", "queue"),
+    [
+        (EXCHANGE, "slow.key", "slow"),
+        ("jobs", "slow.key", "slow"),  # the exchange by name
+        (Exchange("other"), "slow.key", "slow-copy"),  # same key, other exchange
+        ("celery", "celery", "celery"),
+        ("", "plain", "plain"),  # default exchange: the routing key is the queue's name
+        (None, "plain", "plain"),
+        ("jobs", "unknown.key", "unknown.key"),
+        ("nowhere", "slow.key", "slow.key"),
+        ("", None, None),
+    ],
+)
+def test_queue_of_a_message(exchange: Any, routing_key: str | None, queue: str | None) -> None:
+    assert queue_of(QUEUES, exchange, routing_key) == queue
+
+
+def test_queue_gate_only_for_capped_queues() -> None:
+    from celery_semaphore.config import SemaphoreConfig
+
+    config = SemaphoreConfig(queue_limits={"slow": 2})
+    assert queue_gate("slow", config) == Gate("queue:slow", 2)
+    assert queue_gate("fast", config) is None
+    assert queue_gate(None, config) is None
+
+
+def test_published_queue_else_follows_exchange_and_routing_key(make_app: MakeApp) -> None:
+    app = make_app(task_queues=QUEUES)
+    assert published_queue(app, None, "jobs", "slow.key") == "slow"
+    assert published_queue(app, (), EXCHANGE, "slow.key") == "slow"
+    # Celery's ``declare`` names the routed queue even when an explicit exchange and
+    # routing key send the message elsewhere: the binding decides, as in the worker.
+    assert published_queue(app, [Queue("a"), Queue("b")], "other", "slow.key") == "slow-copy"
+    assert published_queue(app, [EXCHANGE], "jobs", "slow.key") == "slow"
+    assert published_queue(app, None, "", "anything") == "anything"
+
+
+# ------------------------------------------------------------ task's gate
+
+
+def test_a_named_semaphore(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(base=LimitedTask, semaphore="reports", limit=3, shared=False)
+    def report(x: int) -> int:
+        return x
+
+    assert task_gate(report, (1,), {}) == Gate("reports", 3)
+
+
+def test_a_key_function_gets_the_tasks_arguments_not_the_task(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+    seen: list[tuple[Any, ...]] = []
+
+    def key(customer: int, *, region: str = "eu") -> str:
+        seen.append((customer, region))
+        return f"customer-{customer}-{region}"
+
+    @app.task(base=LimitedTask, semaphore=key, limit=1, shared=False, bind=True)
+    def charge(self: Any, customer: int, *, region: str = "eu") -> None: ...
+
+    assert task_gate(charge, (7,), {"region": "us"}) == Gate("customer-7-us", 1)
+    assert task_gate(charge, [8], {}) == Gate("customer-8-eu", 1)
+    assert seen == [(7, "us"), (8, "eu")]
+
+
+def test_key_functions_defined_on_a_subclass(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    class PerCustomer(LimitedTask):  # type: ignore[misc]
+        abstract = True
+        limit = 2
+
+        def semaphore(customer: str) -> str:  # type: ignore[misc]  # no self: a key function
+            return f"c-{customer}"
+
+    class PerRegion(LimitedTask):  # type: ignore[misc]
+        abstract = True
+        limit = 4
+        semaphore = staticmethod(lambda region: f"r-{region}")
+
+    @app.task(base=PerCustomer, shared=False)
+    def per_customer(customer: str) -> None: ...
+
+    @app.task(base=PerRegion, shared=False)
+    def per_region(region: str) -> None: ...
+
+    assert task_gate(per_customer, ("acme",), {}) == Gate("c-acme", 2)
+    assert task_gate(per_region, ("eu",), {}) == Gate("r-eu", 4)
+
+
+def test_a_plain_task_has_no_gate_of_its_own(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    assert task_gate(plain, (), {}) is None
+
+
+def test_a_failing_key_function_names_the_task_and_the_error(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    def key(order: dict[str, Any]) -> str:
+        return str(order["customer"])
+
+    @app.task(base=LimitedTask, semaphore=key, limit=1, shared=False, name="shop.ship")
+    def ship(order: dict[str, Any]) -> None: ...
+
+    with pytest.raises(ValueError) as info:
+        task_gate(ship, ({"id": 3},), {})
+    message = str(info.value)
+    assert message.startswith("task shop.ship: the semaphore key function <function ")
+    assert message.endswith("failed on this task's arguments: KeyError('customer')")
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(ValueError, match="failed on this task's arguments: TypeError"):
+        task_gate(ship, (), {})  # arguments that do not fit the key function
+
+
+@pytest.mark.parametrize("returned", [5, None, "", b"name", ["a"]])
+def test_a_key_function_must_return_a_non_empty_str(make_app: MakeApp, returned: Any) -> None:
+    app = finalized(make_app)
+
+    @app.task(base=LimitedTask, semaphore=lambda: returned, limit=1, shared=False, name="shop.bad")
+    def bad() -> None: ...
+
+    with pytest.raises(TypeError) as info:
+        task_gate(bad, (), {})
+    assert str(info.value) == (
+        f"task shop.bad: the semaphore key function must return a non-empty str, got {returned!r}"
+    )
+
+
+def test_a_key_function_returning_a_too_long_name(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(base=LimitedTask, semaphore=lambda: "x" * 201, limit=1, shared=False, name="t.long")
+    def long() -> None: ...
+
+    with pytest.raises(ValueError, match=r"^task t.long: semaphore must be 1 to 200 characters"):
+        task_gate(long, (), {})
+
+
+# ----------------------------------------------------------- request gates
+
+
+def test_queue_cap_comes_before_the_tasks_own(make_app: MakeApp) -> None:
+    app = finalized(make_app, semaphore_queue_limits={"slow": 2})
+
+    @app.task(base=LimitedTask, semaphore=lambda n: f"n-{n}", limit=3, shared=False)
+    def limited(n: int) -> None: ...
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    assert request_gates(limited, (1,), {}, "slow") == [Gate("queue:slow", 2), Gate("n-1", 3)]
+    assert request_gates(limited, (1,), {}, "fast") == [Gate("n-1", 3)]
+    assert request_gates(limited, (1,), {}, None) == [Gate("n-1", 3)]
+    assert request_gates(plain, (), {}, "slow") == [Gate("queue:slow", 2)]
+    assert request_gates(plain, (), {}, "fast") == []
+
+
+def test_request_gates_raise_like_task_gate(make_app: MakeApp) -> None:
+    app = finalized(make_app, semaphore_queue_limits={"slow": 2})
+
+    @app.task(base=LimitedTask, semaphore=lambda: 1, limit=3, shared=False)
+    def limited() -> None: ...
+
+    with pytest.raises(TypeError, match="must return a non-empty str"):
+        request_gates(limited, (), {}, "slow")
+
+
+# ---------------------------------------------------------- recorded gates
+
+
+def test_gates_recorded_on_a_worker_request() -> None:
+    request = SimpleNamespace(request_dict={GATES_HEADER: [["queue:q", 1], ["s", 2]]})
+    assert recorded_gates(request) == [Gate("queue:q", 1), Gate("s", 2)]
+
+
+def test_gates_on_the_childs_context_or_a_revoke() -> None:
+    context = Context(id="t1", **{GATES_HEADER: [["s", 2]]})
+    assert recorded_gates(context) == [Gate("s", 2)]
+    in_headers = Context(id="t2", headers={GATES_HEADER: [["q", 5]]})
+    assert recorded_gates(in_headers) == [Gate("q", 5)]
+
+
+def test_the_request_dict_wins_and_falls_back_when_it_has_no_gates() -> None:
+    both = SimpleNamespace(
+        request_dict={GATES_HEADER: [["a", 1]]}, headers={GATES_HEADER: [["b", 1]]}
+    )
+    assert recorded_gates(both) == [Gate("a", 1)]
+    fallback = SimpleNamespace(request_dict={"id": "x"}, headers={GATES_HEADER: [["b", 1]]})
+    assert recorded_gates(fallback) == [Gate("b", 1)]
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [SimpleNamespace(), Context(id="x"), SimpleNamespace(headers=None, request_dict=None)],
+)
+def test_no_gates_recorded(request_: Any) -> None:
+    assert recorded_gates(request_) == []

@@ -1,0 +1,86 @@
+"""What the plugin keeps per app (``app.semaphore_state``): made once, shared by
+every caller, dropped (and its clients closed) by ``reset``. No client here
+ever connects: building one from a URL does not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from celery import Celery
+
+import celery_semaphore
+from celery_semaphore.config import SemaphoreConfig, get_config
+from celery_semaphore.state import QUICK_TIMEOUT, AppState, reset, state_of
+
+MakeApp = Callable[..., Celery]
+CONFIG = SemaphoreConfig(redis_url="redis://:secret@db:6390/0", namespace="ns", lease_timeout=20)
+
+
+def test_state_is_made_once_per_app_and_kept_on_it(make_app: MakeApp) -> None:
+    first, second = make_app(), make_app()
+    state = state_of(first)
+    assert isinstance(state, AppState)
+    assert state_of(first) is state
+    assert first.semaphore_state is state  # type: ignore[attr-defined]
+    assert state_of(second) is not state
+
+
+def test_reset_forgets_settings_and_closes_clients(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app(semaphore_lease_timeout=30)
+    assert get_config(app).lease_timeout == 30
+    semaphore = state_of(app).semaphores.get("s", 2, CONFIG)
+    closed: list[bool] = []
+    monkeypatch.setattr(semaphore.client, "close", lambda: closed.append(True))
+    state_of(app).publish_paused_until = 1e12
+
+    app.conf.semaphore_lease_timeout = 10
+    celery_semaphore.reset(app)
+    assert closed == [True]
+    assert "semaphore_state" not in app.__dict__
+    assert get_config(app).lease_timeout == 10
+    fresh = state_of(app)
+    assert fresh.publish_paused_until == 0.0
+    assert fresh.semaphores.get("s", 2, CONFIG) is not semaphore
+
+
+def test_reset_of_an_app_never_used_is_harmless(make_app: MakeApp) -> None:
+    app = make_app()
+    reset(app)
+    reset(app)
+    assert "semaphore_state" not in app.__dict__
+
+
+def test_one_semaphore_per_gate_and_settings_one_client_per_url(make_app: MakeApp) -> None:
+    semaphores = state_of(make_app()).semaphores
+    first = semaphores.get("s", 2, CONFIG)
+    assert semaphores.get("s", 2, CONFIG) is first
+    assert (first.name, first.limit, first.lease_timeout) == ("s", 2, 20.0)
+    assert first.keys.meta == "ns:{s}:meta"
+    # Another limit or lease (a task's own options): another semaphore, the same client.
+    other_limit = semaphores.get("s", 3, CONFIG)
+    longer = semaphores.get("s", 2, CONFIG.with_options({"lease_timeout": 90}, "task t"))
+    assert len({id(first), id(other_limit), id(longer)}) == 3
+    assert first.client is other_limit.client is longer.client
+    other_url = semaphores.get("s", 2, SemaphoreConfig(redis_url="redis://elsewhere/0"))
+    assert other_url.client is not first.client
+
+
+def test_the_semaphores_url_is_masked(make_app: MakeApp) -> None:
+    semaphore = state_of(make_app()).semaphores.get("s", 2, CONFIG)
+    assert semaphore.url == "redis://:***@db:6390/0"
+    assert "secret" not in repr(semaphore)
+
+
+def test_quick_semaphores_give_up_fast(make_app: MakeApp) -> None:
+    semaphores = state_of(make_app()).semaphores
+    normal = semaphores.get("s", 2, CONFIG)
+    quick = semaphores.get("s", 2, CONFIG, quick=True)
+    assert quick is not normal and quick.client is not normal.client
+    assert semaphores.get("s", 2, CONFIG, quick=True) is quick
+    kwargs = quick.client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == QUICK_TIMEOUT
+    assert (kwargs["host"], kwargs["password"]) == ("db", "secret")  # the same Redis
+    assert normal.client.connection_pool.connection_kwargs.get("socket_timeout") != QUICK_TIMEOUT
