@@ -306,3 +306,18 @@ def test_warm_shutdown_leaves_parked_tasks_parked_for_the_next_worker(clusters: 
     blocker.release()  # by the test: no publisher; w2's heartbeat hands it over
     assert result.get(timeout=20) == "survivor"
     assert starts(cluster) == ["survivor"]
+
+
+def test_a_message_too_large_to_park_falls_back_to_countdown_retries(clusters: Clusters) -> None:
+    conf = {**PARKING, "semaphore_park_max_bytes": 10, "semaphore_backoff_max": 0.3}
+    cluster = clusters(limit=1, extra_conf=conf)
+    events = clusters.events(cluster)
+    cluster.worker("w1", concurrency=2, extra=["-E"])
+    sem = cluster.semaphore("hold", 1)
+    blocker = block(cluster)
+    result = cluster.app_module.hold.delay(0.1, "big")
+    cluster.wait_for(lambda: len(eta_countdowns(events, result.id)) >= 2, 20, "2 countdowns")
+    assert states(sem) in ({}, {result.id: "asking"}), "it parked"
+    blocker.release()
+    assert result.get(timeout=20) == "big"
+    assert starts(cluster, result.id) == ["big"]

@@ -233,8 +233,9 @@ def test_a_lapsed_place_is_regained_with_the_ticket_taken_at_publish(
     assert kendall_tau(starts_in_order(cluster)) >= 0.9
 
 
-def test_per_key_caps_are_independent(clusters: Clusters) -> None:
-    cluster = clusters(limit=1, extra_conf=FAST)
+@pytest.mark.parametrize("mode", ["countdown", "handover"])
+def test_per_key_caps_are_independent(clusters: Clusters, mode: str) -> None:
+    cluster = clusters(limit=1, extra_conf=FAST if mode == "countdown" else PARKING)
     cluster.worker("w1", concurrency=3)
     per_customer = cluster.app_module.per_customer
     blocker = block(cluster, "customer-A")
