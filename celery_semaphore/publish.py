@@ -54,12 +54,15 @@ def take_places(
     if not isinstance(body, tuple | list) or len(body) < 2:
         return
     for app in list(installed_apps):
+        # Every app of the process that knows the task name (Celery shares tasks
+        # between apps) is asked in turn: the first whose settings give the task
+        # gates takes its places.
         task = app.tasks.get(sender)
         if task is None:
             continue
         state = state_of(app)
         if time.monotonic() < state.publish_paused_until:
-            return
+            continue
         config = get_config(app)
         try:
             queue = published_queue(app, declare, exchange, routing_key)
@@ -70,11 +73,11 @@ def take_places(
                 for gate in request_gates(task, body[0], body[1], queue)
             }
         except (TypeError, ValueError):
-            return  # a bad key function fails the task in the worker, with a clear message
+            continue  # a bad key function fails the task in the worker, with a clear message
         except SemaphoreError as error:
             state.publish_paused_until = time.monotonic() + PAUSE_AFTER_ERROR
             logger.warning("no place in line taken at publish: %s", error)
-            return
+            continue
         if tickets:
             headers[WAIT_HEADER] = {"tickets": tickets, "waits": 0, "first_ask": None}
-        return
+            return
