@@ -17,7 +17,8 @@ from celery.utils.dispatch import Signal
 permit_lost = Signal(name="semaphore_permit_lost")
 
 #: A task was refused a permit and will ask again. Sent in the process that asked.
-#: Arguments: ``semaphore``, ``task_id``, ``task_name``, ``position``, ``countdown``.
+#: Arguments: ``semaphore``, ``task_id``, ``task_name``, ``position``, ``countdown``
+#: (seconds until it asks again; None when it parked and waits to be handed over).
 permit_waiting = Signal(name="semaphore_permit_waiting")
 
 #: A task was granted a permit. Arguments: ``semaphore``, ``task_id``,

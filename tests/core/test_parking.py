@@ -292,3 +292,46 @@ def test_a_parked_waiter_with_a_due_time_is_handed_over_then_even_if_its_turn_ha
     time.sleep(0.3)
     assert sem.dispatch() == 1
     assert list(outbox.take()) == ["a"]
+
+
+def test_the_parking_metrics_count_what_happened_and_nothing_else(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    from prometheus_client.core import Metric
+
+    from celery_semaphore.metrics import SemaphoreCollector
+
+    sem = make_semaphore(1, on_handover=outbox, handover_deadline=0.2)
+
+    def values() -> dict[str, float]:
+        collector = SemaphoreCollector(sem.client, sem.keys.meta.split(":")[0])
+        out: dict[str, float] = {}
+        for family in collector.collect():
+            assert isinstance(family, Metric)
+            for sample in family.samples:
+                if sample.labels.get("semaphore") == sem.name:
+                    out[sample.name] = sample.value
+        return out
+
+    holder = granted(sem.attempt("holder"))
+    refused(sem.attempt("asking"))  # waits without parking: counted nowhere below
+    sem.park("a", "payload-a", refused(sem.attempt("a")).ticket)
+    seen = values()
+    assert seen["celery_semaphore_parked"] == 1
+    assert seen["celery_semaphore_handed_over"] == 0
+    assert seen["celery_semaphore_parks_total"] == 1
+    assert seen["celery_semaphore_handovers_total"] == 0
+    sem.release("asking")
+    holder.release()  # hands "a" over
+    seen = values()
+    assert (seen["celery_semaphore_parked"], seen["celery_semaphore_handed_over"]) == (0, 1)
+    assert seen["celery_semaphore_handovers_total"] == 1
+    assert seen["celery_semaphore_handover_retries_total"] == 0
+    time.sleep(0.3)
+    sem.dispatch()  # past the deadline: handed over again
+    seen = values()
+    assert seen["celery_semaphore_handovers_total"] == 2
+    assert seen["celery_semaphore_handover_retries_total"] == 1
+    granted(sem.attempt("a", handover=outbox.take()["a"].token))
+    seen = values()
+    assert (seen["celery_semaphore_parked"], seen["celery_semaphore_handed_over"]) == (0, 0)
