@@ -8,6 +8,7 @@ presenting the handover token, and an older copy is refused as stale.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -301,10 +302,11 @@ def test_the_parking_metrics_count_what_happened_and_nothing_else(
 
     from celery_semaphore.metrics import SemaphoreCollector
 
-    sem = make_semaphore(1, on_handover=outbox, handover_deadline=0.2)
+    namespace = f"metrics-{uuid.uuid4().hex}"  # the collector reads every semaphore there
+    sem = make_semaphore(1, on_handover=outbox, handover_deadline=0.2, namespace=namespace)
 
     def values() -> dict[str, float]:
-        collector = SemaphoreCollector(sem.client, sem.keys.meta.split(":")[0])
+        collector = SemaphoreCollector(sem.client, namespace)
         out: dict[str, float] = {}
         for family in collector.collect():
             assert isinstance(family, Metric)
