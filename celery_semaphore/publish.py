@@ -9,6 +9,14 @@ Publishing never stalls on the semaphore's Redis: the call gives up within
 :data:`~.state.QUICK_TIMEOUT`, and after a failure no places are taken for a
 few seconds (tasks then take their place at their first attempt, as a task
 with an ETA always does).
+
+In handover mode a :class:`~celery_semaphore.LimitedTask` publishes through a
+:class:`ParkingProducer`: a new task whose place is far back in line is parked
+there and then, instead of being sent to a worker that would only park it::
+
+    apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
+    apply_async -> take_place -> position 900        -> parked beside its place
+    ... a permit frees -> the releasing process publishes it to <queue>.semaphore-handover
 """
 
 from __future__ import annotations
@@ -19,15 +27,18 @@ from typing import Any
 
 from kombu.entity import Queue
 
-from .config import get_config
+from .config import get_config, task_config
+from .core import Place
 from .core.errors import SemaphoreError
-from .gates import WAIT_HEADER, queue_of, request_gates, semaphore_of
+from .gates import WAIT_HEADER, Gate, queue_of, request_gates, semaphore_of
+from .handover import encode_message
 from .state import installed_apps, state_of
 
 logger = logging.getLogger(__name__)
 
 PLACE_AT_PUBLISH = 5.0
 PAUSE_AFTER_ERROR = 5.0
+PARK_MARK = "celery_semaphore_may_park"  # header: a ParkingProducer publishes this message
 
 
 def published_queue(app: Any, declare: Any, exchange: Any, routing_key: str | None) -> str | None:
@@ -49,7 +60,7 @@ def take_places(
     **_: Any,
 ) -> None:
     """``before_task_publish`` handler: a place in line per gate of a new task."""
-    if not headers or headers.get("eta") or headers.get("retries") or WAIT_HEADER in headers:
+    if not headers or not is_new(headers) or headers.get(PARK_MARK):
         return
     if not isinstance(body, tuple | list) or len(body) < 2:
         return
@@ -60,24 +71,99 @@ def take_places(
         task = app.tasks.get(sender)
         if task is None:
             continue
-        state = state_of(app)
-        if time.monotonic() < state.publish_paused_until:
-            continue
-        config = get_config(app)
-        try:
-            queue = published_queue(app, declare, exchange, routing_key)
-            tickets = {
-                gate.name: semaphore_of(app, gate, config, quick=True).enqueue(
-                    headers["id"], wait_lease=PLACE_AT_PUBLISH, info=sender
-                )
-                for gate in request_gates(task, body[0], body[1], queue)
-            }
-        except (TypeError, ValueError):
-            continue  # a bad key function fails the task in the worker, with a clear message
-        except SemaphoreError as error:
-            state.publish_paused_until = time.monotonic() + PAUSE_AFTER_ERROR
-            logger.warning("no place in line taken at publish: %s", error)
-            continue
-        if tickets:
-            headers[WAIT_HEADER] = {"tickets": tickets, "waits": 0, "first_ask": None}
+        queue = published_queue(app, declare, exchange, routing_key)
+        if places_of(app, task, body, headers, queue):
             return
+
+
+def is_new(headers: dict[str, Any]) -> bool:
+    """Whether a message is a task's first (not a retry, not a handover, no ETA)."""
+    return not (headers.get("eta") or headers.get("retries") or WAIT_HEADER in headers)
+
+
+def places_of(
+    app: Any, task: Any, body: Any, headers: dict[str, Any], queue: str | None
+) -> dict[Gate, Place]:
+    """Places in line for a new message of ``task`` to ``queue``, one per gate (none
+    while publishing is paused, or if Redis fails); their tickets go in ``headers``."""
+    state = state_of(app)
+    if time.monotonic() < state.publish_paused_until:
+        return {}
+    config = get_config(app)
+    try:
+        places = {
+            gate: semaphore_of(app, gate, config, quick=True).take_place(
+                headers["id"], wait_lease=PLACE_AT_PUBLISH, info=task.name
+            )
+            for gate in request_gates(task, body[0], body[1], queue)
+        }
+    except (TypeError, ValueError):
+        return {}  # a bad key function fails the task in the worker, with a clear message
+    except SemaphoreError as error:
+        state.publish_paused_until = time.monotonic() + PAUSE_AFTER_ERROR
+        logger.warning("no place in line taken at publish: %s", error)
+        return {}
+    if places:
+        tickets = {gate.name: place.ticket for gate, place in places.items()}
+        headers[WAIT_HEADER] = {"tickets": tickets, "waits": 0, "first_ask": None}
+    return places
+
+
+def turn_is_near(place: Place) -> bool:
+    """Whether a new task at ``place`` may be served soon after it reaches a worker:
+    fewer waiters ahead of it than free permits plus one more round of the limit."""
+    if place.draining:
+        return False
+    return place.position - 1 < max(0, place.limit - place.holders) + place.limit
+
+
+class ParkingProducer:
+    """The producer of a :class:`~celery_semaphore.LimitedTask`'s ``apply_async``
+    in handover mode: it publishes a new task whose turn is near, and parks one
+    whose place in line is far back.
+
+    A parked message stays beside its place in line, in the semaphore's Redis,
+    until its turn comes; the process that frees a permit then publishes it to
+    the queue's handover queue (:mod:`.handover`). Without this, each task of a
+    long backlog would reach a worker only to be refused and parked there, and
+    the next owners of freed permits would wait behind that flood. Everything
+    but ``publish`` is the wrapped producer's.
+    """
+
+    def __init__(self, producer: Any, task: Any) -> None:
+        self._producer = producer
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(self, body: Any, **options: Any) -> Any:
+        headers = options.get("headers")
+        if isinstance(headers, dict) and headers.pop(PARK_MARK, None) and self._park(body, options):
+            return None
+        return self._producer.publish(body, **options)
+
+    def _park(self, body: Any, options: dict[str, Any]) -> bool:
+        """Take the message's places; park it if its turn is far. False: publish it."""
+        app, task, headers = self._task.app, self._task, options["headers"]
+        queue = published_queue(
+            app, options.get("declare"), options.get("exchange"), options.get("routing_key")
+        )
+        places = places_of(app, task, body, headers, queue)
+        if len(places) != 1:
+            return False  # no gate, or a queue cap and a task cap: each waits at a worker
+        ((gate, place),) = places.items()
+        if turn_is_near(place):
+            return False
+        config = task_config(task)
+        headers[WAIT_HEADER]["first_ask"] = time.time()  # its wait budget starts now
+        try:
+            payload = encode_message(app, body, options, queue, config.park_max_bytes)
+            semaphore_of(app, gate, config, quick=True).park(
+                headers["id"], payload, place.ticket, info=task.name, due=config.max_wait_time
+            )
+        except (TypeError, ValueError, SemaphoreError) as error:
+            headers[WAIT_HEADER]["first_ask"] = None
+            logger.info("%s[%s] is not parked at publish: %s", task.name, headers["id"], error)
+            return False
+        return True

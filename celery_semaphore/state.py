@@ -65,7 +65,7 @@ class Semaphores:
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         :data:`QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
-        handover = config.wait_mode == "handover" and not quick and self.app is not None
+        handover = config.wait_mode == "handover" and self.app is not None
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
                handover, config.max_block, config.handover_deadline)  # fmt: skip
         semaphore = self._semaphores.get(key)

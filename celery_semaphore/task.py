@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 from celery import Task
 
 from .admission import admitted_call, home_queue, with_waits_added
-from .config import APP_WIDE, PREFIX, SemaphoreConfig
+from .config import APP_WIDE, PREFIX, SemaphoreConfig, task_config
 from .core import validation
 from .patching import PATCHED
+from .publish import PARK_MARK, ParkingProducer, is_new
 from .wiring import install
 
 TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in APP_WIDE)
@@ -72,6 +73,19 @@ class LimitedTask(Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return admitted_call(self, super().__call__, args, kwargs)
 
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: Any = None, producer: Any = None,
+        **options: Any,
+    ) -> Any:  # fmt: skip
+        """As Celery's; in handover mode a new task far back in line is parked at
+        once instead of sent (:class:`~celery_semaphore.publish.ParkingProducer`)."""
+        if not may_park(self, options):
+            return super().apply_async(args, kwargs, task_id, producer, **options)
+        options["headers"] = {**(options.get("headers") or {}), PARK_MARK: True}
+        with self.app.producer_or_acquire(producer) as real:
+            parking = ParkingProducer(real, self)
+            return super().apply_async(args, kwargs, task_id, parking, **options)
+
     def signature_from_request(
         self,
         request: Any = None,
@@ -91,3 +105,14 @@ class LimitedTask(Task):  # type: ignore[misc]
 
 
 setattr(LimitedTask, PATCHED, True)  # queue caps: admission is built in, nothing to patch
+
+
+def may_park(task: LimitedTask, options: dict[str, Any]) -> bool:
+    """Whether ``task.apply_async(**options)`` may park the message it publishes:
+    a new task (no ETA, not a retry), in handover mode, sent by a producer we
+    can wrap (not eager, no ``connection`` of the caller's)."""
+    if options.get("eta") or options.get("countdown") or "retries" in options:
+        return False
+    if "connection" in options or "publisher" in options or task.app.conf.task_always_eager:
+        return False
+    return is_new(options.get("headers") or {}) and task_config(task).wait_mode == "handover"

@@ -237,7 +237,12 @@ class SemaphoreSpec:
         validation.check_info(info)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
-        return [holder, wait_ms, info, self.idle_ms]
+        return [holder, wait_ms, info, self.idle_ms, self.limit]
+
+    @staticmethod
+    def parse_enqueue(reply: Sequence[Any]) -> Place:
+        ticket, position, holders, limit, draining = (int(x) for x in reply)
+        return Place(ticket, position, holders, limit, bool(draining), next_expiry_in=None)
 
     def release_args(self, holder: str, token: int | None) -> list[Any]:
         validation.check_holder(holder)

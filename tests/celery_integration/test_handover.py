@@ -3,6 +3,8 @@
 A task refused a permit away from the head of the line parks: its retry message
 waits in the semaphore's Redis, the execution ends as a retry that publishes
 nothing, and the process that frees a permit publishes it when its turn comes.
+A new task whose place is already far back when it is published is parked
+then and there, and reaches no worker before its turn.
 Covered: each runs once and in line order, with no countdown message; the
 publisher dying between selection and publish; a stale copy dropped; revoke of
 a parked task; a worker SIGKILLed while holding a permit; Redis losing its data
@@ -75,6 +77,9 @@ def starts(cluster: Any, task_id: str | None = None) -> list[Any]:
 def test_parked_tasks_run_once_each_in_line_order_and_wait_without_a_message(
     clusters: Clusters,
 ) -> None:
+    """Limit 1, held: the first task's turn is near, so it is published, reaches the
+    worker, is refused and parks there (RETRY); the others are far back in line, so
+    they are parked at publish and reach no worker before their turn (PENDING)."""
     cluster = clusters(limit=1, extra_conf=PARKING)
     events = clusters.events(cluster)
     cluster.worker("w1", concurrency=3, extra=["-E"])
@@ -82,22 +87,29 @@ def test_parked_tasks_run_once_each_in_line_order_and_wait_without_a_message(
     blocker = block(cluster)
     hold = cluster.app_module.hold
     results = [hold.delay(0.1, i) for i in range(6)]
+    near, far = results[0], results[1:]
     wait_parked(cluster, sem, [r.id for r in results])
     time.sleep(4 * BEAT)
     assert cluster.events() == []
     assert states(sem) == {r.id: "parked" for r in results}, "parked tasks moved"
-    # Nothing waits in the broker or in a worker: one delivery each so far, no ETA.
+    # Nothing waits in the broker or in a worker: one delivery of the near one, none
+    # of the far ones, no ETA.
+    assert events.received_retries(near.id) == [0]
+    assert near.state == "RETRY"
+    for result in far:
+        assert events.received_retries(result.id) == []
+        assert result.state == "PENDING"
     for result in results:
-        assert events.received_retries(result.id) == [0]
         assert eta_countdowns(events, result.id) == []
-        assert result.state == "RETRY"
 
     blocker.release()
     assert [r.get(timeout=30) for r in results] == list(range(6))
     assert starts(cluster) == list(range(6))
     assert max_overlap(cluster.events()) == 1
+    assert events.received_retries(near.id) == [0, 1]  # parked once, handed over once
+    for result in far:
+        assert events.received_retries(result.id) == [0]  # delivered once: handed over
     for result in results:
-        assert events.received_retries(result.id) == [0, 1]  # parked once, handed over once
         assert eta_countdowns(events, result.id) == []
     status = sem.status()
     assert (status.holder_count, status.waiter_count, status.parked_count) == (0, 0, 0)

@@ -257,8 +257,15 @@ class AsyncSemaphore:
         For a producer that wants its jobs served in submission order: the
         place holds for ``wait_lease`` s; later the job presents the ticket.
         """
+        return (await self.take_place(holder, wait_lease=wait_lease, info=info)).ticket
+
+    async def take_place(
+        self, holder: str, *, wait_lease: float | None = None, info: str = ""
+    ) -> Place:
+        """Like :meth:`enqueue`, but returns the whole :class:`Place` (its position,
+        the holders and the limit), so a producer can tell a near turn from a far one."""
         args = self._spec.enqueue_args(holder, wait_lease, info)
-        return int(await self._call("enqueue", args))
+        return self._spec.parse_enqueue(await self._call("enqueue", args))
 
     async def try_acquire(
         self, holder: str | None = None, ticket: int | None = None

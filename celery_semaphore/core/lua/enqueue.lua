@@ -5,18 +5,29 @@
 -- ARGV[2] waiter lease ms  how long the place holds while nobody asks
 -- ARGV[3] info             free text stored with the waiter
 -- ARGV[4] idle ms
+-- ARGV[5] declared limit   recorded like acquire records it (used unless meta.override is set)
 --
--- Returns the ticket: the one already held by this holder, or a new one.
+-- Returns {ticket, position, holders, effective limit, draining 0/1}: the
+-- ticket already held by this holder, or a new one, and where it stands.
 
 local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local declared = ARGV[5]
 
-reclaim()
+local waiting = redis.call('ZCARD', waiters)
+local _, lapsed = reclaim(waiting)
+if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
+local m = redis.call('HMGET', meta, 'limit', 'override', 'draining')
+if m[1] ~= declared then redis.call('HSET', meta, 'limit', declared) end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
-if not ticket then
+local ahead = waiting
+if ticket then
+  ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
+else
   ticket = next_seq('ticket')
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
 end
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
-return ticket
+local limit = tonumber(m[2]) or tonumber(declared)
+return {ticket, ahead + 1, redis.call('ZCARD', holders), limit, m[3] == '1' and 1 or 0}
