@@ -183,3 +183,28 @@ def flaky_budget(self: Any, fail_times: int) -> Any:
         raise self.retry(countdown=0.05, exc=RuntimeError("flaky"))
     record(self, "end", self.request.retries)
     return self.request.retries
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT)
+def request_seen(self: Any, tag: Any = None) -> dict[str, Any]:
+    """What this execution's request carried (test_handover: a message parked at
+    publish is published as the producer would have sent it)."""
+    record(self, "start", tag)
+    request = self.request
+    seen = {
+        "tag": tag,
+        "header": request.get("x-test"),
+        "parent_id": request.parent_id,
+        "root_id": request.root_id,
+        "expires": request.expires,
+        "retries": request.retries,
+        "priority": (request.delivery_info or {}).get("priority"),
+    }
+    record(self, "end", tag)
+    return seen
+
+
+@app.task(bind=True)
+def spawn_request_seen(self: Any, tag: Any) -> str:
+    """Publishes ``request_seen`` from inside a task (its parent and root ids are ours)."""
+    return str(request_seen.delay(tag).id)

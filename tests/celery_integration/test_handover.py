@@ -115,6 +115,41 @@ def test_parked_tasks_run_once_each_in_line_order_and_wait_without_a_message(
     assert (status.holder_count, status.waiter_count, status.parked_count) == (0, 0, 0)
 
 
+def test_a_message_parked_at_publish_is_published_as_the_producer_would_have_sent_it(
+    clusters: Clusters,
+) -> None:
+    """Custom headers, expiry, priority, parent and root ids (a task published from
+    inside a task) and callbacks (a chain) survive parking at publish."""
+    cluster = clusters(limit=1, extra_conf=PARKING)
+    cluster.worker("w1", concurrency=3)
+    sem = cluster.semaphore("hold", 1)
+    blocker = block(cluster)
+    tasks = cluster.app_module
+    near = tasks.request_seen.delay("near")
+    far = tasks.request_seen.apply_async(
+        ("far",), headers={"x-test": "kept"}, expires=300, priority=3
+    )
+    spawner = tasks.spawn_request_seen.delay("child")
+    child = tasks.request_seen.AsyncResult(spawner.get(timeout=20))
+    chained = (tasks.limited_add.s(1, 2, 0.05) | tasks.limited_add.s(10, 0.05)).delay()
+    parked_at_publish = [far.id, child.id, chained.parent.id]
+    wait_parked(cluster, sem, [near.id, *parked_at_publish])
+    for task_id in parked_at_publish:
+        assert tasks.app.AsyncResult(task_id).state == "PENDING", "it reached a worker"
+
+    blocker.release()
+    seen_far = far.get(timeout=30)
+    assert seen_far["header"] == "kept"
+    assert seen_far["expires"] is not None
+    assert seen_far["priority"] == 3
+    assert seen_far["retries"] == 0
+    seen_child = child.get(timeout=30)
+    assert seen_child["parent_id"] == seen_child["root_id"] == spawner.id
+    assert chained.get(timeout=30) == 13
+    assert near.get(timeout=30)["tag"] == "near"
+    assert max_overlap(cluster.events()) == 1
+
+
 def test_the_publisher_dying_between_selection_and_publish_delays_the_task_by_the_deadline_only(
     clusters: Clusters,
 ) -> None:

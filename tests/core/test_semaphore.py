@@ -441,6 +441,29 @@ def test_status_of_an_unused_semaphore(make_semaphore: MakeSemaphore) -> None:
     assert (status.declared_limit, status.override, status.effective_limit) == (None, None, 4)
 
 
+def test_a_place_taken_without_asking_says_where_it_stands_and_records_the_limit(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """take_place (at publish): position behind every waiter, the holders and the
+    effective limit; the declared limit is recorded, so status() reads it before any
+    attempt; taking the place again keeps the ticket."""
+    sem = make_semaphore(2)
+    first = sem.take_place("p1", wait_lease=30)
+    assert (first.position, first.holders, first.limit, first.draining) == (1, 0, 2, False)
+    assert sem.status().declared_limit == 2
+    permit = sem.attempt("p1", first.ticket)
+    assert granted(permit)
+    later = [sem.take_place(f"w{i}", wait_lease=30) for i in range(3)]
+    assert [(p.position, p.holders) for p in later] == [(1, 1), (2, 1), (3, 1)]
+    again = sem.take_place("w1", wait_lease=30)
+    assert (again.ticket, again.position) == (later[1].ticket, 2)
+    assert sem.enqueue("w2", wait_lease=30) == later[2].ticket
+    sem.set_limit(5)
+    assert sem.take_place("w3", wait_lease=30).limit == 5
+    sem.set_draining(True)
+    assert sem.take_place("w4", wait_lease=30).draining
+
+
 # --------------------------------------------------------------------------- keys
 
 
