@@ -116,7 +116,8 @@ class Grant:
     waited: float
 
 
-WAITER_STATES = {"p": "parked", "h": "handed over", "": "asking"}
+WAITER_STATES = {"p": "parked", "h": "handed over", "w": "waiting in place", "": "asking"}
+GRANT_PREFIX = "g|"  # a wake-up message that grants a waiter in place its permit
 
 
 def parse_handovers(flat: Sequence[Any]) -> list[Handover]:
@@ -181,6 +182,7 @@ class SemaphoreSpec:
         lease_timeout: float | None,
         info: str,
         handover: int | None = None,
+        in_place: bool = False,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
@@ -199,6 +201,7 @@ class SemaphoreSpec:
             self.keys.channel,
             "" if handover is None else handover,
             self.dispatch,
+            "1" if in_place else "",
         ]
 
     def park_args(
@@ -271,12 +274,28 @@ class SemaphoreSpec:
     @staticmethod
     def admits(message: Any, ticket: int) -> bool:
         """Whether a wake-up ``message`` (the highest ticket now admissible) can admit
-        ``ticket``; a waiter with no ticket, or an unreadable message, tries anyway."""
+        ``ticket``; a waiter with no ticket, or an unreadable message, tries anyway.
+        A grant (:meth:`grant_in`) admits nobody else."""
+        data = text(message.get("data", "")) if isinstance(message, dict) else ""
+        if data.startswith(GRANT_PREFIX):
+            return False
         try:
-            bound = float(text(message["data"]))
-        except (KeyError, TypeError, ValueError):
+            bound = float(data)
+        except ValueError:
             return True
         return not ticket or ticket <= bound
+
+    @staticmethod
+    def grant_in(message: Any, holder: str) -> Grant | None:
+        """The permit a wake-up ``message`` grants ``holder`` (a release handed it
+        over to this waiter in place), else None."""
+        data = text(message.get("data", "")) if isinstance(message, dict) else ""
+        if not data.startswith(GRANT_PREFIX):
+            return None
+        granted, token, expires, waited = data[len(GRANT_PREFIX) :].rsplit("|", 3)
+        if granted != holder:
+            return None
+        return Grant(int(token), int(expires) / 1000, int(waited) / 1000)
 
     def parse_acquire(self, reply: Sequence[Any]) -> tuple[Grant | Place, list[Handover]]:
         """The attempt's outcome and the parked waiters it made due (by reclaiming)."""

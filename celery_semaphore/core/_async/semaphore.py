@@ -30,7 +30,7 @@ import redis
 from celery_semaphore.core import protocol, validation
 from celery_semaphore.core.connection import AsyncClient, connect_async, translate
 from celery_semaphore.core.errors import SemaphoreKeyTypeError, SemaphoreTimeout
-from celery_semaphore.core.protocol import Handover, Parked, Place, SemaphoreStatus
+from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import NAMES, source
 
 
@@ -185,6 +185,7 @@ class AsyncSemaphore:
         lease_timeout: float | None = None,
         info: str = "",
         handover: int | None = None,
+        in_place: bool = False,
     ) -> AsyncPermit | Place:
         """Take a permit if one is free and nobody earlier waits; else a :class:`Place`.
 
@@ -193,7 +194,9 @@ class AsyncSemaphore:
         asking again within that time, or presenting the returned ticket later,
         keeps the place. ``handover``: the token of the :class:`Handover` that
         brought a parked waiter back; :class:`StaleHandover` if a newer copy of
-        it was handed over or it was served already.
+        it was handed over or it was served already. ``in_place``: for
+        :meth:`wait_for_turn` only (the caller listens on the wake channel for a
+        permit granted to it directly).
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -204,6 +207,7 @@ class AsyncSemaphore:
             lease_timeout=lease_timeout,
             info=info,
             handover=handover,
+            in_place=in_place,
         )
         result, handovers = self._spec.parse_acquire(await self._call("acquire", args))
         self._hand_over(handovers)
@@ -321,7 +325,14 @@ class AsyncSemaphore:
         wait_lease: float | None = None,
         info: str = "",
     ) -> AsyncPermit | Place:
-        """Like :meth:`acquire`, but on timeout return the :class:`Place`, still in line."""
+        """Like :meth:`acquire`, but on timeout return the :class:`Place`, still in line.
+
+        While it waits (subscribed to the wake channel) the waiter is marked as
+        waiting in place, so a release grants it the permit directly and tells it
+        on the channel; the last attempt before giving up clears the mark (and
+        returns the permit if one was granted meanwhile). Anything that interrupts
+        the wait drops the place, and a permit granted meanwhile.
+        """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
@@ -336,26 +347,43 @@ class AsyncSemaphore:
         try:
             while True:
                 ticket = result.ticket or ticket
-                result = await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
+                result = await self.attempt(
+                    holder, ticket, wait_lease=wait_lease, info=info, in_place=True
+                )
                 if isinstance(result, AsyncPermit):
                     return result
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 if remaining is not None and remaining <= 0:
-                    return result
+                    return await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
                 try:
-                    await self._sleep(pubsub, result, remaining)
+                    grant = await self._sleep(pubsub, result, remaining, holder)
                 except redis.RedisError as error:
                     raise translate(error, self.url) from error
+                if grant is not None:
+                    return AsyncPermit(
+                        self, holder, grant.fencing_token, grant.expires_at, grant.waited
+                    )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._release(holder, None)
+            raise
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
-    async def _sleep(self, pubsub: Any, place: Place, remaining: float | None) -> None:
-        """Until a wake-up that may admit ``place``, or the pause runs out."""
+    async def _sleep(
+        self, pubsub: Any, place: Place, remaining: float | None, holder: str
+    ) -> Grant | None:
+        """Until a wake-up that may admit ``place`` (None), a grant of the permit to
+        ``holder`` (the Grant), or the pause runs out (None)."""
         deadline = time.monotonic() + self._spec.pause(place, remaining)
         while (left := deadline - time.monotonic()) > 0:
             message = await pubsub.get_message(timeout=left)
-            if message is not None and self._spec.admits(message, place.ticket):
-                return
+            if message is None:
+                continue
+            grant = self._spec.grant_in(message, holder)
+            if grant is not None or self._spec.admits(message, place.ticket):
+                return grant
+        return None
 
     async def release(self, holder: str) -> bool:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""

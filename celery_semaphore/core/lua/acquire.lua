@@ -11,6 +11,9 @@
 -- ARGV[8] wake channel     PUBLISHed to when reclaiming made room
 -- ARGV[9] handover token   the token of the handed-over copy this is, or ''
 -- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[11] in place        '1': the contender, if refused, waits in place (subscribed
+--                          to the wake channel): a release may grant it the permit
+--                          directly (see grant_in_place()); '': it does not
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
 -- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
@@ -24,7 +27,7 @@
 local holder, declared = ARGV[1], tonumber(ARGV[2])
 local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
-local handover, cfg = ARGV[9], ARGV[10]
+local handover, cfg, in_place = ARGV[9], ARGV[10], ARGV[11] == '1'
 
 if handover ~= '' and arrival(holder, handover) == 'stale' then
   return {2, string.match(redis.call('HGET', parked, holder), '^(%d+)|')}
@@ -85,11 +88,8 @@ if held or (free > 0 and ahead < free) then
   -- The pace at which permits change hands while others wait: what a place in
   -- line is worth in time (hold / limit assumes instant hand-overs).
   if waiting > (in_line and 1 or 0) and m[7] then
-    local gap = now_ms - tonumber(m[7])
-    local average = tonumber(m[8])
-    average = average and (0.8 * average + 0.2 * gap) or gap
     meta_writes[#meta_writes + 1] = 'grant_gap_ms'
-    meta_writes[#meta_writes + 1] = fmt(average)
+    meta_writes[#meta_writes + 1] = fmt(paced(m[7], m[8]))
   end
   meta_writes[#meta_writes + 1] = 'grant_at'
   meta_writes[#meta_writes + 1] = fmt(now_ms)
@@ -108,6 +108,11 @@ else
       meta_writes[#meta_writes + 1] = fmt(ticket)
     end
     stand_in_line(holder, ticket, waiter_lease_ms, info)
+    if in_place then
+      mark_in_place(holder, lease_ms)
+    elseif in_line then
+      unmark_in_place(holder, redis.call('HGET', parked, holder))
+    end
     queued = ticket
     waiting = waiting + 1
   end
@@ -122,6 +127,7 @@ if #meta_writes > 0 then
 end
 local out = {}
 if reclaimed > 0 then
+  grant_in_place(channel)
   wake(channel)
   out = dispatch(cfg)
 end

@@ -10,7 +10,8 @@
 --                          released, handover, and the m_* counters metrics.py exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<released>|<payload>":
 --                          a waiter that left its payload to be handed over when due
---                          (state p: parked, h: handed over, d: arrived; see dispatch())
+--                          (state p: parked, h: handed over, d: arrived; see dispatch()),
+--                          or one waiting in place (state w; see grant_in_place())
 --   KEYS[8] handed   ZSET  holder -> when to hand it over again (h), or forget it (d)
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
@@ -205,7 +206,7 @@ local function arrival(holder, token)
   if not record then return 'again' end
   local current, state = string.match(record, PARKED_RECORD)
   if current ~= token or state == 'x' then return 'stale' end
-  if state == 'd' then return 'again' end
+  if state == 'd' or state == 'w' then return 'again' end
   redis.call('HSET', parked, holder, token .. '|d|0|')
   redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
   return 'valid'
@@ -215,6 +216,79 @@ end
 local function unpark(holder)
   redis.call('HDEL', parked, holder)
   redis.call('ZREM', handed, holder)
+end
+
+-- Waiting in place -----------------------------------------------------------
+--
+-- A waiter blocked on the wake channel (wait_for_turn, after SUBSCRIBE) is
+-- marked w in parked, with the lease it asks for ("<token>|w|<lease ms>|"): a
+-- release then grants it the permit itself and PUBLISHes
+-- "g|<holder>|<fencing token>|<lease expiry ms>|<waited ms>", so the next owner
+-- starts without another round trip. The mark keeps the handover token of an
+-- arrived waiter (state d), and goes back to d (or away) when the waiter stops
+-- waiting in place.
+
+local function mark_in_place(holder, lease_ms)
+  local record = redis.call('HGET', parked, holder)
+  local token, state = '0', nil
+  if record then token, state = string.match(record, '^(%d+)|(%a)|') end
+  if state == nil or state == 'd' or state == 'w' then
+    redis.call('HSET', parked, holder, token .. '|w|' .. fmt(lease_ms) .. '|')
+  end
+end
+
+-- ``holder`` (whose parked record is ``record``) no longer waits in place.
+local function unmark_in_place(holder, record)
+  local token, state = string.match(record or '', '^(%d+)|(%a)|')
+  if state ~= 'w' then return end
+  if token == '0' then
+    unpark(holder)
+  else
+    redis.call('HSET', parked, holder, token .. '|d|0|')
+  end
+end
+
+-- The moving average of the time between grants while others wait, after a grant
+-- now (``last_at``: meta.grant_at, ``average``: meta.grant_gap_ms, or nil).
+local function paced(last_at, average)
+  if not last_at then return average end
+  local gap = now_ms - tonumber(last_at)
+  return average and (0.8 * tonumber(average) + 0.2 * gap) or gap
+end
+
+-- Grants free permits to the first waiters in line while they wait in place
+-- (stopping at the first that does not: FIFO), telling each on ``channel``.
+local function grant_in_place(channel)
+  local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'grant_at',
+    'grant_gap_ms')
+  if m[3] == '1' then return end
+  local free = (tonumber(m[2]) or tonumber(m[1]) or 0) - redis.call('ZCARD', holders)
+  if free <= 0 then return end
+  local fence, last_at, average, granted = m[4], m[5], m[6], 0
+  for _, holder in ipairs(redis.call('ZRANGE', waiters, 0, free - 1)) do
+    local record = redis.call('HGET', parked, holder)
+    local state, lease_ms = string.match(record or '', '^%d+|(%a)|(%d+)|')
+    if state ~= 'w' then break end
+    local since, info = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|(.*)$')
+    local waited = now_ms - (tonumber(since) or now_ms)
+    local expires = now_ms + tonumber(lease_ms)
+    fence = fmt(seq_after(fence))
+    redis.call('ZREM', waiters, holder)
+    redis.call('ZREM', wexp, holder)
+    redis.call('HDEL', winfo, holder)
+    unmark_in_place(holder, record)
+    redis.call('ZADD', holders, expires, holder)
+    redis.call('HSET', hinfo, holder, fence .. '|' .. fmt(now_ms) .. '|' .. (info or ''))
+    observe('wait', waited)
+    average, last_at = paced(last_at, average), now_ms
+    redis.call('PUBLISH', channel,
+      'g|' .. holder .. '|' .. fence .. '|' .. fmt(expires) .. '|' .. fmt(waited))
+    granted = granted + 1
+  end
+  if granted > 0 then
+    redis.call('HSET', meta, 'fence', fence, 'grant_at', fmt(now_ms), 'grant_gap_ms', fmt(average))
+    bump('m_granted', granted)
+  end
 end
 
 -- A waiter was served by a copy of its task other than the one handed over
@@ -228,6 +302,8 @@ local function served(holder)
     redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
   elseif state == 'p' then
     unpark(holder)
+  else
+    unmark_in_place(holder, record)
   end
 end
 

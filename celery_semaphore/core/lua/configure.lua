@@ -21,6 +21,7 @@ else
   redis.call('HSET', meta, field, value)
 end
 reclaim()
+grant_in_place(channel)
 wake(channel)
 local out = dispatch(cfg)
 touch(idle_ms)

@@ -10,6 +10,8 @@
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
+-- A freed permit goes straight to the next waiter if it waits in place (see
+-- grant_in_place() in common.lua); others are woken on the wake channel.
 -- Returns {released 0/1, held ms (0 if nothing released), handovers}: the
 -- parked waiters now due (see dispatch()). Idempotent: a second release, an
 -- unknown or expired holder, or a stale token releases nothing.
@@ -39,6 +41,7 @@ if token == '' and waiting > 0 then
 end
 local out = {}
 if (released == 1 or reclaimed > 0) and waiting > 0 then
+  grant_in_place(channel)
   wake(channel)
   out = dispatch(cfg)
 end

@@ -7,7 +7,8 @@
 -- live holders, live waiters,
 -- {holder, lease expiry ms, hinfo record, ...} earliest acquired first,
 -- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
--- line order}; parked state: 'p' parked, 'h' handed over, '' asking itself;
+-- line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
+-- '' asking itself;
 -- then how many waiters are parked and how many handed over.
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
@@ -34,7 +35,7 @@ for i = 1, #w, 2 do
     listed_waiters[#listed_waiters + 1] = redis.call('HGET', winfo, w[i]) or ''
     local record = redis.call('HGET', parked, w[i]) or ''
     local state = string.match(record, '^%d+|(%a)|')
-    if state ~= 'p' and state ~= 'h' then state = '' end
+    if state ~= 'p' and state ~= 'h' and state ~= 'w' then state = '' end
     listed_waiters[#listed_waiters + 1] = state
   end
 end

@@ -1,0 +1,189 @@
+"""A waiter blocked in ``wait_for_turn`` is handed the permit by the release itself.
+
+The release script grants the first waiters in line that wait in place (marked
+when they subscribe to the wake channel) and tells each on the channel; the
+waiter starts without another round trip. Run against the sync and the asyncio
+semaphore (``make_semaphore``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from outcomes import granted, refused, wait_for
+
+from celery_semaphore import Place, Semaphore
+from devkit.redis_servers import RedisServer
+
+MakeSemaphore = Callable[..., Any]
+
+
+class Waiter(threading.Thread):
+    """``sem.wait_for_turn(timeout, holder)`` in a thread."""
+
+    def __init__(self, sem: Any, holder: str, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.sem, self.holder, self.timeout = sem, holder, timeout
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.sem.wait_for_turn(self.timeout, self.holder)
+        except BaseException as error:
+            self.error = error
+
+    def outcome(self, timeout: float = 10.0) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "wait_for_turn is still blocked"
+        assert self.error is None, repr(self.error)
+        return self.result
+
+
+def states(sem: Any) -> dict[str, str]:
+    return {w.holder: w.state for w in sem.status().waiters}
+
+
+class Grants:
+    """What is published on a semaphore's wake channel (a spy subscriber)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(Semaphore(self.client, name, 1).keys.channel)
+        self.messages: list[str] = []
+
+    def read(self, seconds: float = 0.3) -> list[str]:
+        """The grants published so far (reading for ``seconds``)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.05)
+            if message is not None:
+                self.messages.append(message["data"].decode())
+        return [m for m in self.messages if m.startswith("g|")]
+
+    def close(self) -> None:
+        self.pubsub.close()
+        self.client.close()
+
+
+@pytest.fixture
+def grants(redis_session_server: RedisServer) -> Any:
+    made: list[Grants] = []
+
+    def spy(name: str) -> Grants:
+        made.append(Grants(redis_session_server.url, name))
+        return made[-1]
+
+    yield spy
+    for spy_ in made:
+        spy_.close()
+
+
+def test_the_release_hands_the_permit_to_the_waiter_in_place(
+    make_semaphore: MakeSemaphore, grants: Any
+) -> None:
+    sem = make_semaphore(1, name=f"inplace-{time.time_ns()}")
+    spy = grants(sem.name)
+    holder = granted(sem.attempt("holder"))
+    waiter = Waiter(sem, "waiter", 10)
+    waiter.start()
+    wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
+    assert holder.release() is True
+    permit = granted(waiter.outcome())
+    (message,) = spy.read()
+    _, who, token, _expires, _waited = message.split("|")
+    assert (who, int(token)) == ("waiter", permit.fencing_token)  # the release's grant
+    assert [h.holder for h in sem.status().holders] == ["waiter"]
+    assert sem.status().waiters == []
+    assert permit.release() is True
+
+
+def test_a_waiter_that_gave_up_is_not_granted_by_a_release(make_semaphore: MakeSemaphore) -> None:
+    """After wait_for_turn timed out the waiter is still in line, but no longer
+    listening: a release must leave the permit free for it to ask."""
+    sem = make_semaphore(1)
+    holder = granted(sem.attempt("holder"))
+    place = Waiter(sem, "waiter", 0.3)
+    place.start()
+    assert isinstance(place.outcome(), Place)
+    assert states(sem) == {"waiter": "asking"}
+    assert holder.release() is True
+    status = sem.status()
+    assert (status.holder_count, [w.holder for w in status.waiters]) == (0, ["waiter"])
+    granted(sem.attempt("waiter"))
+
+
+def test_a_release_grants_in_line_order_and_never_past_a_waiter_that_is_not_in_place(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(1)
+    holder = granted(sem.attempt("holder"))
+    refused(sem.attempt("first", wait_lease=30))  # asks, then goes away for a while
+    waiter = Waiter(sem, "second", 1.0)
+    waiter.start()
+    wait_for(lambda: states(sem).get("second") == "waiting in place", what="the mark")
+    assert holder.release() is True
+    assert isinstance(waiter.outcome(), Place), "the second overtook the first"
+    assert sem.status().holder_count == 0
+    granted(sem.attempt("first"))
+
+
+def test_several_permits_freed_at_once_go_to_the_waiters_in_place_in_order(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(3)
+    held = [granted(sem.attempt(f"h{i}")) for i in range(3)]
+    waiters = []
+    for i in range(2):
+        waiters.append(Waiter(sem, f"w{i}", 10))
+        waiters[-1].start()
+        wait_for(lambda i=i: states(sem).get(f"w{i}") == "waiting in place", what="the mark")
+    sem.set_limit(5)  # two more permits at once: both waiters granted, in order
+    permits = [granted(w.outcome()) for w in waiters]
+    assert permits[0].fencing_token < permits[1].fencing_token
+    assert sem.status().holder_count == 5
+    for permit in [*held, *permits]:
+        permit.release()
+
+
+def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
+    make_semaphore: MakeSemaphore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anything raised while waiting in place (a soft time limit) drops the place,
+    and gives back a permit the release granted meanwhile."""
+    sem = make_semaphore(1)
+    target = getattr(sem, "async_semaphore", sem)  # the asyncio one behind the wrapper
+    holder = granted(sem.attempt("holder"))
+
+    class Interrupt(Exception):
+        pass
+
+    real_sleep = target._sleep
+
+    if target is sem:
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            real_sleep(*args, **kwargs)  # returns with the grant
+            raise Interrupt
+
+    else:
+
+        async def interrupted(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            await real_sleep(*args, **kwargs)
+            raise Interrupt
+
+    monkeypatch.setattr(target, "_sleep", interrupted)
+    waiter = Waiter(sem, "waiter", 10)
+    waiter.start()
+    wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
+    assert holder.release() is True  # grants the waiter, which is then interrupted
+    waiter.join(10)
+    assert isinstance(waiter.error, Interrupt)
+    status = sem.status()
+    assert (status.holder_count, status.waiter_count) == (0, 0)
