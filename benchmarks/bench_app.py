@@ -22,7 +22,8 @@ Tasks:
 - ``noop_limited(index, total, counter)`` / ``noop_plain(...)``: count themselves in
   Redis; the ``total``-th stamps the time in ``<counter>:last``.
 
-Each execution of ``ours``/``ours_countdown``/``baseline`` appends one JSON record to the Redis
+Each execution of ``ours``/``ours_countdown``/``baseline`` appends (when it has ended: off the
+hand-off path) one JSON record to the Redis
 list ``bench:records:<task>``. In the worker processes, the app also records
 (list ``bench:inplace``) every wait in place of ours (``Semaphore.wait_for_turn``,
 timed from outside the package) and (list ``bench:waiting``) each
@@ -41,7 +42,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import task_postrun, worker_ready
 from redis_semaphore import Semaphore as PrsSemaphore
 from redis_semaphore import SemaphoreConfig as PrsConfig
 
@@ -78,10 +79,24 @@ app.conf.update(
     task_default_queue="bench",
 )
 _records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
+# What this process observed, written after the task ends (task_postrun runs after
+# the permit was released): a Redis write between a release and the next start
+# would add its round trip to every hand-off measured.
+_pending: list[tuple[str, str]] = []
 
 
 def _record(task: str, **fields: Any) -> None:
-    _records.rpush(records_key(task), json.dumps(fields))
+    _pending.append((records_key(task), json.dumps(fields)))
+
+
+@task_postrun.connect
+def _flush(**_: Any) -> None:
+    if _pending:
+        pipe = _records.pipeline(transaction=False)
+        for key, value in _pending:
+            pipe.rpush(key, value)
+        pipe.execute()
+        _pending.clear()
 
 
 def _held(task: Any, kind: str, index: int, hold: float) -> int:
@@ -168,7 +183,7 @@ def _announce(sender: Any = None, **_: Any) -> None:
 def _on_waiting(sender: Any = None, **fields: Any) -> None:
     if fields.get("semaphore") != OURS:
         return
-    _records.rpush(
+    _pending.append((
         WAITING_KEY,
         json.dumps(
             {
@@ -178,7 +193,7 @@ def _on_waiting(sender: Any = None, **fields: Any) -> None:
                 "at": time.time(),
             }
         ),
-    )
+    ))  # fmt: skip
 
 
 def _timed_wait_for_turn(original: Any) -> Any:
@@ -187,7 +202,7 @@ def _timed_wait_for_turn(original: Any) -> Any:
         begin = time.time()
         result = original(self, *args, **kwargs)
         if self.name == OURS:
-            _records.rpush(
+            _pending.append((
                 INPLACE_KEY,
                 json.dumps(
                     {
@@ -198,7 +213,7 @@ def _timed_wait_for_turn(original: Any) -> Any:
                         "granted": isinstance(result, semaphore_module.Permit),
                     }
                 ),
-            )
+            ))  # fmt: skip
         return result
 
     return wait_for_turn
