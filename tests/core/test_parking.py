@@ -13,9 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from outcomes import granted, refused
 
 from celery_semaphore import Handover, SemaphoreKeyTypeError, StaleHandover
+from celery_semaphore.core.keys import semaphore_keys
+from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
 
 MakeSemaphore = Callable[..., Any]
 
@@ -337,3 +340,57 @@ def test_the_parking_metrics_count_what_happened_and_nothing_else(
     granted(sem.attempt("a", handover=outbox.take()["a"].token))
     seen = values()
     assert (seen["celery_semaphore_parked"], seen["celery_semaphore_handed_over"]) == (0, 0)
+
+
+def test_the_parked_and_handed_over_counts_match_the_records_through_every_transition(
+    make_semaphore: MakeSemaphore, outbox: Outbox, redis_session_server: Any
+) -> None:
+    """status() reads counts the scripts keep (O(1)); they must agree with a scan of
+    the parked records after each kind of change: park, hand over, arrive, a stale
+    copy, served in person, waiting in place, leaving the line, a lapsed place, a
+    re-hand-over after the deadline, dispatch dropping waiters."""
+    name = f"counts-{uuid.uuid4().hex}"
+    sem = make_semaphore(1, name=name, on_handover=outbox, handover_deadline=0.2)
+    raw = redis.Redis.from_url(redis_session_server.url)
+    key = semaphore_keys(DEFAULT_NAMESPACE, name).parked
+
+    def check() -> None:
+        scanned = [v.decode().split("|")[1] for v in raw.hvals(key)]
+        status = sem.status()
+        assert (status.parked_count, status.handed_over_count) == (
+            scanned.count("p"),
+            scanned.count("h"),
+        ), scanned
+
+    holder = granted(sem.attempt("holder"))
+    for name in ("a", "b", "c", "d"):
+        sem.park(name, f"payload-{name}", refused(sem.attempt(name)).ticket)
+    check()
+    sem.park("a", "payload-a-again")  # parked again: still one
+    check()
+    holder.release()  # hands over a (free) and b, c, d (the window)
+    handed = outbox.take()
+    check()
+    arrived = granted(sem.attempt("a", handover=handed["a"].token))
+    check()
+    with pytest.raises(StaleHandover):
+        sem.attempt("a", handover=handed["a"].token + 1)
+    check()
+    arrived.release()
+    check()
+    granted(sem.attempt("b")).release()  # served in person while handed over
+    check()
+    sem.release("c")  # leaves the line
+    check()
+    time.sleep(0.35)
+    sem.dispatch()  # d (and b) handed over again after the deadline
+    check()
+    sem.dispatch(drop=["d"])
+    check()
+    granted(sem.attempt("holder"))
+    sem.park("e", "payload-e", refused(sem.attempt("e")).ticket, park_lease=0.05)
+    check()
+    time.sleep(0.1)
+    sem.dispatch()  # e's place lapsed
+    check()
+    raw.close()

@@ -54,7 +54,7 @@ local in_line = ticket ~= nil
 if in_line and handover == '' then
   -- Asking in person: a payload it parked earlier must not bring a second copy.
   local record = redis.call('HGET', parked, holder)
-  if record and string.match(record, '^%d+|(%a)|') == 'p' then unpark(holder) end
+  if state_in(record) == 'p' then unpark(holder, record) end
 end
 if presented and (not ticket or presented < ticket) then
   ticket = presented

@@ -52,6 +52,31 @@ local function bump(field, n)
   if n > 0 then redis.call('HINCRBY', meta, field, n) end
 end
 
+-- How many waiters are parked (state p) and handed over (h), kept in meta so
+-- status() and the metrics read them without scanning ``parked``.
+local COUNTED = {p = 'n_parked', h = 'n_handed'}
+
+local function state_in(record)
+  return record and string.match(record, '^%d+|(%a)|') or nil
+end
+
+local function recount(before, after)
+  if before == after then return end
+  if COUNTED[before] then redis.call('HINCRBY', meta, COUNTED[before], -1) end
+  if COUNTED[after] then redis.call('HINCRBY', meta, COUNTED[after], 1) end
+end
+
+-- Sets ``holder``'s parked record to ``record`` (nil: deletes it); ``old``: the
+-- record it replaces (false or nil: none). Every write to ``parked`` goes here.
+local function put_record(holder, record, old)
+  if record then
+    redis.call('HSET', parked, holder, record)
+  else
+    redis.call('HDEL', parked, holder)
+  end
+  recount(state_in(old), state_in(record))
+end
+
 -- One observation of ``ms`` in histogram ``kind`` ('wait' or 'hold'): buckets
 -- m_<kind>_b<i> are not cumulative; metrics.py adds them up.
 local function observe(kind, ms)
@@ -89,6 +114,9 @@ local function reclaim(waiting)
       redis.call('ZREM', waiters, unpack(list))
       redis.call('ZREM', wexp, unpack(list))
       redis.call('HDEL', winfo, unpack(list))
+      for _, record in ipairs(redis.call('HMGET', parked, unpack(list))) do
+        recount(state_in(record), nil)
+      end
       redis.call('HDEL', parked, unpack(list))
       redis.call('ZREM', handed, unpack(list))
     end
@@ -146,9 +174,9 @@ end
 local TOMBSTONE_MS = 3600000
 local PARKED_RECORD = '^(%d+)|(%a)|(%d+)|(.*)$'
 
-local function hand_over(holder, payload, deadline_ms, out)
+local function hand_over(holder, record, payload, deadline_ms, out)
   local token = next_seq('handover')
-  redis.call('HSET', parked, holder, fmt(token) .. '|h|0|' .. payload)
+  put_record(holder, fmt(token) .. '|h|0|' .. payload, record)
   redis.call('ZADD', handed, now_ms + deadline_ms, holder)
   out[#out + 1] = holder
   out[#out + 1] = fmt(token)
@@ -177,7 +205,7 @@ local function dispatch(cfg)
       if record then
         local _, state, mark, payload = string.match(record, PARKED_RECORD)
         if state == 'p' and (i <= free or tonumber(mark) < released) then
-          hand_over(holder, payload, deadline_ms, out)
+          hand_over(holder, record, payload, deadline_ms, out)
         end
       end
     end
@@ -188,10 +216,10 @@ local function dispatch(cfg)
     local _, state, _, payload = string.match(record or '', PARKED_RECORD)
     if (state == 'h' or state == 'p') and redis.call('ZSCORE', waiters, holder) then
       if state == 'h' then bump('m_handover_retried', 1) end
-      hand_over(holder, payload, deadline_ms, out)
+      hand_over(holder, record, payload, deadline_ms, out)
     else
       redis.call('ZREM', handed, holder)
-      redis.call('HDEL', parked, holder)
+      put_record(holder, nil, record)
     end
   end
   bump('m_handed_over', #out / 3)
@@ -207,14 +235,16 @@ local function arrival(holder, token)
   local current, state = string.match(record, PARKED_RECORD)
   if current ~= token or state == 'x' then return 'stale' end
   if state == 'd' or state == 'w' then return 'again' end
-  redis.call('HSET', parked, holder, token .. '|d|0|')
+  put_record(holder, token .. '|d|0|', record)
   redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
   return 'valid'
 end
 
--- Forget a waiter's parked record (it left the line).
-local function unpark(holder)
-  redis.call('HDEL', parked, holder)
+-- Forget a waiter's parked record (it left the line); ``old``: the record, if
+-- the caller read it.
+local function unpark(holder, old)
+  if old == nil then old = redis.call('HGET', parked, holder) end
+  put_record(holder, nil, old)
   redis.call('ZREM', handed, holder)
 end
 
@@ -233,7 +263,7 @@ local function mark_in_place(holder, lease_ms)
   local token, state = '0', nil
   if record then token, state = string.match(record, '^(%d+)|(%a)|') end
   if state == nil or state == 'd' or state == 'w' then
-    redis.call('HSET', parked, holder, token .. '|w|' .. fmt(lease_ms) .. '|')
+    put_record(holder, token .. '|w|' .. fmt(lease_ms) .. '|', record)
   end
 end
 
@@ -242,9 +272,9 @@ local function unmark_in_place(holder, record)
   local token, state = string.match(record or '', '^(%d+)|(%a)|')
   if state ~= 'w' then return end
   if token == '0' then
-    unpark(holder)
+    unpark(holder, record)
   else
-    redis.call('HSET', parked, holder, token .. '|d|0|')
+    put_record(holder, token .. '|d|0|', record)
   end
 end
 
@@ -298,10 +328,10 @@ local function served(holder)
   if not record then return end
   local token, state = string.match(record, PARKED_RECORD)
   if state == 'h' then
-    redis.call('HSET', parked, holder, token .. '|x|0|')
+    put_record(holder, token .. '|x|0|', record)
     redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
   elseif state == 'p' then
-    unpark(holder)
+    unpark(holder, record)
   else
     unmark_in_place(holder, record)
   end

@@ -24,7 +24,7 @@ if presented and (not ticket or presented < ticket) then ticket = presented end
 if not ticket then ticket = next_seq('ticket') end
 stand_in_line(holder, ticket, park_ms, info)
 local released = redis.call('HGET', meta, 'released') or '0'
-redis.call('HSET', parked, holder, '0|p|' .. released .. '|' .. payload)
+put_record(holder, '0|p|' .. released .. '|' .. payload, redis.call('HGET', parked, holder))
 if due_ms > 0 then
   redis.call('ZADD', handed, now_ms + due_ms, holder)
 else

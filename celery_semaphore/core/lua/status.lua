@@ -13,7 +13,7 @@
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
 local most = tonumber(ARGV[1])
-local m = redis.call('HMGET', meta, 'limit', 'override', 'draining')
+local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'n_parked', 'n_handed')
 
 local listed_holders = {}
 local h = redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
@@ -40,16 +40,10 @@ for i = 1, #w, 2 do
   end
 end
 
-local parked_count, handed_count = 0, 0
-for _, record in ipairs(redis.call('HVALS', parked)) do
-  local state = string.match(record, '^%d+|(%a)|')
-  if state == 'p' then parked_count = parked_count + 1 end
-  if state == 'h' then handed_count = handed_count + 1 end
-end
-
 return {
   now_ms, m[1] or '', m[2] or '', m[3] == '1' and 1 or 0,
   redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
-  listed_holders, listed_waiters, parked_count, handed_count,
+  listed_holders, listed_waiters, math.max(0, tonumber(m[4]) or 0),
+  math.max(0, tonumber(m[5]) or 0),
 }
