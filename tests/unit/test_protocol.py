@@ -61,7 +61,20 @@ def test_waiter_states_in_status() -> None:
         ("w2", "asking", 2),
     ]
     assert (status.parked_count, status.handed_over_count) == (1, 0)
-    assert set(WAITER_STATES.values()) == {"parked", "handed over", "asking"}
+    assert set(WAITER_STATES.values()) == {"parked", "handed over", "waiting in place", "asking"}
+
+
+def test_a_grant_message_admits_its_waiter_only() -> None:
+    message = {"data": b"g|task-1|77|5000|120"}
+    grant = spec().grant_in(message, "task-1")
+    assert grant is not None
+    assert (grant.fencing_token, grant.expires_at, grant.waited) == (77, 5.0, 0.12)
+    assert spec().grant_in(message, "task-2") is None
+    assert not spec().admits(message, 5), "a grant to another wakes nobody else"
+    assert spec().grant_in({"data": b"12"}, "task-1") is None
+    assert spec().admits({"data": b"12"}, 5) and not spec().admits({"data": b"12"}, 13)
+    holder_with_bars = spec().grant_in({"data": "g|a|b|3|1000|0"}, "a|b")
+    assert holder_with_bars is not None and holder_with_bars.fencing_token == 3
 
 
 def test_the_dispatch_setting_names_what_a_publisher_needs() -> None:
