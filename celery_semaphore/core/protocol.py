@@ -250,7 +250,7 @@ class SemaphoreSpec:
     def release_args(self, holder: str, token: int | None) -> list[Any]:
         validation.check_holder(holder)
         return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
-                self.dispatch]  # fmt: skip
+                self.dispatch, self.limit]  # fmt: skip
 
     def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
         args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel]

@@ -187,3 +187,34 @@ def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
     assert isinstance(waiter.error, Interrupt)
     status = sem.status()
     assert (status.holder_count, status.waiter_count) == (0, 0)
+
+
+def test_a_release_grants_within_the_limit_its_caller_declares(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """The recorded limit is the last contender's declaration; the direct grant of a
+    release, like an acquire, obeys the limit of the client that calls it."""
+    name = f"declared-{time.time_ns()}"
+    sem = make_semaphore(1, name=name)
+    wider = make_semaphore(3, name=name)
+    holder = granted(sem.attempt("holder"))
+    waiter = Waiter(sem, "waiter", 1.0)
+    waiter.start()
+    wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
+    other = granted(wider.attempt("other"))  # records limit 3, holds the second permit
+    assert sem.status().declared_limit == 3
+    assert holder.release() is True  # limit 1, one holder left: nothing to grant
+    assert isinstance(waiter.outcome(), Place)
+    assert [h.holder for h in sem.status().holders] == ["other"]
+    other.release()
+
+
+def test_a_place_taken_at_publish_does_not_change_the_recorded_limit(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    name = f"recorded-{time.time_ns()}"
+    worker_side = make_semaphore(2, name=name)
+    publisher = make_semaphore(5, name=name)
+    granted(worker_side.attempt("a")).release()
+    place = publisher.take_place("p", wait_lease=30)
+    assert (place.limit, publisher.status().declared_limit) == (2, 2)

@@ -127,7 +127,7 @@ if #meta_writes > 0 then
 end
 local out = {}
 if reclaimed > 0 then
-  grant_in_place(channel)
+  grant_in_place(channel, declared)
   wake(channel)
   out = dispatch(cfg)
 end

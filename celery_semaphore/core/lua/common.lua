@@ -288,11 +288,14 @@ end
 
 -- Grants free permits to the first waiters in line while they wait in place
 -- (stopping at the first that does not: FIFO), telling each on ``channel``.
-local function grant_in_place(channel)
+-- ``declared``: the limit the caller declares (as an acquire does; the override
+-- wins), or nil for a caller that declares none (the recorded one then).
+local function grant_in_place(channel, declared)
   local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'grant_at',
     'grant_gap_ms')
   if m[3] == '1' then return end
-  local free = (tonumber(m[2]) or tonumber(m[1]) or 0) - redis.call('ZCARD', holders)
+  local limit = tonumber(m[2]) or tonumber(declared) or tonumber(m[1]) or 0
+  local free = limit - redis.call('ZCARD', holders)
   if free <= 0 then return end
   local fence, last_at, average, granted = m[4], m[5], m[6], 0
   for _, holder in ipairs(redis.call('ZRANGE', waiters, 0, free - 1)) do

@@ -5,7 +5,9 @@
 -- ARGV[2] waiter lease ms  how long the place holds while nobody asks
 -- ARGV[3] info             free text stored with the waiter
 -- ARGV[4] idle ms
--- ARGV[5] declared limit   recorded like acquire records it (used unless meta.override is set)
+-- ARGV[5] declared limit   recorded where no limit is (status() then knows the semaphore);
+--                          the position is measured against the recorded one (what the
+--                          contenders declared), else this one
 --
 -- Returns {ticket, position, holders, effective limit, draining 0/1}: the
 -- ticket already held by this holder, or a new one, and where it stands.
@@ -17,7 +19,7 @@ local waiting = redis.call('ZCARD', waiters)
 local _, lapsed = reclaim(waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 local m = redis.call('HMGET', meta, 'limit', 'override', 'draining')
-if m[1] ~= declared then redis.call('HSET', meta, 'limit', declared) end
+if not m[1] then redis.call('HSET', meta, 'limit', declared) end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 local ahead = waiting
 if ticket then
@@ -29,5 +31,5 @@ else
 end
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
-local limit = tonumber(m[2]) or tonumber(declared)
+local limit = tonumber(m[2]) or tonumber(m[1]) or tonumber(declared)
 return {ticket, ahead + 1, redis.call('ZCARD', holders), limit, m[3] == '1' and 1 or 0}

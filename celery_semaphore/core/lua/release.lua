@@ -7,6 +7,8 @@
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
 -- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[6] declared limit  of the caller: a permit freed here may go straight to a
+--                        waiter in place (grant_in_place()) within this limit
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
@@ -17,6 +19,7 @@
 -- unknown or expired holder, or a stale token releases nothing.
 
 local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local declared = ARGV[6]
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(waiting)
@@ -41,7 +44,7 @@ if token == '' and waiting > 0 then
 end
 local out = {}
 if (released == 1 or reclaimed > 0) and waiting > 0 then
-  grant_in_place(channel)
+  grant_in_place(channel, declared)
   wake(channel)
   out = dispatch(cfg)
 end
