@@ -84,6 +84,18 @@ def hold(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
+@app.task(bind=True, base=LimitedTask, semaphore="hold", limit=LIMIT)
+def hold_until_opened(self: Any, tag: str, give_up: float = 60.0) -> Any:
+    """Holds its permit until the test sets the key ``open:<tag>`` (or ``give_up`` s
+    pass), so a test decides when each body ends, not a sleep."""
+    record(self, "start", tag)
+    deadline = time.monotonic() + give_up
+    while not _log.exists(f"open:{tag}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    record(self, "end", tag)
+    return tag
+
+
 @app.task(
     bind=True,
     base=LimitedTask,
