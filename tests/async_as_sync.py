@@ -15,9 +15,8 @@ from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-import redis
-
 from celery_semaphore import AsyncPermit, AsyncSemaphore, Place
+from celery_semaphore.core.connection import connect
 
 T = TypeVar("T")
 
@@ -89,7 +88,7 @@ class BlockingSemaphore:
             return AsyncSemaphore(url, *args, **kwargs)
 
         self.async_semaphore = loop.run(make())
-        self.client = redis.Redis.from_url(url)
+        self.client, _ = connect(url)  # for the test's own reads: any URL form
         self._held: list[BlockingPermit] = []
 
     name = property(lambda self: self.async_semaphore.name)

@@ -19,6 +19,7 @@ from outcomes import granted, refused
 from celery_semaphore import Handover, SemaphoreKeyTypeError, StaleHandover
 from celery_semaphore.core.keys import semaphore_keys
 from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
+from devkit.redis_servers import RedisClusterServers
 
 MakeSemaphore = Callable[..., Any]
 
@@ -394,3 +395,64 @@ def test_the_parked_and_handed_over_counts_match_the_records_through_every_trans
     sem.dispatch()  # e's place lapsed
     check()
     raw.close()
+
+
+def keys_on_slot(node: redis.Redis, slot: int, keys: list[str]) -> set[str]:
+    """Which of ``keys`` exist on ``node``, having checked they are all its keys in ``slot``."""
+    present = {key for key in keys if node.exists(key)}
+    assert node.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == len(present)
+    return present
+
+
+def test_parking_and_handover_on_redis_cluster_on_every_master(
+    make_semaphore: MakeSemaphore, outbox: Outbox, redis_cluster: RedisClusterServers
+) -> None:
+    """All eight keys of a semaphore (the parking ones too) share one hash tag, so
+    park, a release by another client that hands parked waiters over, dispatch (a
+    deadline passed, a waiter dropped) and a stale copy work on Redis Cluster, for a
+    semaphore on each of the three masters."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    with redis_cluster.client() as admin:
+        on_master: dict[str, tuple[str, int]] = {}  # owning node -> (name, slot)
+        for index in range(100):
+            name = f"parking-{index}"
+            slot = admin.cluster_keyslot(semaphore_keys(DEFAULT_NAMESPACE, name).holders)
+            on_master.setdefault(admin.nodes_manager.get_node_from_slot(slot).name, (name, slot))
+    assert len(on_master) == len(redis_cluster.nodes) == 3
+    for owner, (name, slot) in on_master.items():
+        sem = make_semaphore(1, name=name, url=url, on_handover=outbox, handover_deadline=0.2)
+        other = make_semaphore(1, name=name, url=url, on_handover=outbox, handover_deadline=0.2)
+        keys = sem.keys
+        host, port = owner.rsplit(":", 1)
+        with redis.Redis(host, int(port)) as node:
+            holder = granted(sem.attempt("holder"))
+            for waiter in ("a", "b", "c"):
+                sem.park(waiter, f"payload-{waiter}", refused(sem.attempt(waiter)).ticket)
+            assert outbox.take() == {}
+            parking = keys_on_slot(node, slot, keys.script_keys)
+            assert parking == set(keys.script_keys) - {keys.handed}
+
+            assert other.release(holder.holder) is True  # another client's release
+            first = outbox.take()
+            assert list(first) == ["a", "b"]  # the free permit, and the window behind it
+            assert first["a"].payload == "payload-a"
+            assert states(sem) == {"a": "handed over", "b": "handed over", "c": "parked"}
+            handing = keys_on_slot(node, slot, keys.script_keys)
+            assert handing == set(keys.script_keys) - {keys.holders, keys.hinfo}
+
+        time.sleep(0.3)  # past their deadline, and they never came
+        assert sem.dispatch(drop=["b"]) == 2
+        again = outbox.take()
+        assert sorted(again) == ["a", "c"]  # "a" again; "c" now in the window behind it
+        assert again["a"].token > first["a"].token
+        with pytest.raises(StaleHandover):
+            sem.attempt("a", handover=first["a"].token)
+        permit = granted(other.attempt("a", handover=again["a"].token))
+        assert states(sem) == {"c": "handed over"}
+
+        place = refused(sem.attempt("c", handover=again["c"].token))  # early: waits
+        assert permit.release() is True
+        granted(sem.attempt("c", place.ticket)).release()
+        assert outbox.take() == {}
+        status = sem.status()
+        assert (status.holder_count, status.waiter_count, status.parked_count) == (0, 0, 0)
