@@ -9,7 +9,7 @@ Covered: each runs once and in line order, with no countdown message; the
 publisher dying between selection and publish; a stale copy dropped; revoke of
 a parked task; a worker SIGKILLed while holding a permit; Redis losing its data
 while tasks are parked; RabbitMQ; a queue cap plus a task cap; FIFO over a
-backlog of 500.
+backlog of 500; the semaphores on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from test_brokers_canvas import AMQP, rabbitmq_vhost
 
 from celery_semaphore import Handover, Permit, Semaphore
 from celery_semaphore.handover import publish
-from devkit.redis_servers import RedisServer
+from devkit.redis_servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.slow
 FIXTURES = (rabbitmq_vhost,)
@@ -368,3 +368,34 @@ def test_a_message_too_large_to_park_falls_back_to_countdown_retries(clusters: C
     blocker.release()
     assert result.get(timeout=20) == "big"
     assert starts(cluster, result.id) == ["big"]
+
+
+def test_handover_with_the_semaphores_on_redis_cluster(
+    clusters: Clusters, redis_cluster: RedisClusterServers
+) -> None:
+    """The broker is a plain Redis, the semaphores a Redis Cluster: tasks park there,
+    a worker's heartbeat hands the first over when a permit frees outside any worker,
+    the releases of the workers' tasks hand over the others, and each runs once, in
+    line order."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    cluster = clusters(limit=1, extra_conf={**PARKING, "semaphore_redis_url": url})
+    cluster.worker("w1", concurrency=3)
+    sem = Semaphore(url, "hold", 1)
+    try:
+        blocker = sem.attempt("test-blocker")
+        assert isinstance(blocker, Permit)
+        hold = cluster.app_module.hold
+        results = [hold.delay(0.1, i) for i in range(4)]
+        wait_parked(cluster, sem, [r.id for r in results])
+        assert sem.status().parked_count == 4
+        time.sleep(3 * BEAT)
+        assert cluster.events() == []
+
+        assert blocker.release()  # by a client that publishes nothing
+        assert [r.get(timeout=30) for r in results] == list(range(4))
+        assert starts(cluster) == list(range(4))
+        assert max_overlap(cluster.events()) == 1
+        status = sem.status()
+        assert (status.holder_count, status.waiter_count, status.parked_count) == (0, 0, 0)
+    finally:
+        sem.close()
