@@ -8,6 +8,7 @@ asserts nothing about timings: the targets of the issue are printed next to the 
     .venv/bin/python benchmarks/bench_semaphore.py           # full run, about a minute
     .venv/bin/python benchmarks/bench_semaphore.py --quick   # smoke run, a few seconds
     .venv/bin/python benchmarks/bench_semaphore.py --json    # machine-readable results
+    .venv/bin/python benchmarks/bench_semaphore.py --compare-parsers  # hiredis vs pure Python
 
 See benchmarks/README.md for what each figure means.
 """
@@ -119,18 +120,34 @@ class Throughput:
     ops_per_round: int
     rates: list[float]
     server_us: list[float]
+    client_us: list[float]
 
     def run_round(self, monitor: redis.Redis) -> None:
         operation = self.operation
         cpu_before = server_cpu_seconds(monitor)
         with no_gc():
-            started = time.perf_counter()
+            started, client_started = time.perf_counter(), time.process_time()
             for _ in range(self.ops_per_round):
                 operation()
             elapsed = time.perf_counter() - started
+            client = time.process_time() - client_started
         cpu = server_cpu_seconds(monitor) - cpu_before
         self.rates.append(self.ops_per_round / elapsed)
         self.server_us.append(cpu / self.ops_per_round * 1e6)
+        self.client_us.append(client / self.ops_per_round * 1e6)
+
+
+def pure_python_parser() -> dict[str, Any]:
+    """Client options that make redis-py pack commands and parse replies in Python even
+    though hiredis is installed (it then uses hiredis for both by default)."""
+    from redis._parsers import _RESP2Parser  # redis-py swaps in its RESP3 parser for RESP3
+    from redis.connection import Encoder, PythonRespSerializer
+
+    encode = Encoder("utf-8", "strict", decode_responses=False).encode
+    return {
+        "parser_class": _RESP2Parser,
+        "command_packer": PythonRespSerializer(6000, encode),  # redis-py's buffer cutoff
+    }
 
 
 # --------------------------------------------------------------------------- benchmarks
@@ -211,31 +228,58 @@ def dramatiq_operation(client: redis.Redis) -> Callable[[], None]:
     return operation
 
 
-def run_throughput(server: RedisServer, settings: Settings) -> dict[str, Any]:
+def run_throughput(
+    server: RedisServer, settings: Settings, *, compare_parsers: bool = False
+) -> dict[str, Any]:
     clients = [server.client() for _ in range(6)]
     monitor, ping_client, ours_client, prs_client, dramatiq_client, scripts_client = clients
     try:
         benches = [
-            Throughput("ping", ping_operation(ping_client), settings.ping_ops, [], []),
+            Throughput("ping", ping_operation(ping_client), settings.ping_ops, [], [], []),
             Throughput(
                 "trivial_scripts",
                 trivial_scripts_operation(scripts_client),
                 settings.cycles,
                 [],
                 [],
+                [],
             ),
-            Throughput("celery_semaphore", ours_operation(ours_client), settings.cycles, [], []),
+            Throughput(
+                "celery_semaphore", ours_operation(ours_client), settings.cycles, [], [], []
+            ),
             Throughput(
                 "py_redis_semaphore",
                 py_redis_semaphore_operation(prs_client),
                 settings.other_cycles,
                 [],
                 [],
+                [],
             ),
             Throughput(
-                "dramatiq", dramatiq_operation(dramatiq_client), settings.other_cycles, [], []
+                "dramatiq", dramatiq_operation(dramatiq_client), settings.other_cycles, [], [], []
             ),
         ]
+        if compare_parsers:  # the same two benchmarks on clients that pack and parse in Python
+            python_clients = [server.client(**pure_python_parser()) for _ in range(2)]
+            clients += python_clients
+            benches += [
+                Throughput(
+                    "trivial_scripts_python",
+                    trivial_scripts_operation(python_clients[0]),
+                    settings.cycles,
+                    [],
+                    [],
+                    [],
+                ),
+                Throughput(
+                    "celery_semaphore_python",
+                    ours_operation(python_clients[1]),
+                    settings.cycles,
+                    [],
+                    [],
+                    [],
+                ),
+            ]
         for bench in benches:
             for _ in range(settings.warmup):
                 bench.operation()
@@ -249,10 +293,14 @@ def run_throughput(server: RedisServer, settings: Settings) -> dict[str, Any]:
             "ping_ops_per_s": statistics.median(ping.rates),
             "ping_ops_per_s_best": max(ping.rates),
             "ping_server_cpu_us": statistics.median(ping.server_us),
+            "ping_client_cpu_us": statistics.median(ping.client_us),
             "floor_cycles_per_s": statistics.median(floors),
         }
-        scripts = benches[1]
+        by_key = {bench.key: bench for bench in benches}
         for bench in benches[1:]:
+            scripts = by_key[
+                "trivial_scripts_python" if bench.key.endswith("_python") else "trivial_scripts"
+            ]
             ratios = [rate / floor for rate, floor in zip(bench.rates, floors, strict=True)]
             results[bench.key] = {
                 "cycles_per_s": statistics.median(bench.rates),
@@ -262,10 +310,22 @@ def run_throughput(server: RedisServer, settings: Settings) -> dict[str, Any]:
                 # fastest round over fastest PING round: the least disturbed by other load
                 "ratio_to_floor_best": max(bench.rates) / (max(ping.rates) / 2),
                 "server_cpu_us_per_cycle": statistics.median(bench.server_us),
+                # time.process_time() of this process (with py-redis-semaphore: its threads too)
+                "client_cpu_us_per_cycle": statistics.median(bench.client_us),
                 # against two do-nothing scripts with the same keys and arguments, same round
                 "ratio_to_scripts": statistics.median(
                     rate / other for rate, other in zip(bench.rates, scripts.rates, strict=True)
                 ),
+            }
+        if compare_parsers:
+            results["hiredis_speedup"] = {
+                key: statistics.median(
+                    fast / slow
+                    for fast, slow in zip(
+                        by_key[key].rates, by_key[f"{key}_python"].rates, strict=True
+                    )
+                )
+                for key in ("trivial_scripts", "celery_semaphore")
             }
         return results
     finally:
@@ -382,22 +442,43 @@ def print_report(results: dict[str, Any]) -> None:
     print()
     print(
         f"{'uncontended, one client (median round)':<46}{'ops/s':>8}{'µs/op':>9}{'srv µs':>8}"
-        f"{'x floor':>9}{'best':>7}  target"
+        f"{'cli µs':>8}{'x floor':>9}{'best':>7}  target"
     )
-    rows: list[tuple[str, float, float | None, float | None, float | None, str]] = [
-        ("PING round trip", thr["ping_ops_per_s"], thr["ping_server_cpu_us"], None, None, ""),
-        ("two-round-trip floor (PING rate / 2)", thr["floor_cycles_per_s"], None, 1.0, 1.0, ""),
+    Row = tuple[str, float, float | None, float | None, float | None, float | None, str]
+    rows: list[Row] = [
+        (
+            "PING round trip",
+            thr["ping_ops_per_s"],
+            thr["ping_server_cpu_us"],
+            thr["ping_client_cpu_us"],
+            None,
+            None,
+            "",
+        ),
+        (
+            "two-round-trip floor (PING rate / 2)",
+            thr["floor_cycles_per_s"],
+            None,
+            None,
+            1.0,
+            1.0,
+            "",
+        ),
     ]
     labels = {
         "trivial_scripts": "two do-nothing scripts, our keys and args",
         "celery_semaphore": "celery-semaphore try_acquire+release",
+        "trivial_scripts_python": "two do-nothing scripts, pure-Python parser",
+        "celery_semaphore_python": "celery-semaphore, pure-Python parser",
         "py_redis_semaphore": f"py-redis-semaphore {env['py_redis_semaphore']} acquire+release",
         "dramatiq": f"Dramatiq {env['dramatiq']} ConcurrentRateLimiter",
     }
     for key, label in labels.items():
+        if key not in thr:
+            continue
         bench = thr[key]
         ratio, best = bench["ratio_to_floor"], bench["ratio_to_floor_best"]
-        if key == "celery_semaphore":
+        if key.startswith("celery_semaphore"):
             to_scripts = bench["ratio_to_scripts"]
             note = (
                 f"{to_scripts:.2f} of the do-nothing scripts; target >= "
@@ -405,17 +486,37 @@ def print_report(results: dict[str, Any]) -> None:
             )
         elif key == "trivial_scripts":
             note = "the floor of any two-script design with this client"
+        elif key == "trivial_scripts_python":
+            note = "same rounds, packed and parsed in Python"
         else:
             note = f"(others measured ~{OTHERS_MEASURED[key]:.2f})"
         rows.append(
-            (label, bench["cycles_per_s"], bench["server_cpu_us_per_cycle"], ratio, best, note)
+            (
+                label,
+                bench["cycles_per_s"],
+                bench["server_cpu_us_per_cycle"],
+                bench["client_cpu_us_per_cycle"],
+                ratio,
+                best,
+                note,
+            )
         )
-    for label, rate, server_us, ratio, best, note in rows:
+    for label, rate, server_us, client_us, ratio, best, note in rows:
         server = f"{server_us:8.1f}" if server_us is not None else " " * 8
+        client = f"{client_us:8.1f}" if client_us is not None else " " * 8
         x_floor = f"{ratio:9.2f}" if ratio is not None else " " * 9
         x_best = f"{best:7.2f}" if best is not None else " " * 7
-        line = f"  {label:<44}{rate:>8,.0f}{1e6 / rate:9.1f}{server}{x_floor}{x_best}  {note}"
+        line = (
+            f"  {label:<44}{rate:>8,.0f}{1e6 / rate:9.1f}{server}{client}{x_floor}{x_best}  {note}"
+        )
         print(line.rstrip())
+    if "hiredis_speedup" in thr:
+        speedup = thr["hiredis_speedup"]
+        print(
+            f"  hiredis over pure Python (ops/s, median of rounds): celery-semaphore "
+            f"{speedup['celery_semaphore']:.2f}x, do-nothing scripts "
+            f"{speedup['trivial_scripts']:.2f}x"
+        )
     print()
     print(f"{'attempt() latency, µs':<46}{'p50':>8}{'p99':>9}")
     large = lat["large"]
@@ -439,7 +540,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run (few iterations)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
+    parser.add_argument(
+        "--compare-parsers",
+        action="store_true",
+        help="also time the do-nothing scripts and celery-semaphore on clients that pack and "
+        "parse in pure Python, in the same rounds (needs hiredis installed)",
+    )
     args = parser.parse_args(argv)
+    if args.compare_parsers and not redis.utils.HIREDIS_AVAILABLE:
+        parser.error(
+            "--compare-parsers compares hiredis with pure Python, and redis-py does not use "
+            "hiredis here: pip install -e '.[hiredis]'"
+        )
     settings = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.perf_counter()
@@ -448,11 +560,12 @@ def main(argv: list[str] | None = None) -> int:
         with server.client() as client:
             redis_version = str(client.info("server")["redis_version"])
         log("uncontended throughput")
-        throughput = run_throughput(server, settings)
+        throughput = run_throughput(server, settings, compare_parsers=args.compare_parsers)
         log("acquire latency")
         latency = run_latency(server, settings)
     results = {
         "quick": args.quick,
+        "compare_parsers": args.compare_parsers,
         "elapsed_s": time.perf_counter() - started,
         "settings": settings.__dict__,
         "environment": {
@@ -463,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             "dramatiq": package_version("dramatiq"),
             "python": platform.python_version(),
             "parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "pure-Python",
+            "hiredis": package_version("hiredis"),
             "cpus": os.cpu_count(),
             "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         },
