@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import wraps
 from typing import Any
@@ -19,6 +19,7 @@ from .config import get_config
 from .core import Semaphore, SemaphoreError, SemaphoreStatus
 from .core.connection import connect, mask_url
 from .core.discovery import open_semaphore, semaphore_names
+from .core.errors import UnknownSemaphore
 from .handover import publisher
 
 
@@ -34,6 +35,20 @@ class Operator:
 
     def names(self) -> list[str]:
         return semaphore_names(self.client, self.namespace, self.url)
+
+    def open_all(self, names: Sequence[str] = ()) -> list[Semaphore]:
+        """The semaphores ``names``, or every one in Redis (less those whose keys
+        went, or whose limit no contender has declared yet, between listing and
+        opening); a name asked for and unknown raises UnknownSemaphore."""
+        if names:
+            return [self.open(name) for name in names]
+        opened = []
+        for name in self.names():
+            try:
+                opened.append(self.open(name))
+            except UnknownSemaphore:
+                continue
+        return opened
 
     def open(self, name: str) -> Semaphore:
         """Semaphore ``name``; in handover mode it publishes the parked tasks that
@@ -135,8 +150,7 @@ def status(
     """Limits, holders, waiters and utilization of NAMES (default: all)."""
     with _operator(ctx) as operator:
         while True:
-            chosen = list(names) or operator.names()
-            rows = [_summary(operator.open(name).status()) for name in chosen]
+            rows = [_summary(s.status()) for s in operator.open_all(names)]
             text = json.dumps(rows, indent=2) if as_json else _status_table(rows)
             if not watch:
                 click.echo(text)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .core.discovery import open_semaphore, semaphore_names
+from .core.errors import UnknownSemaphore
 from .core.keys import semaphore_keys
 from .core.protocol import text
 
@@ -84,7 +85,10 @@ class SemaphoreCollector:
             p + "hold_seconds", "Time a permit was held.", labels=["semaphore"]
         )
         for name in semaphore_names(self.client, self.namespace, self.url):
-            status = open_semaphore(self.client, self.namespace, name, self.url).status()
+            try:
+                status = open_semaphore(self.client, self.namespace, name, self.url).status()
+            except UnknownSemaphore:
+                continue  # its keys went, or no contender has declared a limit yet
             raw = self.client.hgetall(semaphore_keys(self.namespace, name).meta)
             meta = {text(k): text(v) for k, v in raw.items()}
             holders.add_metric([name], status.holder_count)

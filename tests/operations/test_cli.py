@@ -41,6 +41,21 @@ def busy(redis_url: str):
     sem.close()
 
 
+def test_status_shows_a_backlog_published_before_any_task_started(redis_url, busy):
+    publisher = Semaphore(redis_url, "queued-only", 3)
+    for i in range(4):
+        publisher.take_place(f"t{i}", wait_lease=60)
+    publisher.close()
+    drained_early = Semaphore(redis_url, "drained-before-use", 1)  # meta, no limit recorded
+    drained_early.client.hset(drained_early.keys.meta, "draining", "1")
+    drained_early.close()
+    out = run(redis_url, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {row["name"]: row for row in json.loads(out.stdout)}
+    assert set(rows) == {"partner-api", "queued-only"}
+    assert (rows["queued-only"]["waiters"], rows["queued-only"]["effective_limit"]) == (4, 3)
+
+
 def test_status_lists_every_semaphore_with_limits_and_counts(redis_url, busy):
     Semaphore(redis_url, "other", 7).try_acquire("x")
     out = run(redis_url, "status", "--json")

@@ -112,3 +112,25 @@ def check_events_and_metrics(cluster, seen: list[dict], port: int) -> None:
     m = scrape(port)
     assert m['celery_semaphore_acquire_attempts_total{outcome="granted",semaphore="hold"}'] == 3
     assert m['celery_semaphore_holders{semaphore="hold"}'] == 0
+
+
+def test_a_backlog_published_before_any_task_started_is_visible(redis_server):
+    """Issue: places taken at publish wrote the meta hash without a limit, and the
+    metrics (HTTP 500) and ``status`` failed on the semaphore until a task started.
+    Now the place records the declared limit; a semaphore with state but no limit
+    (set up by an operator before first use, say) is left out, not an error."""
+    client = redis_server.client()
+    publisher = Semaphore(client, "backlog", 3)
+    for i in range(5):
+        publisher.take_place(f"t{i}", wait_lease=30)
+    client.hset("celery_semaphore:{limitless}:meta", "draining", "1")
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        m = scrape(port)
+        assert m['celery_semaphore_waiters{semaphore="backlog"}'] == 5
+        assert m['celery_semaphore_limit{semaphore="backlog"}'] == 3
+        assert not any("limitless" in sample for sample in m)
+    finally:
+        server.close()
+        client.close()

@@ -272,8 +272,17 @@ class Semaphore:
         return self._spec.parse_enqueue(self._call("enqueue", args))
 
     def try_acquire(self, holder: str | None = None, ticket: int | None = None) -> Permit | None:
-        """A permit if one can be granted now, else None (the contender keeps its place)."""
-        result = self.attempt(holder, ticket)
+        """A permit if one can be granted now, else None.
+
+        A refused contender that can come back (it gave a ``holder`` id or a
+        ``ticket``) keeps its place in line for the waiter lease, so asking
+        again with the same id is fair (FIFO among those who poll). An
+        anonymous one cannot come back, so it keeps no place: else every
+        refused ``try_acquire()`` in a polling loop would leave a place that
+        blocks the line until its lease runs out.
+        """
+        queue = holder is not None or ticket is not None
+        result = self.attempt(holder, ticket, queue=queue)
         return result if isinstance(result, Permit) else None
 
     def acquire(
