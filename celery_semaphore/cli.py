@@ -14,6 +14,7 @@ from functools import wraps
 from typing import Any
 
 import click
+from celery.bin.worker import worker as celery_worker_command
 
 from .config import get_config
 from .core import Semaphore, SemaphoreError, SemaphoreStatus
@@ -21,6 +22,7 @@ from .core.connection import connect, mask_url
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
 from .handover import publisher
+from .worker.bootstep import add_worker_options
 
 
 class Operator:
@@ -129,6 +131,11 @@ def _status_table(rows: list[dict[str, Any]]) -> str:
             f"{row['utilization']:>5.0%} {oldest:>8} {lease:>7}"
         )
     return "\n".join(lines)
+
+
+# Celery's command line imports this module (the ``celery.commands`` entry point)
+# before it parses anything: the place to give ``celery worker`` its options.
+add_worker_options(celery_worker_command)
 
 
 @click.group()

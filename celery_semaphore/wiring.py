@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from celery.bin.worker import worker as celery_worker_command
 from celery.signals import (
     before_task_publish,
     task_failure,
@@ -25,7 +26,7 @@ from . import events
 from .publish import take_places
 from .state import installed_apps
 from .worker import release
-from .worker.bootstep import METRICS_PORT_OPTION, SemaphoreStep
+from .worker.bootstep import WORKER_OPTIONS, SemaphoreStep
 from .worker.handover_queues import HandoverQueues
 from .worker.received import decide_gates
 
@@ -48,11 +49,14 @@ def _connect_handlers() -> None:
 
 def install(app: Any) -> None:
     """Enable the plugin on ``app``: the worker bootstep (heartbeat, release on
-    every ending, metrics), ``celery worker --semaphore-metrics-port``, places
+    every ending, metrics), ``celery worker --semaphore-metrics-port`` (also
+    added by the ``celery`` command line itself when it loads the plugin), places
     in line at publish. :class:`~celery_semaphore.LimitedTask` does this itself;
     call it when only ``semaphore_queue_limits`` is used. Idempotent."""
     _connect_handlers()
     app.steps["worker"].add(SemaphoreStep)
     app.steps["consumer"].add(HandoverQueues)
-    app.user_options["worker"].add(METRICS_PORT_OPTION)
+    for option in WORKER_OPTIONS:  # when the command line did not load the entry point
+        if option.name not in {param.name for param in celery_worker_command.params}:
+            app.user_options["worker"].add(option)
     installed_apps.add(app)

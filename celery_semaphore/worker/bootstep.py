@@ -25,6 +25,22 @@ METRICS_PORT_OPTION = click.Option(
     default=None,
     help="Serve celery-semaphore's Prometheus metrics on this port (needs the prometheus extra).",
 )
+METRICS_ADDRESS_OPTION = click.Option(
+    ["--semaphore-metrics-address"],
+    default="0.0.0.0",
+    show_default=True,
+    help="The address --semaphore-metrics-port listens on (127.0.0.1: this host only).",
+)
+WORKER_OPTIONS = (METRICS_PORT_OPTION, METRICS_ADDRESS_OPTION)
+
+
+def add_worker_options(command: click.Command) -> None:
+    """Give ``celery worker`` the plugin's options (once). Called when Celery's
+    command line loads the plugin's ``celery.commands`` entry point, before it
+    parses anything, so the options exist whichever way the app installs the
+    plugin (a LimitedTask binds only after the command line was parsed)."""
+    present = {param.name for param in command.params}
+    command.params.extend(o for o in WORKER_OPTIONS if o.name not in present)
 
 
 def _read(collection: Any) -> list[Any]:
@@ -75,11 +91,16 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     label = "celery-semaphore"
 
     def __init__(
-        self, worker: Any, semaphore_metrics_port: int | None = None, **kwargs: Any
+        self,
+        worker: Any,
+        semaphore_metrics_port: int | None = None,
+        semaphore_metrics_address: str = "0.0.0.0",
+        **kwargs: Any,
     ) -> None:
         super().__init__(worker, **kwargs)
         self.heartbeat: Heartbeat | None = None
         self.metrics_port = semaphore_metrics_port
+        self.metrics_address = semaphore_metrics_address
         self.metrics_server: Any = None
         if worker.app.conf.get("semaphore_send_events") is None:
             worker.app.conf.semaphore_send_events = bool(getattr(worker, "task_events", False))
@@ -95,12 +116,33 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             client = state_of(worker.app).semaphores.client(config.redis_url)
             warn_without_persistence(client, mask_url(config.redis_url))
         if self.metrics_port:
-            config = get_config(worker.app)
-            client = connect(config.redis_url)[0]
-            self.metrics_server = metrics.serve(
-                client, config.namespace, self.metrics_port, mask_url(config.redis_url)
+            self.metrics_server = self._serve_metrics(config, self.metrics_port)
+
+    def _serve_metrics(self, config: Any, port: int) -> Any:
+        """The metrics endpoint, or None (logged at ERROR) if it cannot listen: the
+        worker goes on enforcing the caps without it."""
+        where = f"{self.metrics_address}:{port}"
+        client = connect(config.redis_url)[0]
+        try:
+            server = metrics.serve(
+                client,
+                config.namespace,
+                port,
+                mask_url(config.redis_url),
+                addr=self.metrics_address,
             )
-            logger.info("celery-semaphore metrics on port %s", self.metrics_port)
+        except OSError as error:
+            client.close()
+            logger.error(
+                "celery-semaphore: no metrics: --semaphore-metrics-port %s cannot listen on "
+                "%s (%s); choose a free port, or --semaphore-metrics-address",
+                port,
+                where,
+                error.strerror or error,
+            )
+            return None
+        logger.info("celery-semaphore metrics on %s", where)
+        return server
 
     def stop(self, worker: Any) -> None:
         if self.heartbeat is not None:

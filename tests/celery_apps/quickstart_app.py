@@ -1,0 +1,22 @@
+"""The README's quick start as a new user writes it: a LimitedTask and nothing else
+(no ``install(app)``), so the plugin binds only when the worker finalizes the app,
+after the command line was parsed. ``CS_BROKER_URL``: a Redis broker (also the
+semaphores' Redis, as the README's default)."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from celery_semaphore import LimitedTask
+
+app = Celery(
+    "quickstart_app", broker=os.environ["CS_BROKER_URL"], backend=os.environ["CS_BROKER_URL"]
+)
+app.conf.broker_connection_retry_on_startup = True
+
+
+@app.task(base=LimitedTask, semaphore="partner-api", limit=5)
+def call_partner(order_id: int) -> int:
+    return order_id
