@@ -132,6 +132,24 @@ class SemaphoreConfig:
             raise type(error)(f"{owner}: {error}") from None
 
 
+def check_shared_redis(app: Any) -> None:
+    """At worker start: a broker that is not a Redis URL and no
+    ``semaphore_redis_url`` would make every machine count on its own
+    ``redis://localhost:6379/0``: a per-machine cap that looks cluster-wide."""
+    if app.conf.get(PREFIX + "redis_url") is not None:
+        return
+    broker = app.conf.broker_url or ""
+    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
+        return
+    scheme = broker.split("://", 1)[0] + "://" if "://" in str(broker) else repr(broker)
+    raise ValueError(
+        f"Celery setting {PREFIX}redis_url is not set and the broker ({scheme}) is not a "
+        f"Redis URL the semaphores can share: each worker would use {DEFAULT_REDIS_URL} "
+        f"on its own machine, a per-machine cap. Set {PREFIX}redis_url to the Redis every "
+        "worker and publisher reaches (for example redis://redis.internal:6379/0)"
+    )
+
+
 def default_redis_url(app: Any) -> str:
     broker = app.conf.broker_url or ""
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
@@ -169,13 +187,23 @@ def check_backoff(app: Any, config: SemaphoreConfig, owner: str) -> None:
 
 
 def _check_names(app: Any) -> None:
-    """A misspelt setting would otherwise be ignored without a word."""
-    known = [PREFIX + f.name for f in fields(SemaphoreConfig)]
+    """A misspelt setting would otherwise be ignored without a word: ``semaphore_*``
+    keys, and under a settings namespace (Django's ``config_from_object(...,
+    namespace="CELERY")``) ``CELERY_SEMAPHORE_*`` ones too."""
+    names = [PREFIX + f.name for f in fields(SemaphoreConfig)]
+    spellings = [(PREFIX, names)]
+    namespace = getattr(app, "namespace", None)
+    if isinstance(namespace, str) and namespace:
+        upper = f"{namespace}_{PREFIX.upper()}"
+        spellings.append((upper, [f"{namespace}_{n.upper()}" for n in names]))
     for key in app.conf:
-        if isinstance(key, str) and key.startswith(PREFIX) and key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise ValueError(f"unknown Celery setting {key}; {hint}known: {', '.join(known)}")
+        for prefix, known in spellings:
+            if isinstance(key, str) and key.startswith(prefix) and key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                raise ValueError(
+                    f"unknown Celery setting {key}; {hint}known: {', '.join(known)}"
+                )
 
 
 def get_config(app: Any) -> SemaphoreConfig:

@@ -10,7 +10,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
-from celery_semaphore.config import get_config
+from celery_semaphore.config import check_shared_redis, get_config
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
@@ -79,6 +79,26 @@ def warn_without_persistence(client: Any, url: str) -> None:
         )
 
 
+def warn_if_evicting(client: Any, url: str) -> None:
+    """A Redis that may evict keys can drop a semaphore's holders: then more tasks run
+    than the limit. Every key of a semaphore has an expiry, so a ``volatile-*``
+    policy can take them as surely as an ``allkeys-*`` one."""
+    try:
+        maxmemory = int(client.config_get("maxmemory").get("maxmemory") or 0)
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except Exception:  # CONFIG may be disabled (managed Redis): nothing to say
+        return
+    if maxmemory and policy != "noeviction":
+        logger.warning(
+            "celery-semaphore: the Redis at %s may evict keys when it reaches maxmemory "
+            "(maxmemory-policy %s): an evicted holder set lets more tasks run than the "
+            "limit. Set maxmemory-policy noeviction there, or give the semaphores a Redis "
+            "of their own (semaphore_redis_url)",
+            url,
+            policy,
+        )
+
+
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Heartbeat thread and metrics endpoint; with queue caps, admission for every task class.
 
@@ -105,15 +125,22 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if worker.app.conf.get("semaphore_send_events") is None:
             worker.app.conf.semaphore_send_events = bool(getattr(worker, "task_events", False))
             state_of(worker.app).config = None  # read the settings again, with that one
-        if get_config(worker.app).queue_limits:
+        try:
+            check_shared_redis(worker.app)
+            config = get_config(worker.app)
+        except (TypeError, ValueError) as error:
+            # The worker's command line prints a ClickException as one line and exits 1.
+            raise click.ClickException(f"celery-semaphore: {error}") from None
+        if config.queue_limits:
             admit_every_task(worker.app)
 
     def start(self, worker: Any) -> None:
         self.heartbeat = Heartbeat(worker.app, running_requests, revoked=revoked_ids)
         self.heartbeat.start()
         config = get_config(worker.app)
+        client = state_of(worker.app).semaphores.client(config.redis_url)
+        warn_if_evicting(client, mask_url(config.redis_url))
         if config.wait_mode == "handover":
-            client = state_of(worker.app).semaphores.client(config.redis_url)
             warn_without_persistence(client, mask_url(config.redis_url))
         if self.metrics_port:
             self.metrics_server = self._serve_metrics(config, self.metrics_port)

@@ -1,10 +1,12 @@
 """The README's quick start as a new user writes it: a LimitedTask and nothing else
 (no ``install(app)``), so the plugin binds only when the worker finalizes the app,
-after the command line was parsed. ``CS_BROKER_URL``: a Redis broker (also the
-semaphores' Redis, as the README's default)."""
+after the command line was parsed. ``CS_BROKER_URL``: the broker (a Redis one is
+also the semaphores' Redis, as the README's default); ``CS_CONF``: JSON of more
+settings (test_worker_options: settings that look right and are not)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from celery import Celery
@@ -15,6 +17,7 @@ app = Celery(
     "quickstart_app", broker=os.environ["CS_BROKER_URL"], backend=os.environ["CS_BROKER_URL"]
 )
 app.conf.broker_connection_retry_on_startup = True
+app.conf.update(json.loads(os.environ.get("CS_CONF", "{}")))
 
 
 @app.task(base=LimitedTask, semaphore="partner-api", limit=5)

@@ -72,3 +72,49 @@ def test_a_taken_metrics_port_is_named_and_the_worker_goes_on(quickstart) -> Non
     finally:
         worker.stop()
         taken.close()
+
+
+def refused_start(env: dict[str, str], log_dir: Path) -> str:
+    """A worker that must refuse to start: its output, once it has exited 1."""
+    worker = start_worker(env, log_dir)
+    try:
+        worker.process.wait(60)
+        assert worker.process.returncode == 1, worker.tail()
+        return worker.text()
+    finally:
+        worker.stop()
+
+
+def test_a_broker_that_is_not_redis_without_a_semaphore_redis_url_stops_the_worker(
+    quickstart,
+) -> None:
+    """Else each machine would count on its own localhost Redis: a per-machine cap."""
+    _server, env, log_dir = quickstart
+    env = {**env, "CS_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
+    text = refused_start(env, log_dir)
+    assert "Error: celery-semaphore: Celery setting semaphore_redis_url is not set" in text
+    assert "Traceback" not in text
+
+
+def test_a_misspelt_setting_stops_the_worker_with_one_line(quickstart) -> None:
+    _server, env, log_dir = quickstart
+    env = {**env, "CS_CONF": '{"semaphore_lease_timout": 30}'}
+    text = refused_start(env, log_dir)
+    assert "did you mean semaphore_lease_timeout?" in text
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(("policy", "warned"), [("allkeys-lru", True), ("noeviction", False)])
+def test_a_redis_that_may_evict_keys_is_named_at_worker_start(
+    tmp_path: Path, policy: str, warned: bool
+) -> None:
+    with RedisServer("--maxmemory", "100mb", "--maxmemory-policy", policy) as server:
+        env = {**os.environ, "CS_BROKER_URL": server.url, "PYTHONPATH": str(APPS)}
+        worker = start_worker(env, tmp_path)
+        try:
+            wait_until(lambda: "ready." in worker.text() or not worker.alive(), 60, "ready")
+            assert worker.alive(), worker.tail()
+            said = f"may evict keys when it reaches maxmemory (maxmemory-policy {policy})"
+            assert (said in worker.text()) is warned, worker.tail()
+        finally:
+            worker.stop()

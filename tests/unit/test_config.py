@@ -155,18 +155,26 @@ def test_settings_under_a_django_style_namespace_are_read(make_app: MakeApp) -> 
     class Settings:
         CELERY_BROKER_URL = "memory://"
         CELERY_SEMAPHORE_LEASE_TIMEOUT = 12
+        CELERY_SEMAPHORE_WAIT_MODE = "countdown"
 
     app = make_app()
     app.config_from_object(Settings, namespace="CELERY")
-    assert get_config(app).lease_timeout == 12
+    config = get_config(app)
+    assert (config.lease_timeout, config.wait_mode) == (12, "countdown")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _check_names only looks at keys starting with 'semaphore_', so under "
-    "config_from_object(..., namespace='CELERY') a misspelt CELERY_SEMAPHORE_* setting "
-    "is ignored without a word",
-)
+def test_a_misspelt_setting_raises_at_apply_async_not_later(make_app: MakeApp) -> None:
+    """Not swallowed by Celery's signal dispatcher: publishing a LimitedTask reads
+    the settings first (in handover mode, to decide whether to park)."""
+    app = make_app(semaphore_max_blok=1.0)
+
+    @app.task(base=LimitedTask, semaphore="s", limit=1, shared=False)
+    def job() -> None: ...
+
+    with pytest.raises(ValueError, match="did you mean semaphore_max_block"):
+        job.delay()
+
+
 def test_a_misspelt_setting_under_a_django_style_namespace_is_an_error(
     make_app: MakeApp,
 ) -> None:
@@ -176,7 +184,7 @@ def test_a_misspelt_setting_under_a_django_style_namespace_is_an_error(
 
     app = make_app()
     app.config_from_object(Settings, namespace="CELERY")
-    with pytest.raises(ValueError, match="did you mean"):
+    with pytest.raises(ValueError, match="did you mean CELERY_SEMAPHORE_LEASE_TIMEOUT"):
         get_config(app)
 
 
