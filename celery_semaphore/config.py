@@ -201,9 +201,7 @@ def _check_names(app: Any) -> None:
             if isinstance(key, str) and key.startswith(prefix) and key not in known:
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f"did you mean {close[0]}? " if close else ""
-                raise ValueError(
-                    f"unknown Celery setting {key}; {hint}known: {', '.join(known)}"
-                )
+                raise ValueError(f"unknown Celery setting {key}; {hint}known: {', '.join(known)}")
 
 
 def get_config(app: Any) -> SemaphoreConfig:
