@@ -71,7 +71,9 @@ class SemaphoreCollector:
             p + "lease_renewals", "Leases renewed.", labels=["semaphore"]
         )
         lost = CounterMetricFamily(
-            p + "permits_lost", "Renewals that found the permit lost.", labels=["semaphore"]
+            p + "permits_lost",
+            "Permits lost while their task ran (found gone by a worker's heartbeat).",
+            labels=["semaphore"],
         )
         expired = CounterMetricFamily(
             p + "leases_expired",

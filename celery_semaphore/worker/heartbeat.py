@@ -15,6 +15,7 @@ so in an ERROR: those tasks are lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -33,6 +34,8 @@ from celery_semaphore.state import state_of
 
 logger = logging.getLogger(__name__)
 
+Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
+
 
 def renew_interval(app: Any) -> float:
     """The shortest renewal interval any task of ``app`` asks for (per-task
@@ -48,9 +51,15 @@ class Heartbeat:
     """Renews the leases of the requests ``running()`` lists (worker Requests:
     ``id``, ``task``, ``time_start``, ``hostname`` and the recorded gates).
 
-    A holder the renewal reports lost is reported (log, :data:`.signals.permit_lost`)
-    only if its task has run longer than it can take to acquire, because a
-    running request may not have taken its permit yet.
+    A loss is reported (ERROR log, :data:`.signals.permit_lost`, the
+    ``permits_lost_total`` metric) when, and only when, a running body's permit
+    is gone: the request was seen holding at an earlier beat, and at two beats
+    at least ``max_block + 1`` s apart it is still running and holds nothing.
+    A request still waiting for its permit (in line, parked, in place) never
+    held one; one whose child gave it back is gone from ``running()`` by the
+    next beat; a multi-gate admission gives a permit back for at most
+    ``max_block`` while it waits for another. A permit lost before any beat saw
+    it held is not reported.
 
     ``stop(drain=True)`` keeps renewing until ``running()`` is empty: on warm
     shutdown the pool drains after the bootstep is stopped or before, depending
@@ -63,8 +72,10 @@ class Heartbeat:
         running: Callable[[], Iterable[Any]],
         interval: float | None = None,
         revoked: Callable[[], Iterable[str]] = tuple,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
+        self.clock = clock
         self.running = running
         self.revoked = revoked
         self._dropped: set[str] = set()
@@ -76,7 +87,9 @@ class Heartbeat:
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
         )
-        self._reported: set[tuple[str, str]] = set()
+        self._held: set[Key] = set()  # seen holding at a beat, still running
+        self._missing: dict[Key, float] = {}  # seen holding, then not: since when
+        self._reported: set[Key] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -121,10 +134,16 @@ class Heartbeat:
                 logger.warning("could not renew leases of %s: %s", gate.name, error)
                 continue
             for request in requests:
-                live.add((gate.name, request.id))
-                if request.id in lost:
-                    self._lost(gate, request, config.max_block)
+                key = (gate.name, request.id, getattr(request, "time_start", None))
+                live.add(key)
+                if request.id not in lost:
+                    self._held.add(key)
+                    self._missing.pop(key, None)
+                elif key in self._held:
+                    self._missing_now(gate, request, key, config.max_block)
+        self._held &= live
         self._reported &= live
+        self._missing = {k: v for k, v in self._missing.items() if k in live}
         if get_config(self.app).wait_mode == "handover":
             self.look_after_parked()
 
@@ -165,19 +184,21 @@ class Heartbeat:
         self._marker = token
         self._parked_in = names
 
-    def _lost(self, gate: Gate, request: Any, max_block: float) -> None:
-        started = getattr(request, "time_start", None)  # epoch seconds (Request.on_accepted)
-        if not started or time.time() - started < max_block + 2.0:
+    def _missing_now(self, gate: Gate, request: Any, key: Key, max_block: float) -> None:
+        """A request seen holding holds nothing now: lost once that lasts."""
+        now = self.clock()
+        since = self._missing.setdefault(key, now)
+        if now - since < max(max_block + 1.0, self.interval * 0.9) or key in self._reported:
             return
-        if (gate.name, request.id) in self._reported:
-            return
-        self._reported.add((gate.name, request.id))
+        self._reported.add(key)
         logger.error(
             "permit of %s[%s] on semaphore %s is lost (lease ran out or Redis lost data)",
             request.task.name,
             request.id,
             gate.name,
         )
+        with contextlib.suppress(SemaphoreError):
+            semaphore_of(self.app, gate, task_config(request.task)).note_lost()
         signals.permit_lost.send(
             sender=request.task,
             semaphore=gate.name,

@@ -87,25 +87,85 @@ def test_drain_renews_until_nothing_runs(app: Celery, redis_url: str) -> None:
     sem.close()
 
 
+class Reports:
+    """What ``permit_lost`` said, while connected."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def __call__(self, sender: Any = None, **fields: Any) -> None:
+        self.seen.append((fields["task_id"], fields["semaphore"]))
+
+    def __enter__(self) -> Reports:
+        permit_lost.connect(self, weak=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        permit_lost.disconnect(self)
+
+
+def lost_total(sem: Semaphore) -> int:
+    return int(sem.client.hget(sem.keys.meta, "m_lost") or 0)
+
+
 def test_a_lost_permit_of_a_running_body_is_reported_once(app: Celery, redis_url: str) -> None:
+    """Seen holding, then gone at two beats an interval apart while still running:
+    one report, one count in the metric."""
     define_task(app)
     sem = Semaphore(redis_url, "hb", 2, lease_timeout=LEASE)
     assert isinstance(sem.attempt("task-1"), Permit)
     assert isinstance(sem.attempt("task-2"), Permit)
-    long_ago = time.time() - 60  # past the time it may take to acquire
-    requests = [running(app, "task-1", long_ago), running(app, "task-2", long_ago)]
-    heartbeat = Heartbeat(app, lambda: requests, interval=60)
-    reports: list[dict[str, Any]] = []
-
-    def collect(sender: Any = None, **fields: Any) -> None:
-        reports.append(fields)
-
-    permit_lost.connect(collect, weak=False)
-    try:
-        sem.release("task-2")
+    started = time.time()
+    requests = [running(app, "task-1", started), running(app, "task-2", started)]
+    now = [1000.0]
+    heartbeat = Heartbeat(app, lambda: requests, interval=60, clock=lambda: now[0])
+    with Reports() as reports:
+        heartbeat.beat()  # both held
+        sem.release("task-2")  # the permit goes (its lease ran out, say) while it runs
+        heartbeat.beat()
+        assert reports.seen == [], "reported at the first beat that missed it"
+        now[0] += 60
         heartbeat.beat()
         heartbeat.beat()
-    finally:
-        permit_lost.disconnect(collect)
-    assert [(r["task_id"], r["semaphore"]) for r in reports] == [("task-2", "hb")]
+    assert reports.seen == [("task-2", "hb")]
+    assert lost_total(sem) == 1
+    sem.close()
+
+
+def test_requests_that_never_held_or_gave_their_permit_back_are_not_reported(
+    app: Celery, redis_url: str
+) -> None:
+    """A request waiting for its permit (refused, in line) across many beats, and
+    one whose body ended and gave its permit back: no report, no count."""
+    define_task(app)
+    sem = Semaphore(redis_url, "hb", 2, lease_timeout=LEASE)
+    done = sem.attempt("task-done")
+    assert isinstance(done, Permit)
+    assert isinstance(sem.attempt("task-busy"), Permit)
+    assert not isinstance(sem.attempt("task-waiting", wait_lease=60), Permit)
+    started = time.time() - 60  # long past the time it may take to acquire
+    requests = [running(app, name, started) for name in ("task-done", "task-busy", "task-waiting")]
+    now = [1000.0]
+    heartbeat = Heartbeat(app, lambda: list(requests), interval=60, clock=lambda: now[0])
+    with Reports() as reports:
+        heartbeat.beat()
+        done.release()
+        del requests[0]  # the request ends with its body
+        for _ in range(4):
+            now[0] += 60
+            heartbeat.beat()
+    assert reports.seen == []
+    assert lost_total(sem) == 0
+    sem.close()
+
+
+def test_a_renewal_of_a_permit_that_is_gone_counts_as_lost(redis_url: str) -> None:
+    """The core API: renewing a Permit whose permit went counts one loss; renewing a
+    bare holder id that holds nothing counts none (it may never have held)."""
+    sem = Semaphore(redis_url, "hb-core", 1, lease_timeout=LEASE)
+    permit = sem.attempt("a")
+    assert isinstance(permit, Permit)
+    sem.release("a")
+    assert sem.renew_many([permit, "never-held"]) == {"a", "never-held"}
+    assert lost_total(sem) == 1
     sem.close()

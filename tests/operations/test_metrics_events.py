@@ -33,7 +33,7 @@ def test_metrics_endpoint_shows_cluster_wide_state_and_counters(redis_server):
     assert sem.try_acquire("c") is None  # refused, in line
     time.sleep(0.05)
     a.release()
-    sem.renew_many(["b", "ghost"])
+    sem.renew_many(["b", "ghost", a])  # the released permit counts lost; a bare id, not
     port = free_port()
     server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
     try:

@@ -426,6 +426,15 @@ class Semaphore:
                 permit.expires_at = expires_at
         return lost
 
+    def note_lost(self, count: int = 1) -> None:
+        """Count ``count`` permits found lost by a caller that renews by holder id
+        (``renew_many`` counts only the lost permits it was given as permits): the
+        ``permits_lost_total`` metric."""
+        try:
+            self.client.hincrby(self._spec.keys.meta, "m_lost", count)
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+
     def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry) and live waiters in line order."""
         return self._spec.parse_status(self._call("status", [protocol.STATUS_MOST]))

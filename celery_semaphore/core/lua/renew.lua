@@ -8,13 +8,16 @@
 --
 -- Returns {new lease expiry ms, lost holder, lost holder, ...}. A holder whose
 -- lease already ran out is reclaimed first and so reported lost: a renew never
--- resurrects an evicted holder.
+-- resurrects an evicted holder. m_lost counts the lost pairs that came with a
+-- token (the caller held that permit); a holder id alone may never have held
+-- one (a worker renews its requests by id; it counts real losses itself).
 
 local lease_ms, idle_ms, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
 local reclaimed = reclaim()
 local expires = now_ms + lease_ms
 local result = {expires}
+local lost_permits = 0
 for i = 4, #ARGV, 2 do
   local holder, token = ARGV[i], ARGV[i + 1]
   local live = redis.call('ZSCORE', holders, holder)
@@ -22,10 +25,11 @@ for i = 4, #ARGV, 2 do
     redis.call('ZADD', holders, 'XX', expires, holder)
   else
     result[#result + 1] = holder
+    if token ~= '' then lost_permits = lost_permits + 1 end
   end
 end
 bump('m_renewed', (#ARGV - 3) / 2 - (#result - 1))
-bump('m_lost', #result - 1)
+bump('m_lost', lost_permits)
 if reclaimed > 0 then wake(channel) end
 touch(idle_ms)
 return result
