@@ -347,8 +347,18 @@ class Admission:
             self._send(signals.permit_released, gate, released=released)
 
     def drop_places(self) -> None:
+        """Leave every line; a place Redis cannot be told about lapses on its own."""
         for gate in self.gates:
-            self._sem(gate).release(self.request.id)
+            try:
+                self._sem(gate).release(self.request.id)
+            except SemaphoreError as error:
+                logger.warning(
+                    "%s[%s] could not leave the line of %s (its place lapses): %s",
+                    self.task.name,
+                    self.request.id,
+                    gate.name,
+                    error,
+                )
 
     def _send(self, signal: Any, gate: Gate, **fields: Any) -> None:
         signal.send(

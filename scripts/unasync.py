@@ -41,6 +41,8 @@ RENAMES = [
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\baclose\b", "close"),
+    (r"\basyncio\.sleep\b", "time.sleep"),
+    (r"(?m)^import asyncio\n", ""),
 ]
 
 

@@ -59,3 +59,9 @@ def guarded_fail(self: Any, tag: Any) -> Any:
           semaphore_on_redis_error="run")  # fmt: skip
 def guarded_run(self: Any, tag: Any) -> Any:
     return _run(self, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="guarded", limit=1, semaphore_max_waits=2)
+def guarded_budget(self: Any, tag: Any) -> Any:
+    """Policy "retry" with a budget of 2 waits: with Redis down, SemaphoreTimeout."""
+    return _run(self, tag)

@@ -266,6 +266,10 @@ def test_semaphore_redis_unreachable_policies(clusters: Clusters) -> None:
     with pytest.raises(SemaphoreConnectionError, match=rf"Redis at redis://127\.0\.0\.1:{port}/0"):
         failed.get(timeout=20)
 
+    budget = send("policy_app.guarded_budget", args=["budget"], queue="policy")
+    with pytest.raises(SemaphoreTimeout, match="gave up after 2 waits"):
+        budget.get(timeout=20)  # its wait budget, not the Redis outage, ends it
+
     waiting = send("policy_app.guarded_retry", args=["retry"], queue="policy")
     cluster.wait_for(
         lambda: len(events.received_retries(waiting.id)) >= 5, 20, "5 attempts of the task"

@@ -17,7 +17,7 @@ import pytest
 import redis
 from outcomes import granted, refused, wait_for
 
-from celery_semaphore import Place, Semaphore
+from celery_semaphore import Place, Semaphore, SemaphoreConnectionError
 from devkit.redis_servers import RedisServer
 
 MakeSemaphore = Callable[..., Any]
@@ -218,3 +218,53 @@ def test_a_place_taken_at_publish_does_not_change_the_recorded_limit(
     granted(worker_side.attempt("a")).release()
     place = publisher.take_place("p", wait_lease=30)
     assert (place.limit, publisher.status().declared_limit) == (2, 2)
+
+
+class Acquirer(threading.Thread):
+    """``sem.acquire(timeout, holder)`` in a thread."""
+
+    def __init__(self, sem: Any, holder: str, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.sem, self.holder, self.timeout = sem, holder, timeout
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.sem.acquire(self.timeout, self.holder)
+        except BaseException as error:
+            self.error = error
+
+
+def test_a_blocked_acquire_rides_out_a_redis_restart(make_semaphore: MakeSemaphore) -> None:
+    """Redis restarts (its data lost) under a waiting acquire(): the waiter
+    reconnects, asks again with its ticket and gets the permit the restart freed."""
+    with RedisServer() as server:
+        sem = make_semaphore(1, url=server.url)
+        granted(sem.attempt("holder"))
+        acquirer = Acquirer(sem, "waiter", 20)
+        acquirer.start()
+        wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
+        server.restart()
+        acquirer.join(20)
+        assert acquirer.error is None, repr(acquirer.error)
+        permit = granted(acquirer.result)
+        assert [h.holder for h in sem.status().holders] == ["waiter"]
+        permit.release()
+
+
+def test_a_blocked_acquire_gives_up_at_its_timeout_when_redis_stays_away(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    with RedisServer() as server:
+        sem = make_semaphore(1, url=server.url)
+        granted(sem.attempt("holder"))
+        acquirer = Acquirer(sem, "waiter", 1.5)
+        acquirer.start()
+        wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
+        server.stop()
+        began = time.monotonic()
+        acquirer.join(10)
+        assert not acquirer.is_alive(), "still waiting long after its timeout"
+        assert isinstance(acquirer.error, SemaphoreConnectionError), repr(acquirer.error)
+        assert time.monotonic() - began < 5

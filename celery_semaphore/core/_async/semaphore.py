@@ -18,6 +18,7 @@ second attempt, which runs after SUBSCRIBE.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import time
@@ -29,9 +30,21 @@ import redis
 
 from celery_semaphore.core import protocol, validation
 from celery_semaphore.core.connection import AsyncClient, connect_async, translate
-from celery_semaphore.core.errors import SemaphoreKeyTypeError, SemaphoreTimeout
+from celery_semaphore.core.errors import (
+    SemaphoreConnectionError,
+    SemaphoreKeyTypeError,
+    SemaphoreTimeout,
+)
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import NAMES, source
+
+RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
+RECONNECT_MOST = 1.0
+
+
+def reconnectable(error: SemaphoreConnectionError) -> bool:
+    """Whether Redis may come back by itself (restart, failover): not a refused login."""
+    return not isinstance(error.__cause__, redis.AuthenticationError)
 
 
 class AsyncPermit:
@@ -339,8 +352,11 @@ class AsyncSemaphore:
         While it waits (subscribed to the wake channel) the waiter is marked as
         waiting in place, so a release grants it the permit directly and tells it
         on the channel; the last attempt before giving up clears the mark (and
-        returns the permit if one was granted meanwhile). Anything that interrupts
-        the wait drops the place, and a permit granted meanwhile.
+        returns the permit if one was granted meanwhile). If Redis goes away
+        (restart, failover) the waiter reconnects and asks again with its ticket
+        until ``timeout``; :class:`SemaphoreConnectionError` if Redis is still
+        unreachable then. Anything that interrupts the wait drops the place, and
+        a permit granted meanwhile.
         """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
@@ -348,26 +364,36 @@ class AsyncSemaphore:
         result = await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
         if isinstance(result, AsyncPermit) or timeout == 0:
             return result
-        try:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
-            await pubsub.subscribe(self._spec.keys.channel)
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
+        place: Place = result
+        pubsub = await self._listen()
+        backoff = RECONNECT_FIRST
         try:
             while True:
-                ticket = result.ticket or ticket
-                result = await self.attempt(
-                    holder, ticket, wait_lease=wait_lease, info=info, in_place=True
-                )
-                if isinstance(result, AsyncPermit):
-                    return result
+                ticket = place.ticket or ticket
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
-                if remaining is not None and remaining <= 0:
-                    return await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
                 try:
-                    grant = await self._sleep(pubsub, result, remaining, holder)
-                except redis.RedisError as error:
-                    raise translate(error, self.url) from error
+                    if pubsub is None:
+                        pubsub = await self._listen()
+                    if remaining is not None and remaining <= 0:
+                        # The last ask clears the mark (or finds a permit granted meanwhile).
+                        return await self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
+                    result = await self.attempt(
+                        holder, ticket, wait_lease=wait_lease, info=info, in_place=True
+                    )
+                    if isinstance(result, AsyncPermit):
+                        return result
+                    place = result
+                    grant = await self._sleep(pubsub, place, remaining, holder)
+                    backoff = RECONNECT_FIRST
+                except SemaphoreConnectionError as error:
+                    if not reconnectable(error) or (remaining is not None and remaining <= 0):
+                        raise
+                    await self._close_quietly(pubsub)
+                    pubsub = None
+                    pause = backoff if remaining is None else min(backoff, remaining)
+                    await asyncio.sleep(pause)
+                    backoff = min(backoff * 2, RECONNECT_MOST)
+                    continue
                 if grant is not None:
                     return AsyncPermit(
                         self, holder, grant.fencing_token, grant.expires_at, grant.waited
@@ -377,7 +403,23 @@ class AsyncSemaphore:
                 await self._release(holder, None)
             raise
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+            await self._close_quietly(pubsub)
+
+    async def _listen(self) -> Any:
+        """A pub/sub connection subscribed to the wake channel."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
+        try:
+            await pubsub.subscribe(self._spec.keys.channel)
+        except redis.RedisError as error:
+            await self._close_quietly(pubsub)
+            raise translate(error, self.url) from error
+        return pubsub
+
+    @staticmethod
+    async def _close_quietly(pubsub: Any) -> None:
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
     async def _sleep(
         self, pubsub: Any, place: Place, remaining: float | None, holder: str
@@ -386,7 +428,10 @@ class AsyncSemaphore:
         ``holder`` (the Grant), or the pause runs out (None)."""
         deadline = time.monotonic() + self._spec.pause(place, remaining)
         while (left := deadline - time.monotonic()) > 0:
-            message = await pubsub.get_message(timeout=left)
+            try:
+                message = await pubsub.get_message(timeout=left)
+            except redis.RedisError as error:
+                raise translate(error, self.url) from error
             if message is None:
                 continue
             grant = self._spec.grant_in(message, holder)
