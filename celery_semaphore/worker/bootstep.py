@@ -1,4 +1,5 @@
-"""The worker bootstep: starts and stops the heartbeat and the metrics endpoint."""
+"""The worker bootstep: starts and stops the heartbeat, the watch for killed children and the
+metrics endpoint."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
+from .dead_children import DeadChildren
 from .heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     ) -> None:
         super().__init__(worker, **kwargs)
         self.heartbeat: Heartbeat | None = None
+        self.dead_children: DeadChildren | None = None
         self.metrics_port = semaphore_metrics_port
         self.metrics_address = semaphore_metrics_address
         self.metrics_server: Any = None
@@ -137,6 +140,8 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, worker: Any) -> None:
         self.heartbeat = Heartbeat(worker.app, running_requests, revoked=revoked_ids)
         self.heartbeat.start()
+        self.dead_children = DeadChildren(running_requests)
+        self.dead_children.start()
         config = get_config(worker.app)
         client = state_of(worker.app).semaphores.client(config.redis_url)
         warn_if_evicting(client, mask_url(config.redis_url))
@@ -172,6 +177,9 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return server
 
     def stop(self, worker: Any) -> None:
+        if self.dead_children is not None:
+            self.dead_children.stop()
+            self.dead_children = None
         if self.heartbeat is not None:
             self.heartbeat.stop(drain=True)
             self.heartbeat = None

@@ -329,20 +329,23 @@ def test_revoke_terminate_while_running_releases_within_1s(endings, signame):
 
 
 @pytest.mark.chaos
-def test_killed_child_releases_within_1s_of_the_report(endings):
+@pytest.mark.parametrize("victim", ["first", "second", "third"])
+def test_killed_child_releases_within_1s_of_the_kill(endings, victim):
+    """Not when the pool reaps the child (0.02-4.5 s later): the main process sees the
+    killed child as a zombie (waitid WNOWAIT) and releases by task id at once. Three
+    runs: with the reaping's delay spread over 0-5 s, the old path fails most."""
     cluster, apps = endings(limit=1, lease=30.0)
     worker = cluster.worker("w1", app=APP, concurrency=2)
-    result = apps.hold.delay(20.0, "victim")
+    result = apps.hold.delay(20.0, victim)
     started = start_of(cluster, result.id)
     assert started["pid"] in worker.children()
     os.kill(started["pid"], signal.SIGKILL)
     killed_at = time.time()
+    released_by(cluster, killed_at + WITHIN, "killed child")
     assert outcome(cluster, result) == "FAILURE"  # WorkerLostError, when the pool reaps the child
     assert "WorkerLostError" in repr(result.result)
-    released_by(cluster, time.time() + WITHIN, "killed child")
-    assert time.time() - killed_at < 5.0 + 2 * WITHIN  # the pool's reaping, not the 30 s lease
     released = wait_signals(cluster, "permit_released", result.id, released=True)
-    assert [e["pid"] for e in released] == [worker.pid]
+    assert [e["pid"] for e in released] == [worker.pid]  # once: the reaping found it free
 
 
 @pytest.mark.chaos

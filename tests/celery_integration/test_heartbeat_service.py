@@ -3,6 +3,10 @@ app on the in-memory broker, and a list of running requests the test controls.""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +19,7 @@ import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Semaphore
 from celery_semaphore.gates import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.signals import permit_lost
+from celery_semaphore.worker.dead_children import DeadChildren
 from celery_semaphore.worker.heartbeat import Heartbeat
 
 LEASE = 0.6
@@ -29,6 +34,7 @@ class Running:
     time_start: float
     hostname: str = "test@host"
     request_dict: dict[str, Any] = field(default_factory=dict)
+    worker_pid: int | None = None
 
 
 @pytest.fixture
@@ -169,3 +175,37 @@ def test_a_renewal_of_a_permit_that_is_gone_counts_as_lost(redis_url: str) -> No
     assert sem.renew_many([permit, "never-held"]) == {"a", "never-held"}
     assert lost_total(sem) == 1
     sem.close()
+
+
+@pytest.mark.parametrize(("how", "released"), [("SIGKILL", True), ("exit", False)])
+def test_a_killed_child_is_seen_before_it_is_reaped(
+    app: Celery, redis_url: str, how: str, released: bool
+) -> None:
+    """The main process (here: the test) sees its killed child as a zombie and
+    releases by task id without reaping it; a child that exits normally gave its
+    permits back itself and is left alone."""
+    define_task(app)
+    sem = Semaphore(redis_url, "hb", 2, lease_timeout=60)
+    assert isinstance(sem.attempt("task-1"), Permit)
+    code = "import sys, time; time.sleep(60)" if how == "SIGKILL" else "import sys; sys.exit(0)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    request = running(app, "task-1", time.time())
+    request.worker_pid = child.pid
+    watcher = DeadChildren(lambda: [request])
+    try:
+        if how == "SIGKILL":
+            watcher.look()
+            assert sem.status().holder_count == 1, "released while the child lived"
+            os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            assert time.monotonic() < deadline, "the child did not end"
+            time.sleep(0.01)
+        watcher.look()
+        assert sem.status().holder_count == (0 if released else 1)
+        # not reaped: that stays the pool's (Celery's WorkerLostError path)
+        assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    finally:
+        child.kill()
+        child.wait()
+        sem.close()
