@@ -31,10 +31,19 @@ from celery_semaphore.core.discovery import semaphore_names
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.gates import Gate, recorded_gates, semaphore_of
 from celery_semaphore.state import state_of
+from celery_semaphore.worker.dead_children import killed
 
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
+
+
+def child_killed(request: Any) -> bool:
+    """Whether the pool child running ``request`` was killed: its body runs no more
+    (its permits were released at once), though the request is listed until the
+    pool reaps the child."""
+    pid = getattr(request, "worker_pid", None)
+    return isinstance(pid, int) and pid > 0 and killed(pid)
 
 
 def renew_interval(app: Any) -> float:
@@ -57,8 +66,9 @@ class Heartbeat:
     at least ``max_block + 1`` s apart it is still running and holds nothing.
     A request still waiting for its permit (in line, parked, in place) never
     held one; one whose child gave it back is gone from ``running()`` by the
-    next beat; a multi-gate admission gives a permit back for at most
-    ``max_block`` while it waits for another. A permit lost before any beat saw
+    next beat, or its child was killed (:mod:`.dead_children` released it); a
+    multi-gate admission gives a permit back for at most ``max_block`` while it
+    waits for another. A permit lost before any beat saw
     it held is not reported.
 
     ``stop(drain=True)`` keeps renewing until ``running()`` is empty: on warm
@@ -139,7 +149,7 @@ class Heartbeat:
                 if request.id not in lost:
                     self._held.add(key)
                     self._missing.pop(key, None)
-                elif key in self._held:
+                elif key in self._held and not child_killed(request):
                     self._missing_now(gate, request, key, config.max_block)
         self._held &= live
         self._reported &= live

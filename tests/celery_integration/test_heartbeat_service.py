@@ -209,3 +209,34 @@ def test_a_killed_child_is_seen_before_it_is_reaped(
         child.kill()
         child.wait()
         sem.close()
+
+
+def test_a_killed_child_listed_until_it_is_reaped_is_not_reported_lost(
+    app: Celery, redis_url: str
+) -> None:
+    """The killed child's permit was released at once (dead_children); its request is
+    listed until the pool reaps the child, seconds later: not a lost permit."""
+    define_task(app)
+    sem = Semaphore(redis_url, "hb", 2, lease_timeout=60)
+    assert isinstance(sem.attempt("task-1"), Permit)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    request = running(app, "task-1", time.time() - 60)
+    request.worker_pid = child.pid
+    now = [1000.0]
+    heartbeat = Heartbeat(app, lambda: [request], interval=60, clock=lambda: now[0])
+    try:
+        with Reports() as reports:
+            heartbeat.beat()  # held
+            os.kill(child.pid, signal.SIGKILL)
+            while os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                time.sleep(0.01)
+            DeadChildren(lambda: [request]).look()  # released by task id
+            for _ in range(3):
+                now[0] += 60
+                heartbeat.beat()
+        assert reports.seen == []
+        assert lost_total(sem) == 0
+    finally:
+        child.kill()
+        child.wait()
+        sem.close()

@@ -1,0 +1,62 @@
+"""The app of the chaos test (``test_chaos.py``): one limited task whose bodies say,
+in Redis, when they start and end and in which process, so an observer outside the
+package can count the bodies running at once.
+
+``CS_BROKER_URL`` (broker), ``CS_REDIS_URL`` (results, semaphores and the records),
+``CS_LIMIT``, ``CS_LEASE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import task_prerun
+
+from celery_semaphore import LimitedTask
+
+BROKER = os.environ.get("CS_BROKER_URL", "redis://127.0.0.1:6399/0")
+STATE = os.environ.get("CS_REDIS_URL", BROKER)
+LIMIT = int(os.environ.get("CS_LIMIT", "3"))
+LEASE = float(os.environ.get("CS_LEASE", "8"))
+RECORDS = "chaos:records"
+
+app = Celery("chaos_app", broker=BROKER, backend=STATE)
+app.conf.update(
+    semaphore_redis_url=STATE,
+    semaphore_lease_timeout=LEASE,
+    semaphore_heartbeat_interval=1.0,
+    semaphore_backoff_max=2.0,
+    semaphore_handover_deadline=5.0,
+    # A killed worker's unacknowledged messages come back after this long (not 1 h).
+    broker_transport_options={"visibility_timeout": 12},
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    task_default_queue="chaos",
+    result_expires=3600,
+)
+_records = redis.Redis.from_url(STATE, socket_timeout=30)
+
+
+def record(event: str, task_id: str) -> None:
+    entry = {"event": event, "id": task_id, "pid": os.getpid(), "worker": os.getppid(),
+             "at": time.time()}  # fmt: skip
+    _records.rpush(RECORDS, json.dumps(entry))
+
+
+@task_prerun.connect
+def _prerun(task_id: str = "", **_: Any) -> None:
+    """The execution began in this process: an early-ack task is acknowledged now."""
+    record("prerun", task_id)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT)
+def body(self: Any, seconds: float) -> float:
+    record("start", self.request.id)
+    time.sleep(seconds)
+    record("end", self.request.id)
+    return seconds
