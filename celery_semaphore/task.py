@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, ClassVar
 
+import click
 from celery import Task
 
 from .admission import admitted_call, home_queue, with_waits_added
@@ -42,6 +43,15 @@ class LimitedTask(Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
+        try:
+            cls.semaphore_options = cls._checked_options()
+        except (TypeError, ValueError) as error:
+            raise declaration_error(error) from None
+        install(app)
+
+    @classmethod
+    def _checked_options(cls) -> dict[str, Any]:
+        """The task's ``semaphore_*`` options; TypeError / ValueError naming the task."""
         name = f"task {cls.name}"
         if cls.semaphore is None:
             raise TypeError(f"{name}: LimitedTask needs semaphore= (a name or a key function)")
@@ -67,8 +77,7 @@ class LimitedTask(Task):  # type: ignore[misc]
             SemaphoreConfig(**options)  # type and range checks now; app settings join at first use
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {PREFIX}{error}") from None
-        cls.semaphore_options = options
-        install(app)
+        return options
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return admitted_call(self, super().__call__, args, kwargs)
@@ -102,6 +111,27 @@ class LimitedTask(Task):  # type: ignore[misc]
             queue or home_queue(request),
             **with_waits_added(request, extra_options),
         )
+
+
+class DeclarationValueError(ValueError, click.ClickException):
+    """A LimitedTask declared with a bad value. Also a ClickException, so that
+    ``celery worker`` (which binds the tasks while it starts) prints it as one
+    line and exits 1, rather than a long traceback ending with it."""
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
+class DeclarationTypeError(TypeError, click.ClickException):
+    """A LimitedTask declared with a value of the wrong type (see above)."""
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
+def declaration_error(error: TypeError | ValueError) -> Exception:
+    kind = DeclarationTypeError if isinstance(error, TypeError) else DeclarationValueError
+    return kind(str(error))
 
 
 setattr(LimitedTask, PATCHED, True)  # queue caps: admission is built in, nothing to patch

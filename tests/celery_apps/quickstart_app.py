@@ -20,6 +20,6 @@ app.conf.broker_connection_retry_on_startup = True
 app.conf.update(json.loads(os.environ.get("CS_CONF", "{}")))
 
 
-@app.task(base=LimitedTask, semaphore="partner-api", limit=5)
+@app.task(base=LimitedTask, semaphore="partner-api", limit=int(os.environ.get("CS_LIMIT", "5")))
 def call_partner(order_id: int) -> int:
     return order_id

@@ -118,3 +118,10 @@ def test_a_redis_that_may_evict_keys_is_named_at_worker_start(
             assert (said in worker.text()) is warned, worker.tail()
         finally:
             worker.stop()
+
+
+def test_a_bad_task_declaration_stops_the_worker_with_one_line(quickstart) -> None:
+    _server, env, log_dir = quickstart
+    text = refused_start({**env, "CS_LIMIT": "0"}, log_dir)
+    assert "Error: task quickstart_app.call_partner: limit must be an int from 1" in text
+    assert "Traceback" not in text
