@@ -62,3 +62,21 @@ def test_bench_semaphore_quick_json_reports_every_figure() -> None:
     assert results["targets"] == {"ratio_to_floor_min": 0.9, "large_over_empty_max": 2.0}
     assert results["environment"]["server"].startswith("127.0.0.1:")
     assert not results["environment"]["server"].endswith(":6379")
+
+
+@pytest.mark.slow
+def test_bench_polling_quick_json_reports_every_system() -> None:
+    script = BENCH.with_name("bench_polling.py")
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    systems = json.loads(done.stdout)["systems"]
+    assert set(systems) == {
+        "ours-anonymous", "ours-holder-id", "ours-acquire", "py-redis-semaphore", "dramatiq",
+    }  # fmt: skip
+    for name, figures in systems.items():
+        assert _positive(figures["grants"]), name
+        assert 0 < figures["utilisation"] <= 1.5, name
+        assert 0 < figures["fairness"] <= 1.0, name
