@@ -23,26 +23,36 @@ from devkit.redis_servers import RedisServer
 MakeSemaphore = Callable[..., Any]
 
 
-class Waiter(threading.Thread):
-    """``sem.wait_for_turn(timeout, holder)`` in a thread."""
+class InThread(threading.Thread):
+    """Runs ``call()`` in a thread; keeps what it returned or raised."""
 
-    def __init__(self, sem: Any, holder: str, timeout: float) -> None:
+    def __init__(self, call: Callable[[], Any]) -> None:
         super().__init__(daemon=True)
-        self.sem, self.holder, self.timeout = sem, holder, timeout
+        self.call = call
         self.result: Any = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.result = self.sem.wait_for_turn(self.timeout, self.holder)
+            self.result = self.call()
         except BaseException as error:
             self.error = error
 
     def outcome(self, timeout: float = 10.0) -> Any:
         self.join(timeout)
-        assert not self.is_alive(), "wait_for_turn is still blocked"
+        assert not self.is_alive(), "still blocked"
         assert self.error is None, repr(self.error)
         return self.result
+
+
+def waiting(sem: Any, holder: str, timeout: float) -> InThread:
+    """``sem.wait_for_turn(timeout, holder)`` in a thread."""
+    return InThread(lambda: sem.wait_for_turn(timeout, holder))
+
+
+def acquiring(sem: Any, holder: str, timeout: float) -> InThread:
+    """``sem.acquire(timeout, holder)`` in a thread."""
+    return InThread(lambda: sem.acquire(timeout, holder))
 
 
 def states(sem: Any) -> dict[str, str]:
@@ -91,7 +101,7 @@ def test_the_release_hands_the_permit_to_the_waiter_in_place(
     sem = make_semaphore(1, name=f"inplace-{time.time_ns()}")
     spy = grants(sem.name)
     holder = granted(sem.attempt("holder"))
-    waiter = Waiter(sem, "waiter", 10)
+    waiter = waiting(sem, "waiter", 10)
     waiter.start()
     wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
     assert holder.release() is True
@@ -109,7 +119,7 @@ def test_a_waiter_that_gave_up_is_not_granted_by_a_release(make_semaphore: MakeS
     listening: a release must leave the permit free for it to ask."""
     sem = make_semaphore(1)
     holder = granted(sem.attempt("holder"))
-    place = Waiter(sem, "waiter", 0.3)
+    place = waiting(sem, "waiter", 0.3)
     place.start()
     assert isinstance(place.outcome(), Place)
     assert states(sem) == {"waiter": "asking"}
@@ -125,7 +135,7 @@ def test_a_release_grants_in_line_order_and_never_past_a_waiter_that_is_not_in_p
     sem = make_semaphore(1)
     holder = granted(sem.attempt("holder"))
     refused(sem.attempt("first", wait_lease=30))  # asks, then goes away for a while
-    waiter = Waiter(sem, "second", 1.0)
+    waiter = waiting(sem, "second", 1.0)
     waiter.start()
     wait_for(lambda: states(sem).get("second") == "waiting in place", what="the mark")
     assert holder.release() is True
@@ -141,7 +151,7 @@ def test_several_permits_freed_at_once_go_to_the_waiters_in_place_in_order(
     held = [granted(sem.attempt(f"h{i}")) for i in range(3)]
     waiters = []
     for i in range(2):
-        waiters.append(Waiter(sem, f"w{i}", 10))
+        waiters.append(waiting(sem, f"w{i}", 10))
         waiters[-1].start()
         wait_for(lambda i=i: states(sem).get(f"w{i}") == "waiting in place", what="the mark")
     sem.set_limit(5)  # two more permits at once: both waiters granted, in order
@@ -179,7 +189,7 @@ def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
             raise Interrupt
 
     monkeypatch.setattr(target, "_sleep", interrupted)
-    waiter = Waiter(sem, "waiter", 10)
+    waiter = waiting(sem, "waiter", 10)
     waiter.start()
     wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
     assert holder.release() is True  # grants the waiter, which is then interrupted
@@ -198,7 +208,7 @@ def test_a_release_grants_within_the_limit_its_caller_declares(
     sem = make_semaphore(1, name=name)
     wider = make_semaphore(3, name=name)
     holder = granted(sem.attempt("holder"))
-    waiter = Waiter(sem, "waiter", 1.0)
+    waiter = waiting(sem, "waiter", 1.0)
     waiter.start()
     wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
     other = granted(wider.attempt("other"))  # records limit 3, holds the second permit
@@ -220,29 +230,13 @@ def test_a_place_taken_at_publish_does_not_change_the_recorded_limit(
     assert (place.limit, publisher.status().declared_limit) == (2, 2)
 
 
-class Acquirer(threading.Thread):
-    """``sem.acquire(timeout, holder)`` in a thread."""
-
-    def __init__(self, sem: Any, holder: str, timeout: float) -> None:
-        super().__init__(daemon=True)
-        self.sem, self.holder, self.timeout = sem, holder, timeout
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.sem.acquire(self.timeout, self.holder)
-        except BaseException as error:
-            self.error = error
-
-
 def test_a_blocked_acquire_rides_out_a_redis_restart(make_semaphore: MakeSemaphore) -> None:
     """Redis restarts (its data lost) under a waiting acquire(): the waiter
     reconnects, asks again with its ticket and gets the permit the restart freed."""
     with RedisServer() as server:
         sem = make_semaphore(1, url=server.url)
         granted(sem.attempt("holder"))
-        acquirer = Acquirer(sem, "waiter", 20)
+        acquirer = acquiring(sem, "waiter", 20)
         acquirer.start()
         wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
         server.restart()
@@ -259,7 +253,7 @@ def test_a_blocked_acquire_gives_up_at_its_timeout_when_redis_stays_away(
     with RedisServer() as server:
         sem = make_semaphore(1, url=server.url)
         granted(sem.attempt("holder"))
-        acquirer = Acquirer(sem, "waiter", 1.5)
+        acquirer = acquiring(sem, "waiter", 1.5)
         acquirer.start()
         wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
         server.stop()
