@@ -21,7 +21,6 @@ from .core import Semaphore, SemaphoreError, SemaphoreStatus
 from .core.connection import connect, mask_url
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
-from .handover import publisher
 from .worker.bootstep import add_worker_options
 
 
@@ -29,11 +28,10 @@ class Operator:
     """The app's semaphores as the CLI sees them."""
 
     def __init__(self, app: Any) -> None:
-        self.app = app
-        self.config = get_config(app)
-        self.namespace = self.config.namespace
-        self.url = mask_url(self.config.redis_url)
-        self.client, _ = connect(self.config.redis_url)
+        config = get_config(app)
+        self.namespace = config.namespace
+        self.url = mask_url(config.redis_url)
+        self.client, _ = connect(config.redis_url)
 
     def names(self) -> list[str]:
         return semaphore_names(self.client, self.namespace, self.url)
@@ -53,16 +51,11 @@ class Operator:
         return opened
 
     def open(self, name: str) -> Semaphore:
-        """Semaphore ``name``; in handover mode it publishes the parked tasks that
-        its changes make due (``resume``, a raised limit), as a worker would."""
-        handover: dict[str, Any] = {}
-        if self.config.wait_mode == "handover":
-            handover = {
-                "on_handover": publisher(self.app, name),
-                "handover_window": self.config.max_block,
-                "handover_deadline": self.config.handover_deadline,
-            }
-        return open_semaphore(self.client, self.namespace, name, self.url, **handover)
+        """Semaphore ``name``. It publishes nothing: the parked tasks its changes make
+        due (``resume``, a raised limit) are handed over by the next heartbeat of a
+        worker, which publishes to the broker the workers really use (this command's
+        app may not be configured with it)."""
+        return open_semaphore(self.client, self.namespace, name, self.url)
 
 
 def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery_harness import detach_client
 
 from celery_semaphore import Semaphore
 from devkit.processes import Processes, wait_until, worker_command
@@ -168,15 +169,23 @@ def stage(tmp_path: Path) -> Iterator[tuple[RedisServer, Processes, dict[str, st
             processes.stop_all(grace=5)
 
 
-def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(stage, seed) -> None:
+def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
+    stage, seed, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     server, processes, env = stage
     rng = random.Random(seed)
-    os.environ.update({k: v for k, v in env.items() if k.startswith("CS_")})
-    sys.path.insert(0, str(APPS))
+    for key, value in env.items():
+        if key.startswith("CS_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(APPS))
+    monkeypatch.delitem(sys.modules, "chaos_app", raising=False)
     import chaos_app
 
     app = chaos_app.app
     app.conf.update(broker_url=env["CS_BROKER_URL"], result_backend=env["CS_REDIS_URL"])
+    # Before the test's Redis stops: forget the result subscriptions, or each
+    # AsyncResult.__del__ retries for 20 s against the stopped server and raises.
+    request.addfinalizer(lambda: detach_client(app))
     names = iter(f"c{n}" for n in range(100))
 
     worker_started: dict[int, float] = {}  # main pid -> when started
@@ -363,4 +372,3 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(stage, seed) -> N
     assert max(slowest["body end"], slowest["killed child"]) <= 1.0 + SLACK, figures
     assert slowest["worker death"] <= LEASE + 1.0 + SLACK, figures
     assert figures["executions"] > 100, figures  # the run did real work
-    app.close()

@@ -422,21 +422,33 @@ def test_whole_worker_killed_lease_backstop(endings):
 
 
 @pytest.mark.chaos
-def test_redelivered_task_reclaims_its_own_permit(endings):
+def test_a_redelivered_task_after_its_child_was_killed_runs_again_within_the_cap(endings):
+    """acks_late + reject_on_worker_lost: within 1 s of the kill, either the main
+    process saw the killed child and released its permit (the waiting task may take
+    it; the redelivery asks again with its ticket), or the pool reaped the child at
+    once and the redelivery took back its own permit. Both run, never together."""
     cluster, apps = endings(limit=1, lease=30.0, extra_conf={"semaphore_backoff_max": 0.5})
     worker = cluster.worker("w1", app=APP, concurrency=2)
     with sampling(cluster) as samples:
         result = apps.hold_late.delay(2.0, "late")
         first = start_of(cluster, result.id)
         token = cluster.semaphore().status().holders[0].fencing_token
-        queued = apps.hold.delay(0.2, "queued")  # waits behind it all along
+        queued = apps.hold.delay(0.2, "queued")  # waits behind it
         os.kill(first["pid"], signal.SIGKILL)
+        killed_at = time.time()
+
+        def freed_or_taken_back() -> bool:
+            starts = [e for e in cluster.events() if e["id"] == result.id and e["event"] == "start"]
+            return result.id not in holder_ids(cluster) or len(starts) >= 2
+
+        cluster.wait_for(freed_or_taken_back, WITHIN + 0.2, "the killed child's permit")
+        assert time.time() - killed_at <= WITHIN + 0.3
         second = start_of(cluster, result.id, nth=2, timeout=20)
         assert second["pid"] != first["pid"]
         assert second["retries"] == 0  # a redelivery, not a retry
-        status = cluster.semaphore().status()
-        assert [h.holder for h in status.holders] == [result.id]  # its own, reclaimed
-        assert status.holders[0].fencing_token > token
+        tokens = [h.fencing_token for h in cluster.semaphore().status().holders
+                  if h.holder == result.id]  # fmt: skip
+        assert tokens and tokens[0] > token  # a new permit
         assert value(cluster, result) == "late"
         assert value(cluster, queued) == "queued"
         released_by(cluster, time.time() + WITHIN, "after the redelivery")
@@ -444,10 +456,10 @@ def test_redelivered_task_reclaims_its_own_permit(endings):
     assert {h.holder for s in samples for h in s.holders} == {result.id, queued.id}
     events = [e for e in cluster.events() if e["pid"] != first["pid"]]  # the killed run never ended
     assert max_overlap(events) == 1
-    queued_start = start_of(cluster, queued.id)["at"]
-    late_end = next(e["at"] for e in events if e["id"] == result.id and e["event"] == "end")
-    assert queued_start >= late_end
     assert "WorkerLostError" not in repr(result.result)
     assert signals_of(cluster, "task_failure", result.id) == []  # requeued: no signal at all
-    assert [e["released"] for e in signals_of(cluster, "permit_released", result.id)] == [True]
+    # by the redelivered run, and before it by the main process if it saw the kill first
+    released = signals_of(cluster, "permit_released", result.id)
+    assert [e["released"] for e in released] in ([True], [True, True])
+    assert released[-1]["pid"] == second["pid"]
     assert worker.children()
