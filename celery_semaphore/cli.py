@@ -201,7 +201,8 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who waits for NAME, in line order: task id, task name, worker, state, waiting since.
 
     State: parked (its message waits in Redis for its turn), handed over (published
-    for its turn, not yet at a worker), asking (at a worker, or retrying itself)."""
+    for its turn, not yet at a worker), waiting in place (blocked at a worker, its
+    turn near), asking (at a worker, or retrying itself)."""
     with _operator(ctx) as operator:
         state = operator.open(name).status()
         rows = [
