@@ -89,8 +89,12 @@ def encode_message(
 
 
 def decode(app: Any, payload: str) -> Signature:
-    fields = _loads(app, *json.loads(payload))
-    return Signature.from_dict(fields, app=app)
+    """The signature :func:`encode` parked."""
+    return _signature(app, json.loads(payload))
+
+
+def _signature(app: Any, packed: list[str]) -> Signature:
+    return Signature.from_dict(_loads(app, *packed), app=app)
 
 
 def _loads(app: Any, content_type: str, encoding: str, body_encoding: str, body: str) -> Any:
@@ -114,7 +118,7 @@ def publish(app: Any, semaphore: str, handover: Handover) -> None:
     if isinstance(parked, dict):
         _publish_message(app, semaphore, handover.token, parked)
         return
-    signature = Signature.from_dict(_loads(app, *parked), app=app)
+    signature = _signature(app, parked)
     options = signature.options
     options["headers"] = _marked(options.get("headers"), semaphore, handover.token)
     signature.apply_async()
