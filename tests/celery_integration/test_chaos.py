@@ -7,7 +7,9 @@ checks what must always hold:
 - never more bodies running at once than the limit;
 - no task body runs twice at once;
 - no task lost, except an early-ack execution whose worker was SIGKILLed (it was
-  acknowledged when it began: Celery's own semantics);
+  acknowledged when it began: Celery's own semantics), and a message the Redis
+  transport lost with a SIGKILLed worker (never delivered to a pool, in nobody's
+  line, no longer in the broker: kombu moves a message to ``unacked`` in two steps);
 - no false "permit lost" report;
 - every permit free within 1 s of an ending the worker hears of (a body's end, a
   killed child) and within lease + 1 s of a whole worker's death.
@@ -18,6 +20,7 @@ and quoted in docs/guarantees.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -33,7 +36,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery_harness import detach_client
 
 from celery_semaphore import Semaphore
 from devkit.processes import Processes, wait_until, worker_command
@@ -142,6 +144,28 @@ def crowded(executions: list[Execution], now: float) -> list[Execution]:
     return []
 
 
+def forget_results(app: Any) -> None:
+    consumer = getattr(app._backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.subscribed_to.clear()
+        consumer._pending_unsubscribe.clear()
+        with contextlib.suppress(Exception):
+            consumer.stop()
+        consumer._pubsub = None
+
+
+def in_broker(broker: redis.Redis, task_id: str) -> bool:
+    """Whether a message of ``task_id`` is still in a queue or unacknowledged."""
+    for key in broker.scan_iter(count=1000):
+        kind = broker.type(key)
+        values = broker.lrange(key, 0, -1) if kind == b"list" else []
+        if kind == b"hash":
+            values = broker.hvals(key)
+        if any(task_id.encode() in value for value in values):
+            return True
+    return False
+
+
 @pytest.fixture
 def seed() -> int:
     value = int(os.environ.get("CHAOS_SEED") or time.time())
@@ -185,7 +209,9 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     app.conf.update(broker_url=env["CS_BROKER_URL"], result_backend=env["CS_REDIS_URL"])
     # Before the test's Redis stops: forget the result subscriptions, or each
     # AsyncResult.__del__ retries for 20 s against the stopped server and raises.
-    request.addfinalizer(lambda: detach_client(app))
+    # (Not detach_client: closing the app's pool would leave a closed pool in kombu's
+    # registry for a later test whose server gets the same port.)
+    request.addfinalizer(lambda: forget_results(app))
     names = iter(f"c{n}" for n in range(100))
 
     worker_started: dict[int, float] = {}  # main pid -> when started
@@ -270,6 +296,7 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
 
     # ---- settle: everything that can end, ends -----------------------------------
     lost_with_worker: set[str] = set()
+    broker = redis.Redis.from_url(env["CS_BROKER_URL"], socket_timeout=10)
 
     def unfinished() -> list[str]:
         lost_with_worker.clear()
@@ -290,6 +317,20 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
                 continue
             pending.append(task_id)
         return pending
+
+    def lost_in_transport(pending: list[str]) -> list[str]:
+        """Of tasks that never ended: those never delivered to a pool, in nobody's line
+        and no longer in the broker. The Redis transport moves a message from its queue
+        to ``unacked`` in two steps; a worker SIGKILLed between them loses it (kombu's
+        gap, see docs/guarantees.md)."""
+        if not worker_deaths:
+            return []
+        line = {w.holder for w in sem.status().waiters}
+        return [
+            i
+            for i in pending
+            if i not in observer.prerun and i not in line and not in_broker(broker, i)
+        ]
 
     deadline = time.monotonic() + SETTLE_SECONDS
     while unfinished() and time.monotonic() < deadline:
@@ -319,6 +360,9 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
 
     # ---- no task lost; a revoked one never starts after its revoke ------------------
     left = unfinished()
+    in_transport = lost_in_transport(left)
+    figures["lost in the transport at a worker kill"] = len(in_transport)
+    left = [i for i in left if i not in in_transport]
     if left:
         waiters = {w.holder: w.state for w in sem.status().waiters}
         parked_key = sem.keys.parked
