@@ -41,6 +41,18 @@ def repoint_client(cluster: Cluster) -> None:
     app.conf.semaphore_redis_url = cluster.state_url
 
 
+def forget_result_subscriptions(backend: Any) -> None:
+    """Forget the result channels a Redis result backend subscribed to (see
+    detach_client). Each thread that publishes has a backend of its own."""
+    consumer = getattr(backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.subscribed_to.clear()
+        consumer._pending_unsubscribe.clear()
+        with contextlib.suppress(Exception):
+            consumer.stop()
+        consumer._pubsub = None
+
+
 def detach_client(app: Any) -> None:
     """Drop the app's broker pool, result backend and semaphore settings.
 
@@ -50,13 +62,7 @@ def detach_client(app: Any) -> None:
     for 20 s and raises (an error under pytest).
     """
     backend = app._backend
-    consumer = getattr(backend, "result_consumer", None)
-    if consumer is not None:
-        consumer.subscribed_to.clear()
-        consumer._pending_unsubscribe.clear()
-        with contextlib.suppress(Exception):
-            consumer.stop()
-        consumer._pubsub = None
+    forget_result_subscriptions(backend)
     if backend is not None:
         backend.client.connection_pool.disconnect()
     app._backend_cache = None

@@ -20,7 +20,6 @@ and quoted in docs/guarantees.md.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -36,6 +35,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery_harness import forget_result_subscriptions
 
 from celery_semaphore import Semaphore
 from devkit.processes import Processes, wait_until, worker_command
@@ -144,16 +144,6 @@ def crowded(executions: list[Execution], now: float) -> list[Execution]:
     return []
 
 
-def forget_results(app: Any) -> None:
-    consumer = getattr(app._backend, "result_consumer", None)
-    if consumer is not None:
-        consumer.subscribed_to.clear()
-        consumer._pending_unsubscribe.clear()
-        with contextlib.suppress(Exception):
-            consumer.stop()
-        consumer._pubsub = None
-
-
 def in_broker(broker: redis.Redis, task_id: str) -> bool:
     """Whether a message of ``task_id`` is still in a queue or unacknowledged."""
     for key in broker.scan_iter(count=1000):
@@ -211,7 +201,15 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     # AsyncResult.__del__ retries for 20 s against the stopped server and raises.
     # (Not detach_client: closing the app's pool would leave a closed pool in kombu's
     # registry for a later test whose server gets the same port.)
-    request.addfinalizer(lambda: forget_results(app))
+    submitted: dict[str, Any] = {}
+
+    def forget_results() -> None:  # the producer thread's backend, and this thread's
+        for backend in {id(r.backend): r.backend for r in submitted.values()}.values():
+            forget_result_subscriptions(backend)
+        forget_result_subscriptions(app._backend)
+        submitted.clear()  # their __del__ runs now, while the server still answers
+
+    request.addfinalizer(forget_results)
     names = iter(f"c{n}" for n in range(100))
 
     worker_started: dict[int, float] = {}  # main pid -> when started
@@ -232,7 +230,6 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     watching.start()
     threading.Thread(target=observer.watch_processes, daemon=True).start()
 
-    submitted: dict[str, Any] = {}
     revoked: dict[str, float] = {}
     worker_deaths: dict[int, float] = {}  # main pid -> when SIGKILLed
     stalls: list[tuple[float, float]] = []
