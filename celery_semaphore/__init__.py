@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         StaleHandover,
         UnknownSemaphore,
         WaiterInfo,
+        WaitingForPermit,
     )
     from .state import reset
     from .task import LimitedTask
@@ -54,6 +55,7 @@ __all__ = [
     "StaleHandover",
     "UnknownSemaphore",
     "WaiterInfo",
+    "WaitingForPermit",
     "install",
     "reset",
 ]
