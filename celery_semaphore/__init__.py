@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         WaiterInfo,
         WaitingForPermit,
     )
+    from .gates import per_key
     from .state import reset
     from .task import LimitedTask
     from .wiring import install
@@ -57,9 +58,15 @@ __all__ = [
     "WaiterInfo",
     "WaitingForPermit",
     "install",
+    "per_key",
     "reset",
 ]
-_CELERY_SIDE = {"LimitedTask": ".task", "install": ".wiring", "reset": ".state"}
+_CELERY_SIDE = {
+    "LimitedTask": ".task",
+    "install": ".wiring",
+    "per_key": ".gates",
+    "reset": ".state",
+}
 _HOME = {name: _CELERY_SIDE.get(name, ".core") for name in __all__}
 
 

@@ -26,7 +26,9 @@ class LimitedTask(Task):  # type: ignore[misc]
 
         semaphore   name of the semaphore (tasks sharing a name share the cap), or a
                     function of the task's arguments returning it (per-key caps:
-                    ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``)
+                    ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``;
+                    wrap it in ``per_key("customer", ...)`` to name the family the
+                    metrics show its semaphores as)
         limit       the cap (int >= 1)
         semaphore_<setting>  a per-task value of any ``semaphore_*`` setting but the
                     Redis URL, namespace and queue limits (see :mod:`.config`)

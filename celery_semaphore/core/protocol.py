@@ -151,8 +151,10 @@ class SemaphoreSpec:
         idle_ttl: float,
         handover_window: float | None = None,
         handover_deadline: float = DEFAULT_HANDOVER_DEADLINE,
+        family: str = "",
     ) -> None:
         self.name = validation.check_name(name)
+        self.family = validation.check_name(family, "family") if family != "" else ""
         self.limit = validation.check_limit(limit)
         self.lease_timeout = validation.check_seconds(lease_timeout, "lease_timeout")
         self.namespace = validation.check_namespace(namespace)
@@ -202,6 +204,7 @@ class SemaphoreSpec:
             "" if handover is None else handover,
             self.dispatch,
             "1" if in_place else "",
+            self.family,
         ]
 
     def park_args(
@@ -240,7 +243,7 @@ class SemaphoreSpec:
         validation.check_info(info)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
-        return [holder, wait_ms, info, self.idle_ms, self.limit]
+        return [holder, wait_ms, info, self.idle_ms, self.limit, self.family]
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:

@@ -123,6 +123,10 @@ class AsyncSemaphore:
     is that near handed over ahead of time, so they already wait when a permit
     frees; ``handover_deadline``: a handed-over waiter that has not arrived by
     then is handed over again (and the late copy is refused as stale).
+
+    ``family``: the name of a group of semaphores made by one key function
+    (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
+    Redis with the semaphore; the metrics show a family as one series.
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class AsyncSemaphore:
         on_handover: Callable[[list[Handover]], object] | None = None,
         handover_window: float = protocol.DEFAULT_HANDOVER_WINDOW,
         handover_deadline: float = protocol.DEFAULT_HANDOVER_DEADLINE,
+        family: str = "",
     ) -> None:
         if on_handover is not None and not callable(on_handover):
             raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
@@ -152,6 +157,7 @@ class AsyncSemaphore:
             idle_ttl=idle_ttl,
             handover_window=None if on_handover is None else handover_window,
             handover_deadline=handover_deadline,
+            family=family,
         )
         self.on_handover = on_handover
         self.client: AsyncClient
@@ -167,6 +173,7 @@ class AsyncSemaphore:
     limit = property(lambda self: self._spec.limit)
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
+    family = property(lambda self: self._spec.family)
 
     def __repr__(self) -> str:
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit})"

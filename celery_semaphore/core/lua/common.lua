@@ -7,7 +7,8 @@
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
 --   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms,
---                          released, handover, and the m_* counters metrics.py exports
+--                          released, handover, family, and the m_* counters metrics.py
+--                          exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<released>|<payload>":
 --                          a waiter that left its payload to be handed over when due
 --                          (state p: parked, h: handed over, d: arrived; see dispatch()),
