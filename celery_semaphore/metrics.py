@@ -24,7 +24,7 @@ BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)
 OUTCOMES = {"m_granted": "granted", "m_refused": "refused", "m_abandoned": "abandoned"}
 
 
-GAUGES = ("holders", "limit", "waiters", "draining", "parked", "handed_over")
+GAUGES = ("holders", "limit", "waiters", "draining", "parked", "handed_over", "sent")
 #: Counter fields of the ``meta`` hash, and the buckets and sums of the histograms.
 COUNTERS = (
     "m_granted", "m_refused", "m_abandoned", "m_parked", "m_handed_over",
@@ -78,6 +78,7 @@ class SemaphoreCollector:
             row["draining"] = max(row["draining"], 1.0 if status.draining else 0.0)
             row["parked"] += status.parked_count
             row["handed_over"] += status.handed_over_count
+            row["sent"] += status.sent_count
             row["members"] += 1
             for field, value in counts.items():
                 row[field] += value
@@ -114,6 +115,11 @@ class SemaphoreCollector:
             "handed_over": GaugeMetricFamily(
                 p + "handed_over",
                 "Parked tasks published for their turn, not yet at a worker.",
+                labels=by,
+            ),
+            "sent": GaugeMetricFamily(
+                p + "sent",
+                "Tasks published with a place in line, not at a worker yet (in the broker).",
                 labels=by,
             ),
             "members": GaugeMetricFamily(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import validation
@@ -105,6 +105,13 @@ class SemaphoreStatus:
     server_time: float
     parked_count: int = 0
     handed_over_count: int = 0
+    #: Tasks published with a place in line that have not reached a worker yet:
+    #: their messages wait in the broker. A place taken at publish lapses after a
+    #: few seconds (so a lost message cannot block the line); these stay counted.
+    sent_count: int = 0
+    #: Those of them whose place lapsed (outside the line): state ``"in broker"``,
+    #: ticket and position 0, oldest first.
+    sent_without_place: list[WaiterInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -373,6 +380,11 @@ class SemaphoreSpec:
             server_time=now,
             parked_count=int(reply[8]),
             handed_over_count=int(reply[9]),
+            sent_count=int(reply[10]),
+            sent_without_place=[
+                WaiterInfo(text(holder), 0, 0, float(text(ms)) / 1000, 0.0, "", "in broker")
+                for holder, ms in zip(reply[11][::2], reply[11][1::2], strict=True)
+            ],
         )
 
     @staticmethod

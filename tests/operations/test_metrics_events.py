@@ -137,6 +137,7 @@ def test_a_backlog_published_before_any_task_started_is_visible(redis_server):
     try:
         m = scrape(port)
         assert m['celery_semaphore_waiters{semaphore="backlog"}'] == 5
+        assert m['celery_semaphore_sent{semaphore="backlog"}'] == 5
         assert m['celery_semaphore_limit{semaphore="backlog"}'] == 3
         assert not any("limitless" in sample for sample in m)
     finally:

@@ -494,8 +494,10 @@ class AsyncSemaphore:
             raise translate(error, self.url) from error
 
     async def status(self) -> SemaphoreStatus:
-        """Limits, live holders (with lease expiry) and live waiters in line order."""
-        return self._spec.parse_status(await self._call("status", [protocol.STATUS_MOST]))
+        """Limits, live holders (with lease expiry), live waiters in line order, and
+        tasks published with a place that have not reached a worker yet."""
+        args = [protocol.STATUS_MOST, self._spec.idle_ms]
+        return self._spec.parse_status(await self._call("status", args))
 
     async def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.

@@ -1,6 +1,6 @@
 -- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] holder           id of the contender
 -- ARGV[2] declared limit   used unless meta.override is set
 -- ARGV[3] lease ms         lease of a granted permit
@@ -36,6 +36,7 @@ if handover ~= '' and arrival(holder, handover) == 'stale' then
   return {2, string.match(redis.call('HGET', parked, holder), '^(%d+)|')}
 end
 
+redis.call('ZREM', sent, holder)  -- its task has reached a worker
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end

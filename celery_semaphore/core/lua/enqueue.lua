@@ -1,6 +1,6 @@
 -- enqueue.lua: take a place in line without asking for a permit (at publish time).
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] holder           id of the future contender (the task id)
 -- ARGV[2] waiter lease ms  how long the place holds while nobody asks
 -- ARGV[3] info             free text stored with the waiter
@@ -32,6 +32,9 @@ else
   ticket = next_seq('ticket')
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
+  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - idle_ms)
+  redis.call('ZADD', sent, 'NX', now_ms, holder)
+  redis.call('PEXPIRE', sent, idle_ms)
 end
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
