@@ -9,10 +9,14 @@
 # Prints the upload command last. PYTHON: the interpreter with the dev extra
 # (build, twine); default .venv/bin/python.
 set -euo pipefail
+out=${1:-}
+if [ -n "$out" ]; then
+    out=$(mkdir -p "$out" && cd "$out" && pwd)  # relative to where the script was run
+fi
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-.venv/bin/python}
-out=${1:-dist}
+out=${out:-dist}
 mkdir -p "$out"
 rm -f "$out"/celery_semaphore-*.whl "$out"/celery_semaphore-*.tar.gz
 # setuptools adds the files an old SOURCES.txt lists to the sdist: start without one
@@ -79,6 +83,9 @@ if problems:
 print(f"release.sh: {wheel.name} and {sdist.name} hold what they must ({len(lua)} Lua scripts)")
 EOF
 
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+    echo "release.sh: warning: the tree has uncommitted changes; release from a clean one" >&2
+fi
 wheel=$(basename "$out"/celery_semaphore-*.whl)
 version=$(echo "$wheel" | cut -d- -f2)
 echo "release.sh: nothing uploaded. To publish $version (CHANGELOG entry written, tree clean):"
