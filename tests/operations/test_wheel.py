@@ -31,7 +31,7 @@ TASKS = 12
 
 # The README's quick start: a LimitedTask, no install(app). Each body counts the
 # bodies running at that moment (INCR on entry, DECR on exit) and says which
-# celery_semaphore it ran with.
+# celery_semaphore it ran with, in which worker.
 APP = """
 import os
 import time
@@ -61,7 +61,7 @@ def limited(i):
         "i": i,
         "file": celery_semaphore.__file__,
         "version": celery_semaphore.__version__,
-        "pid": os.getpid(),
+        "worker": limited.request.hostname,
     }
 """
 
@@ -196,6 +196,7 @@ def test_the_installed_wheel_caps_a_limited_task_in_real_workers(
     files = {r["file"] for r in results}
     assert all(Path(f).is_relative_to(venv) for f in files), files
     assert {r["version"] for r in results} == {version}
+    assert {r["worker"].split("@")[0] for r in results} == {"w1", "w2"}  # a cap across workers
     with redis_server.client(db=2) as client:
         running = [int(n) for n in client.lrange("running", 0, -1)]
     assert len(running) == TASKS
