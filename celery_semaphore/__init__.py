@@ -9,7 +9,13 @@ itself into Celery when a task or app uses it.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("celery-semaphore")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from .core import (
