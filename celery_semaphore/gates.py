@@ -2,11 +2,11 @@
 
 A request passes at most two gates, always in this order: the cap of the queue
 it is consumed from (``semaphore_queue_limits``), then its task's own
-semaphore (:class:`~celery_semaphore.LimitedTask`). :func:`request_gates` is the
+semaphore (`LimitedTask`). `request_gates()` is the
 one decision; both the publisher (places in line at publish) and the worker's
 main process (when the message arrives) call it, naming the queue the same
-way (:func:`queue_of`). The worker stores the result in the request's
-headers (:data:`GATES_HEADER`), so the child, the heartbeat and the
+way (`queue_of()`). The worker stores the result in the request's
+headers (`GATES_HEADER`), so the child, the heartbeat and the
 release-by-id paths all agree on the same names.
 """
 
@@ -103,7 +103,7 @@ def request_gates(
     task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None
 ) -> list[Gate]:
     """The gates of one request of ``task`` consumed from ``queue``, in the order
-    they are taken. Raises like :func:`task_gate`."""
+    they are taken. Raises like `task_gate()`."""
     gates = [queue_gate(queue, get_config(task.app)), task_gate(task, args, kwargs)]
     return [gate for gate in gates if gate is not None]
 
