@@ -1,5 +1,6 @@
-"""The docstrings render as Markdown in the API reference (mkdocstrings), and the
-signatures it shows carry real default values, not constant names."""
+"""The docstrings render as Markdown in the API reference (mkdocstrings), the
+signatures it shows carry real default values, not constant names, and the
+generated lifecycle picture of the docs is up to date."""
 
 from __future__ import annotations
 
@@ -82,6 +83,16 @@ def test_config_defaults_are_the_protocol_constants() -> None:
     assert defaults["namespace"] == protocol.DEFAULT_NAMESPACE
     assert defaults["lease_timeout"] == protocol.DEFAULT_LEASE_TIMEOUT
     assert defaults["handover_deadline"] == protocol.DEFAULT_HANDOVER_DEADLINE
+
+
+def test_the_lifecycle_picture_is_what_its_script_draws() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "lifecycle_diagram.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.slow
