@@ -9,7 +9,13 @@ itself into Celery when a task or app uses it.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("celery-semaphore")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from .core import (
@@ -30,7 +36,9 @@ if TYPE_CHECKING:
         StaleHandover,
         UnknownSemaphore,
         WaiterInfo,
+        WaitingForPermit,
     )
+    from .gates import per_key
     from .state import reset
     from .task import LimitedTask
     from .wiring import install
@@ -54,10 +62,17 @@ __all__ = [
     "StaleHandover",
     "UnknownSemaphore",
     "WaiterInfo",
+    "WaitingForPermit",
     "install",
+    "per_key",
     "reset",
 ]
-_CELERY_SIDE = {"LimitedTask": ".task", "install": ".wiring", "reset": ".state"}
+_CELERY_SIDE = {
+    "LimitedTask": ".task",
+    "install": ".wiring",
+    "per_key": ".gates",
+    "reset": ".state",
+}
 _HOME = {name: _CELERY_SIDE.get(name, ".core") for name in __all__}
 
 

@@ -42,6 +42,7 @@ from .core import (
     SemaphoreError,
     SemaphoreTimeout,
     StaleHandover,
+    WaitingForPermit,
 )
 from .gates import (
     GATES_HEADER,
@@ -289,7 +290,8 @@ class Admission:
             )
             return
         self._send(signals.permit_waiting, gate, position=parked.position, countdown=None)
-        raise Retry(self._reason(gate, parked.position), None)
+        reason = self._reason(gate, parked.position)
+        raise Retry(str(reason), reason)
 
     def _budget_left(self) -> float | None:
         """Seconds until the wait budget (``semaphore_max_wait_time``) runs out."""
@@ -309,16 +311,15 @@ class Admission:
             headers=headers, **options,
         )  # fmt: skip
 
-    def _reason(self, gate: Gate, position: int) -> str:
-        return (
-            f"waiting for semaphore {gate.name!r}: position {position} in line "
-            f"(wait {self.state.waits})"
-        )
+    def _reason(self, gate: Gate, position: int) -> WaitingForPermit:
+        """What Flower, the ``task-retried`` event and the result backend show."""
+        return WaitingForPermit(gate.name, position, self.state.waits)
 
     def _retry(self, delay: float, gate: Gate, position: int) -> Retry:
         signature = self._signature(countdown=delay)
         signature.apply_async()
-        return Retry(self._reason(gate, position), None, when=delay, sig=signature)
+        reason = self._reason(gate, position)
+        return Retry(str(reason), reason, when=delay, sig=signature)
 
     def _on_redis_error(self, error: Exception) -> None:
         policy = self.config.on_redis_error

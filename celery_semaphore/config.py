@@ -32,10 +32,13 @@
 - ``semaphore_queue_limits`` (``{}``): ``{queue name: limit}`` caps per queue.
 - ``semaphore_send_events`` (None: as the worker's ``-E``): send the Celery
   events ``semaphore-waiting``, ``semaphore-granted`` and ``semaphore-lost``.
+- ``semaphore_metrics_per_key`` (False): the metrics show each semaphore of a
+  key function's family as its own series, instead of one series per family.
 
 A `LimitedTask` takes the same names as decorator
 options to override them per task (all but the app-wide Redis URL, namespace,
-queue limits and events), next to its own ``semaphore`` and ``limit``.
+queue limits, events and per-key metrics), next to its own ``semaphore`` and
+``limit``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from .state import state_of
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 WAIT_MODES = ("handover", "countdown")
 PREFIX = "semaphore_"
-APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events"})
+APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events", "metrics_per_key"})
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
@@ -75,6 +78,7 @@ class SemaphoreConfig:
     on_redis_error: str = "retry"
     queue_limits: dict[str, int] = field(default_factory=dict)
     send_events: bool | None = None
+    metrics_per_key: bool = False
 
     def __post_init__(self) -> None:
         validation.check_namespace(self.namespace)
@@ -97,6 +101,8 @@ class SemaphoreConfig:
         validation.check_limit(self.park_max_bytes, "park_max_bytes")
         if self.send_events is not None and not isinstance(self.send_events, bool):
             raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")
+        if not isinstance(self.metrics_per_key, bool):
+            raise TypeError(f"metrics_per_key must be True or False, got {self.metrics_per_key!r}")
         if not isinstance(self.backoff_jitter, bool):
             raise TypeError(f"backoff_jitter must be True or False, got {self.backoff_jitter!r}")
         if self.max_waits is not None:

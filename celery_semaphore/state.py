@@ -61,13 +61,19 @@ class Semaphores:
         self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
 
     def get(
-        self, name: str, limit: int, config: SemaphoreConfig, *, quick: bool = False
+        self,
+        name: str,
+        limit: int,
+        config: SemaphoreConfig,
+        *,
+        quick: bool = False,
+        family: str = "",
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
         handover = config.wait_mode == "handover" and self.app is not None
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
-               handover, config.max_block, config.handover_deadline)  # fmt: skip
+               handover, config.max_block, config.handover_deadline, family)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is None:
             with self._lock:
@@ -90,6 +96,7 @@ class Semaphores:
                     on_handover=on_handover,
                     handover_window=config.max_block,
                     handover_deadline=config.handover_deadline,
+                    family=family,
                 )
                 semaphore.url = mask_url(config.redis_url)
                 self._semaphores[key] = semaphore

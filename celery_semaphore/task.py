@@ -26,10 +26,13 @@ class LimitedTask(Task):  # type: ignore[misc]
 
     - ``semaphore``: the semaphore's name (tasks sharing a name share the cap),
       or a function of the task's arguments returning it (per-key caps:
-      ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``);
+      ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``; wrap it
+      in ``per_key("customer", ...)`` to name the family the metrics show its
+      semaphores as);
     - ``limit``: the cap, an int from 1 to 1,000,000;
     - ``semaphore_<setting>``: this task's value of a ``semaphore_*`` setting,
-      all but the app-wide Redis URL, namespace, queue limits and events (see
+      all but the app-wide Redis URL, namespace, queue limits, events and
+      per-key metrics (see
       [SemaphoreConfig][celery_semaphore.config.SemaphoreConfig]).
 
     The permit is taken in the worker right before the body runs and given

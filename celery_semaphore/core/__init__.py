@@ -20,6 +20,7 @@ from .errors import (
     SemaphoreTimeout,
     StaleHandover,
     UnknownSemaphore,
+    WaitingForPermit,
 )
 from .protocol import Handover, HolderInfo, Parked, Place, SemaphoreStatus, WaiterInfo
 
@@ -41,4 +42,5 @@ __all__ = [
     "StaleHandover",
     "UnknownSemaphore",
     "WaiterInfo",
+    "WaitingForPermit",
 ]

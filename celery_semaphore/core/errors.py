@@ -29,6 +29,10 @@ class SemaphoreError(Exception):
     def __str__(self) -> str:
         return self._message if self._message is not None else super().__str__()
 
+    def __repr__(self) -> str:
+        # what Flower and the task-retried/failed events show (``safe_repr(exc)``)
+        return f"{type(self).__name__}({str(self)!r})"
+
 
 class SemaphoreTimeout(SemaphoreError, TimeoutError):
     """No permit was granted within the allowed wait."""
@@ -42,6 +46,28 @@ class SemaphoreTimeout(SemaphoreError, TimeoutError):
             f"after waiting {waited:.1f}s"
         )
         self._set(f"{message}: {detail}" if detail else message, name, limit, waited, detail)
+
+
+class WaitingForPermit(SemaphoreError):
+    """Why a task is in RETRY: it waits for a permit (not a failure).
+
+    The exception of the ``Retry`` a waiting task ends with, so Flower, the
+    ``task-retried`` event and the result backend name the semaphore and the
+    task's place in line instead of ``None``. ``position`` is 1 for the first
+    in line, 0 when the task holds no place (it will ask again later).
+    """
+
+    def __init__(self, name: str, position: int, waits: int) -> None:
+        self.name = name
+        self.position = position
+        self.waits = waits
+        place = f"place {position} in line" if position else "no place in line yet"
+        self._set(
+            f"waiting for a permit of semaphore {name!r}: {place} (wait {waits})",
+            name,
+            position,
+            waits,
+        )
 
 
 class SemaphoreConnectionError(SemaphoreError, ConnectionError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import validation
@@ -111,6 +111,13 @@ class SemaphoreStatus:
     server_time: float
     parked_count: int = 0
     handed_over_count: int = 0
+    #: Tasks published with a place in line that have not reached a worker yet:
+    #: their messages wait in the broker. A place taken at publish lapses after a
+    #: few seconds (so a lost message cannot block the line); these stay counted.
+    sent_count: int = 0
+    #: Those of them whose place lapsed (outside the line): state ``"in broker"``,
+    #: ticket and position 0, oldest first.
+    sent_without_place: list[WaiterInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -157,8 +164,10 @@ class SemaphoreSpec:
         idle_ttl: float,
         handover_window: float | None = None,
         handover_deadline: float = DEFAULT_HANDOVER_DEADLINE,
+        family: str = "",
     ) -> None:
         self.name = validation.check_name(name)
+        self.family = validation.check_name(family, "family") if family != "" else ""
         self.limit = validation.check_limit(limit)
         self.lease_timeout = validation.check_seconds(lease_timeout, "lease_timeout")
         self.namespace = validation.check_namespace(namespace)
@@ -208,6 +217,7 @@ class SemaphoreSpec:
             "" if handover is None else handover,
             self.dispatch,
             "1" if in_place else "",
+            self.family,
         ]
 
     def park_args(
@@ -246,7 +256,7 @@ class SemaphoreSpec:
         validation.check_info(info)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
-        return [holder, wait_ms, info, self.idle_ms, self.limit]
+        return [holder, wait_ms, info, self.idle_ms, self.limit, self.family]
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
@@ -376,6 +386,11 @@ class SemaphoreSpec:
             server_time=now,
             parked_count=int(reply[8]),
             handed_over_count=int(reply[9]),
+            sent_count=int(reply[10]),
+            sent_without_place=[
+                WaiterInfo(text(holder), 0, 0, float(text(ms)) / 1000, 0.0, "", "in broker")
+                for holder, ms in zip(reply[11][::2], reply[11][1::2], strict=True)
+            ],
         )
 
     @staticmethod

@@ -284,7 +284,8 @@ def test_revoke_before_start_takes_no_permit_and_leaves_the_line(endings, where)
         queued = apps.hold.delay(0.1, "revoked")
         cluster.wait_for(lambda: cluster.waiters() == 1, 5.0, "the second task in line")
         if where == "in_eta_timer":
-            wait_logged(cluster, worker, f"[{queued.id}] retry: waiting for semaphore", 5.0)
+            logged = f"[{queued.id}] retry: waiting for a permit of semaphore"
+            wait_logged(cluster, worker, logged, 5.0)
         cluster.app_module.app.control.revoke(queued.id)
         discarded = wait_logged(
             cluster, worker, f"Discarding revoked task: limited_app.hold[{queued.id}]", 10.0

@@ -145,6 +145,8 @@ def test_flower_shows_a_waiting_task_as_retry_with_its_waits(
     assert listed[waiting.id]["state"] in {"RECEIVED", "STARTED", "RETRY"}
     assert listed[waiting.id]["retries"] >= waits
     assert not cluster.started(waiting.id)
+    shown = flower.task(waiting.id)["exception"]  # from the task-retried event
+    assert shown.startswith("WaitingForPermit(") and "semaphore 'hold': place 1 in line" in shown
     if mode == "handover":
         time.sleep(1.0)
         assert flower.task(waiting.id)["state"] == "RETRY", "a parked task stays in RETRY"

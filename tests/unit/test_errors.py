@@ -14,6 +14,7 @@ from celery_semaphore import (
     SemaphoreTimeout,
     StaleHandover,
     UnknownSemaphore,
+    WaitingForPermit,
 )
 
 ERRORS = [
@@ -23,6 +24,7 @@ ERRORS = [
     SemaphoreKeyTypeError("k", "string", "zset"),
     UnknownSemaphore("s", "ns"),
     StaleHandover("s", 7),
+    WaitingForPermit("s", 4, 2),
 ]
 
 
@@ -32,6 +34,7 @@ def test_rebuilt_from_args_and_pickled_it_says_the_same(error: SemaphoreError) -
     rebuilt = type(error)(*error.args)
     assert str(rebuilt) == str(error)
     assert str(pickle.loads(pickle.dumps(error))) == str(error)
+    assert repr(error) == f"{type(error).__name__}({str(error)!r})"  # as Flower shows it
 
 
 def test_messages_say_what_to_do() -> None:
@@ -41,3 +44,10 @@ def test_messages_say_what_to_do() -> None:
     assert isinstance(SemaphoreTimeout("s", 1, 0.0), TimeoutError)
     assert isinstance(SemaphoreConnectionError("u", "x"), ConnectionError)
     assert isinstance(UnknownSemaphore("s", "ns"), LookupError)
+
+
+def test_a_wait_names_the_semaphore_and_the_place() -> None:
+    assert str(WaitingForPermit("partner-api", 7, 3)) == (
+        "waiting for a permit of semaphore 'partner-api': place 7 in line (wait 3)"
+    )
+    assert "no place in line yet" in str(WaitingForPermit("p", 0, 1))

@@ -127,6 +127,10 @@ class AsyncSemaphore:
     is that near handed over ahead of time, so they already wait when a permit
     frees; ``handover_deadline``: a handed-over waiter that has not arrived by
     then is handed over again (and the late copy is refused as stale).
+
+    ``family``: the name of a group of semaphores made by one key function
+    (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
+    Redis with the semaphore; the metrics show a family as one series.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class AsyncSemaphore:
         on_handover: Callable[[list[Handover]], object] | None = None,
         handover_window: float = 1.0,
         handover_deadline: float = 30.0,
+        family: str = "",
     ) -> None:
         if on_handover is not None and not callable(on_handover):
             raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
@@ -156,6 +161,7 @@ class AsyncSemaphore:
             idle_ttl=idle_ttl,
             handover_window=None if on_handover is None else handover_window,
             handover_deadline=handover_deadline,
+            family=family,
         )
         self.on_handover = on_handover
         self.client: AsyncClient
@@ -171,6 +177,7 @@ class AsyncSemaphore:
     limit = property(lambda self: self._spec.limit)
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
+    family = property(lambda self: self._spec.family)
 
     def __repr__(self) -> str:
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
@@ -493,8 +500,10 @@ class AsyncSemaphore:
             raise translate(error, self.url) from error
 
     async def status(self) -> SemaphoreStatus:
-        """Limits, live holders (with lease expiry) and live waiters in line order."""
-        return self._spec.parse_status(await self._call("status", [protocol.STATUS_MOST]))
+        """Limits, live holders (with lease expiry), live waiters in line order, and
+        tasks published with a place that have not reached a worker yet."""
+        args = [protocol.STATUS_MOST, self._spec.idle_ms]
+        return self._spec.parse_status(await self._call("status", args))
 
     async def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.
