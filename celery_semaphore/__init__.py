@@ -1,7 +1,7 @@
 """Cluster-wide, fair, leased concurrency caps for Celery tasks, backed by Redis.
 
 The names below are imported on first use: ``from celery_semaphore import
-Semaphore`` loads only the Celery-free core (:mod:`celery_semaphore.core`),
+Semaphore`` loads only the Celery-free core (`celery_semaphore.core`),
 while ``LimitedTask`` and ``install`` load the Celery side, which wires
 itself into Celery when a task or app uses it.
 """

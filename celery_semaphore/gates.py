@@ -2,11 +2,11 @@
 
 A request passes at most two gates, always in this order: the cap of the queue
 it is consumed from (``semaphore_queue_limits``), then its task's own
-semaphore (:class:`~celery_semaphore.LimitedTask`). :func:`request_gates` is the
+semaphore (`LimitedTask`). `request_gates()` is the
 one decision; both the publisher (places in line at publish) and the worker's
 main process (when the message arrives) call it, naming the queue the same
-way (:func:`queue_of`). The worker stores the result in the request's
-headers (:data:`GATES_HEADER`), so the child, the heartbeat and the
+way (`queue_of()`). The worker stores the result in the request's
+headers (`GATES_HEADER`), so the child, the heartbeat and the
 release-by-id paths all agree on the same names.
 """
 
@@ -55,7 +55,7 @@ class Gate:
 
 
 class KeyFunction:
-    """A per-key semaphore function with the family name it declares: see :func:`per_key`."""
+    """A per-key semaphore function with the family name it declares: see `per_key()`."""
 
     def __init__(self, family: str, key: Callable[..., str]) -> None:
         self.family = validation.check_name(family, "per_key(family)")
@@ -79,7 +79,7 @@ def per_key(family: str, key: Callable[..., str]) -> KeyFunction:
     ``key`` maps the task's arguments to a semaphore name (one semaphore, and one
     cap, per distinct name); ``family`` names all of them together. The metrics
     show a family as one series (``semaphore="<family>"``) instead of one per key,
-    unless ``semaphore_metrics_per_key`` is on::
+    unless ``semaphore_metrics_per_key`` is on:
 
         @app.task(base=LimitedTask, limit=1,
                   semaphore=per_key("customer", lambda customer_id, **_: f"customer-{customer_id}"))
@@ -143,7 +143,7 @@ def request_gates(
     task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None
 ) -> list[Gate]:
     """The gates of one request of ``task`` consumed from ``queue``, in the order
-    they are taken. Raises like :func:`task_gate`."""
+    they are taken. Raises like `task_gate()`."""
     gates = [queue_gate(queue, get_config(task.app)), task_gate(task, args, kwargs)]
     return [gate for gate in gates if gate is not None]
 

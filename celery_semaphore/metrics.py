@@ -4,8 +4,8 @@ The scripts keep counters and histogram buckets in each semaphore's ``meta``
 hash (``m_*`` fields), so any process can serve the same numbers, whichever
 worker did the work. Serve them with ``celery worker --semaphore-metrics-port
 9808`` (any one worker is enough; every worker that serves them shows the same
-series), or from your own process with :func:`serve` or by registering
-:class:`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
+series), or from your own process with `serve()` or by registering
+`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
 from zero when a semaphore's keys expire while idle.
 """
 
@@ -187,7 +187,7 @@ def _histogram(row: dict[str, float], kind: str) -> tuple[list[tuple[str, float]
 
 
 class MetricsServer:
-    """The ``/metrics`` HTTP server thread; :meth:`close` stops it and frees the port."""
+    """The ``/metrics`` HTTP server thread; `close()` stops it and frees the port."""
 
     def __init__(self, server: Any) -> None:
         self._server = server

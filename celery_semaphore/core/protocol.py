@@ -1,4 +1,4 @@
-"""What :class:`Semaphore` and :class:`AsyncSemaphore` share: settings, script
+"""What `Semaphore` and `AsyncSemaphore` share: settings, script
 arguments, and the one place where script replies become results or errors.
 """
 
@@ -49,6 +49,10 @@ class Place:
 
 @dataclass(frozen=True)
 class HolderInfo:
+    """A live holder. Times are the Redis server's, in seconds since the epoch;
+    ``info`` is what the holder said of itself when it asked (a `LimitedTask`:
+    JSON with its task name, worker and pid)."""
+
     holder: str
     fencing_token: int
     acquired_at: float
@@ -60,7 +64,9 @@ class HolderInfo:
 class WaiterInfo:
     """A waiter in line. ``state``: ``"parked"`` (it left a payload and stopped
     asking), ``"handed over"`` (its payload was handed over to be published and
-    has not arrived yet), or ``"asking"`` (it asks itself, or waits blocked)."""
+    has not arrived yet), ``"waiting in place"`` (blocked in `wait_for_turn()`:
+    a release grants it the permit directly), or ``"asking"`` (it asks itself,
+    or comes back after a countdown)."""
 
     holder: str
     ticket: int
@@ -285,7 +291,7 @@ class SemaphoreSpec:
     def admits(message: Any, ticket: int) -> bool:
         """Whether a wake-up ``message`` (the highest ticket now admissible) can admit
         ``ticket``; a waiter with no ticket, or an unreadable message, tries anyway.
-        A grant (:meth:`grant_in`) admits nobody else."""
+        A grant (`grant_in()`) admits nobody else."""
         data = text(message.get("data", "")) if isinstance(message, dict) else ""
         if data.startswith(GRANT_PREFIX):
             return False
