@@ -92,8 +92,9 @@ parked_at_publish = Box(RIGHT, 40, COL, "1a. Parked at publish (handover mode)",
     "The task is PENDING; no worker sees it before its turn.",
 ], "wait")  # fmt: skip
 broker = Box(LEFT, 175, COL, "2. In the broker queue", [
-    "Its place lapses after 5 s if it sits there; the ticket it",
-    "carries puts it back ahead of later tickets when it arrives.",
+    "Its place lapses after 5 s if it sits there (it stays counted",
+    "as sent); the ticket it carries puts it back ahead of later",
+    "tickets when it arrives.",
 ])  # fmt: skip
 handed_over = Box(RIGHT, 175, COL, "H. Handed over, when its turn comes", [
     "The process that frees a permit (release, reclaimed lease,",
