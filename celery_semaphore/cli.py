@@ -481,9 +481,10 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
             sem = operator.open(name, suggest=False)
         except UnknownSemaphore:
             if name not in operator.declared() and not new:
+                unknown = operator.unknown(name)
                 raise click.ClickException(
-                    f"{operator.unknown(name)} To cap {name!r} before its "
-                    f"first use anyway: `{operator.prog} set-limit {name} {limit} --new`"
+                    f"{unknown}{'' if unknown.endswith('?') else '.'} To cap {name!r} before "
+                    f"its first use anyway: `{operator.prog} set-limit {name} {limit} --new`"
                 ) from None
             sem = operator.open_new(name, limit)
         before = sem.status()
