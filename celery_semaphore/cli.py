@@ -192,6 +192,10 @@ class SemaphoreCommand(click.Command):
         super().__init__(*args, **kwargs)
         self.example = example
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _usage_errors_in_one_line(ctx):  # the parser's errors name no context
+            return super().parse_args(ctx, args)
+
 
 class SemaphoreGroup(click.Group):
     """The ``semaphore`` group: every usage error of its own or of its commands
@@ -203,7 +207,7 @@ class SemaphoreGroup(click.Group):
         if not args and not ctx.resilient_parsing:
             click.echo(ctx.get_help())  # asking for nothing is asking for help
             ctx.exit()
-        with _usage_errors_in_one_line():
+        with _usage_errors_in_one_line(ctx):
             return super().parse_args(ctx, args)
 
     def resolve_command(
@@ -220,25 +224,25 @@ class SemaphoreGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _usage_errors_in_one_line():
+        with _usage_errors_in_one_line(ctx):
             return super().invoke(ctx)
 
 
 @contextmanager
-def _usage_errors_in_one_line() -> Iterator[None]:
+def _usage_errors_in_one_line(ctx: click.Context) -> Iterator[None]:
     try:
         yield
     except click.UsageError as error:
-        raise click.ClickException(_usage_message(error)) from None
+        raise click.ClickException(_usage_message(error, error.ctx or ctx)) from None
 
 
-def _usage_message(error: click.UsageError) -> str:
-    """``error`` in one line, with the parameter it is about and how to call the
-    command: an example for a bad or missing value, else where its help is."""
-    ctx = error.ctx
-    command = ctx.command if ctx is not None else None
+def _usage_message(error: click.UsageError, ctx: click.Context) -> str:
+    """``error`` (raised in ``ctx``) in one line, with the parameter it is about
+    and how to call the command: an example for a bad or missing value, else
+    where its help is."""
+    command = ctx.command
     prog = _prog(ctx)
-    if ctx is not None and not isinstance(command, SemaphoreGroup):
+    if not isinstance(command, SemaphoreGroup):
         prog = f"{prog} {ctx.info_name}"
     example = getattr(command, "example", None)
     param = getattr(error, "param", None)
@@ -254,15 +258,26 @@ def _usage_message(error: click.UsageError) -> str:
     elif isinstance(error, click.NoSuchOption):
         if error.option_name in ("-A", "--app"):
             return f"{error.option_name} goes before `semaphore`: `celery -A proj semaphore ...`"
-        message = f"no such option {error.option_name}"
-        if error.possibilities:
-            message += f" (did you mean {' or '.join(error.possibilities)}?)"
-        example = None
+        if _is_number(error.option_name):
+            message = f"{error.option_name!r}: no value here may be negative"
+        else:
+            message = f"no such option {error.option_name}"
+            if error.possibilities:
+                message += f" (did you mean {' or '.join(error.possibilities)}?)"
+            example = None
     else:
         message = error.format_message().rstrip(".")
     if example is not None:
         return _one_line(f"{message}; e.g. `{_prog(ctx)} {example}`")
     return _one_line(f"{message}; see `{prog} --help`")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _describe(info: str) -> dict[str, Any]:
