@@ -1,7 +1,7 @@
 """Cluster-wide, fair, leased concurrency caps for Celery tasks, backed by Redis.
 
 The names below are imported on first use: ``from celery_semaphore import
-Semaphore`` loads only the Celery-free core (:mod:`celery_semaphore.core`),
+Semaphore`` loads only the Celery-free core (`celery_semaphore.core`),
 while ``LimitedTask`` and ``install`` load the Celery side, which wires
 itself into Celery when a task or app uses it.
 """
@@ -9,7 +9,13 @@ itself into Celery when a task or app uses it.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("celery-semaphore")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from .core import (
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
         WaiterInfo,
         WaitingForPermit,
     )
+    from .gates import per_key
     from .state import reset
     from .task import LimitedTask
     from .wiring import install
@@ -57,9 +64,15 @@ __all__ = [
     "WaiterInfo",
     "WaitingForPermit",
     "install",
+    "per_key",
     "reset",
 ]
-_CELERY_SIDE = {"LimitedTask": ".task", "install": ".wiring", "reset": ".state"}
+_CELERY_SIDE = {
+    "LimitedTask": ".task",
+    "install": ".wiring",
+    "per_key": ".gates",
+    "reset": ".state",
+}
 _HOME = {name: _CELERY_SIDE.get(name, ".core") for name in __all__}
 
 

@@ -173,7 +173,7 @@ class Admission:
         return semaphore_of(self.task.app, gate, self.config)
 
     def enter(self) -> None:
-        """Take every gate's permit, or raise ``Retry`` / :class:`SemaphoreTimeout`."""
+        """Take every gate's permit, or raise ``Retry`` / `SemaphoreTimeout`."""
         info = _info(self.task, self.request)
         if self.state.first_ask is None:
             self.state.first_ask = time.time()

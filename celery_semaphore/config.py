@@ -25,17 +25,20 @@
   parked but retried with a countdown.
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
-  with :class:`~celery_semaphore.SemaphoreTimeout`.
+  with `SemaphoreTimeout`.
 - ``semaphore_on_redis_error`` (``"retry"``): when Redis can't be reached,
   ``"retry"`` later (never run without a permit), ``"fail"`` the task, or
   ``"run"`` it without a permit.
 - ``semaphore_queue_limits`` (``{}``): ``{queue name: limit}`` caps per queue.
 - ``semaphore_send_events`` (None: as the worker's ``-E``): send the Celery
   events ``semaphore-waiting``, ``semaphore-granted`` and ``semaphore-lost``.
+- ``semaphore_metrics_per_key`` (False): the metrics show each semaphore of a
+  key function's family as its own series, instead of one series per family.
 
-A :class:`~celery_semaphore.LimitedTask` takes the same names as decorator
-options to override them per task (all but the Redis URL, the namespace and
-the queue limits), next to its own ``semaphore`` and ``limit``.
+A `LimitedTask` takes the same names as decorator
+options to override them per task (all but the app-wide Redis URL, namespace,
+queue limits, events and per-key metrics), next to its own ``semaphore`` and
+``limit``.
 """
 
 from __future__ import annotations
@@ -44,34 +47,38 @@ import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .core import protocol, validation
+from .core import validation
 from .state import state_of
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 WAIT_MODES = ("handover", "countdown")
 PREFIX = "semaphore_"
-APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events"})
+APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events", "metrics_per_key"})
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 @dataclass(frozen=True)
 class SemaphoreConfig:
-    redis_url: str = DEFAULT_REDIS_URL
-    namespace: str = protocol.DEFAULT_NAMESPACE
-    lease_timeout: float = protocol.DEFAULT_LEASE_TIMEOUT
+    """The ``semaphore_*`` settings of an app (or of one task: the app's with the
+    task's options), validated: each field is a setting without its prefix."""
+
+    redis_url: str = "redis://localhost:6379/0"
+    namespace: str = "celery_semaphore"
+    lease_timeout: float = 60.0
     heartbeat_interval: float | None = None
     backoff_base: float = 0.5
     backoff_max: float = 60.0
     backoff_jitter: bool = True
     wait_mode: str = "handover"
     max_block: float = 1.0
-    handover_deadline: float = protocol.DEFAULT_HANDOVER_DEADLINE
+    handover_deadline: float = 30.0
     park_max_bytes: int = 262144
     max_waits: int | None = None
     max_wait_time: float | None = None
     on_redis_error: str = "retry"
     queue_limits: dict[str, int] = field(default_factory=dict)
     send_events: bool | None = None
+    metrics_per_key: bool = False
 
     def __post_init__(self) -> None:
         validation.check_namespace(self.namespace)
@@ -94,6 +101,8 @@ class SemaphoreConfig:
         validation.check_limit(self.park_max_bytes, "park_max_bytes")
         if self.send_events is not None and not isinstance(self.send_events, bool):
             raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")
+        if not isinstance(self.metrics_per_key, bool):
+            raise TypeError(f"metrics_per_key must be True or False, got {self.metrics_per_key!r}")
         if not isinstance(self.backoff_jitter, bool):
             raise TypeError(f"backoff_jitter must be True or False, got {self.backoff_jitter!r}")
         if self.max_waits is not None:

@@ -2,18 +2,18 @@
 
 A request passes at most two gates, always in this order: the cap of the queue
 it is consumed from (``semaphore_queue_limits``), then its task's own
-semaphore (:class:`~celery_semaphore.LimitedTask`). :func:`request_gates` is the
+semaphore (`LimitedTask`). `request_gates()` is the
 one decision; both the publisher (places in line at publish) and the worker's
 main process (when the message arrives) call it, naming the queue the same
-way (:func:`queue_of`). The worker stores the result in the request's
-headers (:data:`GATES_HEADER`), so the child, the heartbeat and the
+way (`queue_of()`). The worker stores the result in the request's
+headers (`GATES_HEADER`), so the child, the heartbeat and the
 release-by-id paths all agree on the same names.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +41,53 @@ def base_queue(name: str | None) -> str | None:
 class Gate:
     name: str
     limit: int
+    family: str = ""  # of a key function's semaphores (metrics.py shows them as one)
 
     def encode(self) -> list[Any]:
-        return [self.name, self.limit]
+        return [self.name, self.limit, self.family] if self.family else [self.name, self.limit]
 
     @classmethod
     def decode(cls, raw: Any) -> Gate:
-        name, limit = raw
-        return cls(str(name), int(limit))
+        name, limit, *family = raw
+        if len(family) > 1 or (family and not isinstance(family[0], str)):
+            raise ValueError(f"a gate is [name, limit] or [name, limit, family], got {raw!r}")
+        return cls(str(name), int(limit), family[0] if family else "")
+
+
+class KeyFunction:
+    """A per-key semaphore function with the family name it declares: see `per_key()`."""
+
+    def __init__(self, family: str, key: Callable[..., str]) -> None:
+        self.family = validation.check_name(family, "per_key(family)")
+        if not callable(key):
+            raise TypeError(
+                f"per_key(key) must be a function of the task's arguments returning the "
+                f"semaphore's name, got {key!r}"
+            )
+        self.key = key
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        return self.key(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"per_key({self.family!r}, {self.key!r})"
+
+
+def per_key(family: str, key: Callable[..., str]) -> KeyFunction:
+    """A key function for ``LimitedTask(semaphore=...)`` that names its family.
+
+    ``key`` maps the task's arguments to a semaphore name (one semaphore, and one
+    cap, per distinct name); ``family`` names all of them together. The metrics
+    show a family as one series (``semaphore="<family>"``) instead of one per key,
+    unless ``semaphore_metrics_per_key`` is on:
+
+        @app.task(base=LimitedTask, limit=1,
+                  semaphore=per_key("customer", lambda customer_id, **_: f"customer-{customer_id}"))
+        def sync_customer(customer_id): ...
+
+    A plain function (not wrapped in ``per_key``) gets the task's name as family.
+    """
+    return KeyFunction(family, key)
 
 
 def queue_of(queues: Iterable[Any], exchange: Any, routing_key: str | None) -> str | None:
@@ -94,16 +133,17 @@ def task_gate(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate
                 f"task {task.name}: the semaphore key function must return a non-empty str, "
                 f"got {name!r}"
             )
+        family = spec.family if isinstance(spec, KeyFunction) else task.name
     else:
-        name = spec
-    return Gate(validation.check_name(name, f"task {task.name}: semaphore"), task.limit)
+        name, family = spec, ""
+    return Gate(validation.check_name(name, f"task {task.name}: semaphore"), task.limit, family)
 
 
 def request_gates(
     task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None
 ) -> list[Gate]:
     """The gates of one request of ``task`` consumed from ``queue``, in the order
-    they are taken. Raises like :func:`task_gate`."""
+    they are taken. Raises like `task_gate()`."""
     gates = [queue_gate(queue, get_config(task.app)), task_gate(task, args, kwargs)]
     return [gate for gate in gates if gate is not None]
 
@@ -122,7 +162,9 @@ def semaphore_of(
     app: Any, gate: Gate, config: SemaphoreConfig, *, quick: bool = False
 ) -> Semaphore:
     """The gate's semaphore in this process, with ``config`` (the app's or a task's)."""
-    return state_of(app).semaphores.get(gate.name, gate.limit, config, quick=quick)
+    return state_of(app).semaphores.get(
+        gate.name, gate.limit, config, quick=quick, family=gate.family
+    )
 
 
 def recorded_gates(request: Any) -> list[Gate]:

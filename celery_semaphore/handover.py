@@ -1,12 +1,12 @@
 """Parked tasks: their messages kept beside their places in line, published when due.
 
 A task refused a permit away from the head of the line does not go back to the
-broker as a countdown retry: :mod:`.admission` parks it, keeping what Celery
+broker as a countdown retry: `celery_semaphore.admission` parks it, keeping what Celery
 needs to publish it again (the retry's signature, serialized with the app's
 ``task_serializer``) in the semaphore's Redis, and the execution ends as a
 Celery retry that publishes nothing. When permits free up, the script that
 frees them selects the parked tasks now due, in ticket order, and the calling
-process publishes them here (:func:`publisher`). Each published copy carries
+process publishes them here (`publisher()`). Each published copy carries
 its handover token in the ``celery_semaphore`` header; an older copy that
 arrives later is dropped at admission (``StaleHandover``)::
 
@@ -15,8 +15,8 @@ arrives later is dropped at admission (``StaleHandover``)::
     arrives -> attempt(handover=token) -> granted, or waits in place (its turn is near)
 
 A new task whose place in line is far back is parked at publish instead
-(:mod:`.publish`): the payload is then the message the producer was about to
-send (:func:`encode_message`), published as it was, to the handover queue,
+(`celery_semaphore.publish`): the payload is then the message the producer was about to
+send (`encode_message()`), published as it was, to the handover queue,
 when its turn comes. It never reaches a worker before then, so a long
 backlog costs the workers nothing.
 """
@@ -89,7 +89,7 @@ def encode_message(
 
 
 def decode(app: Any, payload: str) -> Signature:
-    """The signature :func:`encode` parked."""
+    """The signature `encode()` parked."""
     return _signature(app, json.loads(payload))
 
 

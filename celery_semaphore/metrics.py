@@ -4,8 +4,8 @@ The scripts keep counters and histogram buckets in each semaphore's ``meta``
 hash (``m_*`` fields), so any process can serve the same numbers, whichever
 worker did the work. Serve them with ``celery worker --semaphore-metrics-port
 9808`` (any one worker is enough; every worker that serves them shows the same
-series), or from your own process with :func:`serve` or by registering
-:class:`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
+series), or from your own process with `serve()` or by registering
+`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
 from zero when a semaphore's keys expire while idle.
 """
 
@@ -24,16 +24,75 @@ BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)
 OUTCOMES = {"m_granted": "granted", "m_refused": "refused", "m_abandoned": "abandoned"}
 
 
-class SemaphoreCollector:
-    """A prometheus_client collector reading every semaphore of one namespace."""
+GAUGES = ("holders", "limit", "waiters", "draining", "parked", "handed_over", "sent")
+#: Counter fields of the ``meta`` hash, and the buckets and sums of the histograms.
+COUNTERS = (
+    "m_granted", "m_refused", "m_abandoned", "m_parked", "m_handed_over",
+    "m_handover_retried", "m_renewed", "m_lost", "m_expired",
+    *(f"m_{kind}_b{i}" for kind in ("wait", "hold") for i in range(len(BUCKETS) + 1)),
+    "m_wait_sum", "m_hold_sum",
+)  # fmt: skip
 
-    def __init__(self, client: Any, namespace: str, url: str = "") -> None:
+
+class SemaphoreCollector:
+    """A prometheus_client collector reading every semaphore of one namespace.
+
+    The semaphores of one key function (a family, see
+    `celery_semaphore.per_key`) are summed into one series labelled with the
+    family's name, so a semaphore per customer does not make a series per
+    customer; ``per_key=True`` shows each one. A family's counters stay
+    monotonic while this collector lives: when a member's keys expire (idle),
+    its last counts are kept in this process and still added in.
+    """
+
+    def __init__(self, client: Any, namespace: str, url: str = "", per_key: bool = False) -> None:
         self.client = client
         self.namespace = namespace
         self.url = url
+        self.per_key = per_key
+        self._members: dict[str, tuple[str, dict[str, float]]] = {}  # name: (series, counts)
+        self._retired: dict[str, dict[str, float]] = {}  # series: counts of expired members
 
     def describe(self) -> list[Any]:
         return []
+
+    def read(self) -> dict[str, dict[str, float]]:
+        """Every series (semaphore or family name): its gauges, counters and
+        ``members`` (how many semaphores it sums)."""
+        series: dict[str, dict[str, float]] = {}
+        seen: dict[str, tuple[str, dict[str, float]]] = {}
+        for name in semaphore_names(self.client, self.namespace, self.url):
+            try:
+                status = open_semaphore(self.client, self.namespace, name, self.url).status()
+            except UnknownSemaphore:
+                continue  # its keys went, or no contender has declared a limit yet
+            raw = self.client.hgetall(semaphore_keys(self.namespace, name).meta)
+            meta = {text(k): text(v) for k, v in raw.items()}
+            label = name if self.per_key else meta.get("family") or name
+            counts = {field: float(meta.get(field, 0)) for field in COUNTERS}
+            seen[name] = (label, counts)
+            row = series.setdefault(label, _zeros())
+            row["holders"] += status.holder_count
+            row["limit"] += status.effective_limit
+            row["waiters"] += status.waiter_count
+            row["draining"] = max(row["draining"], 1.0 if status.draining else 0.0)
+            row["parked"] += status.parked_count
+            row["handed_over"] += status.handed_over_count
+            row["sent"] += status.sent_count
+            row["members"] += 1
+            for field, value in counts.items():
+                row[field] += value
+        for name, (label, counts) in self._members.items():
+            if name not in seen:  # expired while idle: keep what it counted
+                retired = self._retired.setdefault(label, dict.fromkeys(COUNTERS, 0.0))
+                for field, value in counts.items():
+                    retired[field] += value
+        self._members = seen
+        for label, retired in self._retired.items():
+            row = series.setdefault(label, _zeros())
+            for field, value in retired.items():
+                row[field] += value
+        return series
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (  # noqa: PLC0415 (the optional extra)
@@ -42,104 +101,93 @@ class SemaphoreCollector:
             HistogramMetricFamily,
         )
 
-        p = "celery_semaphore_"
-        holders = GaugeMetricFamily(p + "holders", "Live permit holders.", labels=["semaphore"])
-        limit = GaugeMetricFamily(p + "limit", "Effective limit.", labels=["semaphore"])
-        waiters = GaugeMetricFamily(p + "waiters", "Live places in line.", labels=["semaphore"])
-        draining = GaugeMetricFamily(p + "draining", "1 while draining.", labels=["semaphore"])
-        parked = GaugeMetricFamily(
-            p + "parked", "Waiting tasks parked in Redis until their turn.", labels=["semaphore"]
-        )
-        handed = GaugeMetricFamily(
-            p + "handed_over",
-            "Parked tasks published for their turn, not yet at a worker.",
-            labels=["semaphore"],
-        )
-        parks = CounterMetricFamily(p + "parks", "Tasks parked.", labels=["semaphore"])
-        handovers = CounterMetricFamily(
-            p + "handovers", "Parked tasks handed over (published).", labels=["semaphore"]
-        )
-        handover_retries = CounterMetricFamily(
-            p + "handover_retries",
-            "Handed-over tasks published again after their deadline.",
-            labels=["semaphore"],
-        )
+        p, by = "celery_semaphore_", ["semaphore"]
+        gauges = {
+            "holders": GaugeMetricFamily(p + "holders", "Live permit holders.", labels=by),
+            "limit": GaugeMetricFamily(
+                p + "limit", "Effective limit (of a family: the sum of its members').", labels=by
+            ),
+            "waiters": GaugeMetricFamily(p + "waiters", "Live places in line.", labels=by),
+            "draining": GaugeMetricFamily(p + "draining", "1 while draining.", labels=by),
+            "parked": GaugeMetricFamily(
+                p + "parked", "Waiting tasks parked in Redis until their turn.", labels=by
+            ),
+            "handed_over": GaugeMetricFamily(
+                p + "handed_over",
+                "Parked tasks published for their turn, not yet at a worker.",
+                labels=by,
+            ),
+            "sent": GaugeMetricFamily(
+                p + "sent",
+                "Tasks published with a place in line, not at a worker yet (in the broker).",
+                labels=by,
+            ),
+            "members": GaugeMetricFamily(
+                p + "members",
+                "Semaphores in this series: 1, or the live members of a key function's family.",
+                labels=by,
+            ),
+        }
+        counters = {
+            "m_parked": CounterMetricFamily(p + "parks", "Tasks parked.", labels=by),
+            "m_handed_over": CounterMetricFamily(
+                p + "handovers", "Parked tasks handed over (published).", labels=by
+            ),
+            "m_handover_retried": CounterMetricFamily(
+                p + "handover_retries",
+                "Handed-over tasks published again after their deadline.",
+                labels=by,
+            ),
+            "m_renewed": CounterMetricFamily(p + "lease_renewals", "Leases renewed.", labels=by),
+            "m_lost": CounterMetricFamily(
+                p + "permits_lost",
+                "Permits lost while their task ran (found gone by a worker's heartbeat).",
+                labels=by,
+            ),
+            "m_expired": CounterMetricFamily(
+                p + "leases_expired", "Permits reclaimed after their lease ran out.", labels=by
+            ),
+        }
         attempts = CounterMetricFamily(
-            p + "acquire_attempts", "Acquire attempts by outcome.", labels=["semaphore", "outcome"]
+            p + "acquire_attempts", "Acquire attempts by outcome.", labels=[*by, "outcome"]
         )
-        renewals = CounterMetricFamily(
-            p + "lease_renewals", "Leases renewed.", labels=["semaphore"]
-        )
-        lost = CounterMetricFamily(
-            p + "permits_lost",
-            "Permits lost while their task ran (found gone by a worker's heartbeat).",
-            labels=["semaphore"],
-        )
-        expired = CounterMetricFamily(
-            p + "leases_expired",
-            "Permits reclaimed after their lease ran out.",
-            labels=["semaphore"],
-        )
-        waits = HistogramMetricFamily(
-            p + "wait_seconds", "Time from first ask to grant.", labels=["semaphore"]
-        )
-        holds = HistogramMetricFamily(
-            p + "hold_seconds", "Time a permit was held.", labels=["semaphore"]
-        )
-        for name in semaphore_names(self.client, self.namespace, self.url):
-            try:
-                status = open_semaphore(self.client, self.namespace, name, self.url).status()
-            except UnknownSemaphore:
-                continue  # its keys went, or no contender has declared a limit yet
-            raw = self.client.hgetall(semaphore_keys(self.namespace, name).meta)
-            meta = {text(k): text(v) for k, v in raw.items()}
-            holders.add_metric([name], status.holder_count)
-            limit.add_metric([name], status.effective_limit)
-            waiters.add_metric([name], status.waiter_count)
-            draining.add_metric([name], 1 if status.draining else 0)
-            parked.add_metric([name], status.parked_count)
-            handed.add_metric([name], status.handed_over_count)
-            parks.add_metric([name], float(meta.get("m_parked", 0)))
-            handovers.add_metric([name], float(meta.get("m_handed_over", 0)))
-            handover_retries.add_metric([name], float(meta.get("m_handover_retried", 0)))
+        histograms = {
+            "wait": HistogramMetricFamily(
+                p + "wait_seconds", "Time from first ask to grant.", labels=by
+            ),
+            "hold": HistogramMetricFamily(p + "hold_seconds", "Time a permit was held.", labels=by),
+        }
+        for label, row in sorted(self.read().items()):
+            for key, gauge in gauges.items():
+                gauge.add_metric([label], row[key])
+            for field, counter in counters.items():
+                counter.add_metric([label], row[field])
             for field, outcome in OUTCOMES.items():
-                attempts.add_metric([name, outcome], float(meta.get(field, 0)))
-            renewals.add_metric([name], float(meta.get("m_renewed", 0)))
-            lost.add_metric([name], float(meta.get("m_lost", 0)))
-            expired.add_metric([name], float(meta.get("m_expired", 0)))
-            for family, kind in ((waits, "wait"), (holds, "hold")):
-                buckets, total = _histogram(meta, kind)
-                family.add_metric([name], buckets, total)
-        yield from (
-            holders,
-            limit,
-            waiters,
-            draining,
-            parked,
-            handed,
-            attempts,
-            parks,
-            handovers,
-            handover_retries,
-            renewals,
-            lost,
-            expired,
-            waits,
-            holds,
-        )
+                attempts.add_metric([label, outcome], row[field])
+            for kind, histogram in histograms.items():
+                buckets, total = _histogram(row, kind)
+                histogram.add_metric([label], buckets, total)
+        yield from gauges.values()
+        yield attempts
+        yield from counters.values()
+        yield from histograms.values()
 
 
-def _histogram(meta: dict[str, str], kind: str) -> tuple[list[tuple[str, float]], float]:
+def _zeros() -> dict[str, float]:
+    return dict.fromkeys((*GAUGES, "members", *COUNTERS), 0.0)
+
+
+def _histogram(row: dict[str, float], kind: str) -> tuple[list[tuple[str, float]], float]:
     cumulative = 0.0
     buckets = []
     for index, bound in enumerate((*BUCKETS, float("inf"))):
-        cumulative += float(meta.get(f"m_{kind}_b{index}", 0))
+        cumulative += row[f"m_{kind}_b{index}"]
         buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-    return buckets, float(meta.get(f"m_{kind}_sum", 0)) / 1000
+    return buckets, row[f"m_{kind}_sum"] / 1000
 
 
 class MetricsServer:
-    """The ``/metrics`` HTTP server thread; :meth:`close` stops it and frees the port."""
+    """The ``/metrics`` HTTP server thread; `close()` stops it and frees the port."""
 
     def __init__(self, server: Any) -> None:
         self._server = server
@@ -150,15 +198,21 @@ class MetricsServer:
 
 
 def serve(
-    client: Any, namespace: str, port: int, url: str = "", addr: str = "0.0.0.0"
+    client: Any,
+    namespace: str,
+    port: int,
+    url: str = "",
+    addr: str = "0.0.0.0",
+    *,
+    per_key: bool = False,
 ) -> MetricsServer:
-    """Serve ``/metrics`` on ``port`` from a thread."""
+    """Serve ``/metrics`` on ``port`` from a thread (``per_key``: see `SemaphoreCollector`)."""
     from prometheus_client import (  # noqa: PLC0415 (the optional extra)
         CollectorRegistry,
         start_http_server,
     )
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SemaphoreCollector(client, namespace, url))
+    registry.register(SemaphoreCollector(client, namespace, url, per_key))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return MetricsServer(server)

@@ -3,7 +3,7 @@
 Per-queue caps (``semaphore_queue_limits``) apply to every task consumed from
 a capped queue, including plain ``@app.task`` functions, so the worker wraps
 ``__call__`` and ``signature_from_request`` of every registered task class
-that is not already a :class:`~celery_semaphore.LimitedTask`. This runs in the
+that is not already a `LimitedTask`. This runs in the
 bootstep's constructor: before the pool forks, before tracers are built.
 Celery's own tasks (``celery.*``) are left alone.
 """

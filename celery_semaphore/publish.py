@@ -6,12 +6,12 @@ happened to pick them first. The place holds for a few seconds; a task that
 reaches a worker later still presents its ticket and regains its place.
 
 Publishing never stalls on the semaphore's Redis: the call gives up within
-:data:`~.state.QUICK_TIMEOUT`, and after a failure no places are taken for a
+`celery_semaphore.state.QUICK_TIMEOUT`, and after a failure no places are taken for a
 few seconds (tasks then take their place at their first attempt, as a task
 with an ETA always does).
 
-In handover mode a :class:`~celery_semaphore.LimitedTask` publishes through a
-:class:`ParkingProducer`: a new task whose place is far back in line is parked
+In handover mode a `LimitedTask` publishes through a
+`ParkingProducer`: a new task whose place is far back in line is parked
 there and then, instead of being sent to a worker that would only park it::
 
     apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
@@ -118,13 +118,13 @@ def turn_is_near(place: Place) -> bool:
 
 
 class ParkingProducer:
-    """The producer of a :class:`~celery_semaphore.LimitedTask`'s ``apply_async``
+    """The producer of a `LimitedTask`'s ``apply_async``
     in handover mode: it publishes a new task whose turn is near, and parks one
     whose place in line is far back.
 
     A parked message stays beside its place in line, in the semaphore's Redis,
     until its turn comes; the process that frees a permit then publishes it to
-    the queue's handover queue (:mod:`.handover`). Without this, each task of a
+    the queue's handover queue (`celery_semaphore.handover`). Without this, each task of a
     long backlog would reach a worker only to be refused and parked there, and
     the next owners of freed permits would wait behind that flood. Everything
     but ``publish`` is the wrapped producer's.

@@ -1,6 +1,6 @@
 """Signals this package sends, for users and for the metrics module.
 
-Connect like any Celery signal::
+Connect like any Celery signal:
 
     from celery_semaphore.signals import permit_lost
 
@@ -10,21 +10,23 @@ Connect like any Celery signal::
 
 from celery.utils.dispatch import Signal
 
-#: A running task's permit was found lost by the worker's heartbeat (its lease
-#: ran out or Redis lost its data). The task keeps running; it no longer counts
-#: against the limit. Sent in the worker's main process.
-#: Arguments: ``semaphore`` (name), ``task_id``, ``task_name``.
 permit_lost = Signal(name="semaphore_permit_lost")
+"""A running task's permit was found lost by the worker's heartbeat (its lease
+ran out or Redis lost its data). The task keeps running; it no longer counts
+against the limit. Sent in the worker's main process. Arguments: ``semaphore``
+(name), ``task_id``, ``task_name``, ``hostname``."""
 
-#: A task was refused a permit and will ask again. Sent in the process that asked.
-#: Arguments: ``semaphore``, ``task_id``, ``task_name``, ``position``, ``countdown``
-#: (seconds until it asks again; None when it parked and waits to be handed over).
 permit_waiting = Signal(name="semaphore_permit_waiting")
+"""A task was refused a permit and will ask again. Sent in the process that
+asked. Arguments: ``semaphore``, ``task_id``, ``task_name``, ``position``,
+``countdown`` (seconds until it asks again; None when it parked and waits to be
+handed over)."""
 
-#: A task was granted a permit. Arguments: ``semaphore``, ``task_id``,
-#: ``task_name``, ``waited`` (seconds since the task first asked).
 permit_granted = Signal(name="semaphore_permit_granted")
+"""A task was granted a permit. Arguments: ``semaphore``, ``task_id``,
+``task_name``, ``waited`` (seconds since the task's first attempt in this wait
+period)."""
 
-#: A task gave a permit back. Arguments: ``semaphore``, ``task_id``,
-#: ``task_name``, ``released`` (False if it was already lost).
 permit_released = Signal(name="semaphore_permit_released")
+"""A task gave a permit back. Arguments: ``semaphore``, ``task_id``,
+``task_name``, ``released`` (False if it was already lost)."""

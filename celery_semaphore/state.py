@@ -1,6 +1,6 @@
 """What the plugin keeps for each Celery app, in one object on the app.
 
-``state_of(app)`` is an :class:`AppState` stored as ``app.semaphore_state``:
+``state_of(app)`` is an `AppState` stored as ``app.semaphore_state``:
 
 - ``config``: the ``semaphore_*`` settings, read and validated once;
 - ``task_configs``: each task's settings with its own options applied;
@@ -8,9 +8,9 @@
 - ``publish_paused_until``: after a failed place-taking at publish, none are
   taken until then (publishing never stalls on Redis).
 
-:func:`reset` drops all of it, for a test (or a program) that changes the
+`reset()` drops all of it, for a test (or a program) that changes the
 app's settings after first use. The one thing kept across apps is
-:data:`installed_apps`: the apps :func:`celery_semaphore.install` was called on,
+`installed_apps`: the apps `celery_semaphore.install()` was called on,
 where the publish handler looks the published task up.
 """
 
@@ -47,10 +47,10 @@ def _client(url: str, quick: bool) -> SyncClient:
 
 
 class Semaphores:
-    """One client per Redis URL and one :class:`Semaphore` per gate, in this process.
+    """One client per Redis URL and one `Semaphore` per gate, in this process.
 
     In handover mode each semaphore publishes the parked tasks it hands over
-    (:mod:`celery_semaphore.handover`). redis-py connection pools notice a fork
+    (`celery_semaphore.handover`). redis-py connection pools notice a fork
     and reconnect in the child.
     """
 
@@ -61,13 +61,19 @@ class Semaphores:
         self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
 
     def get(
-        self, name: str, limit: int, config: SemaphoreConfig, *, quick: bool = False
+        self,
+        name: str,
+        limit: int,
+        config: SemaphoreConfig,
+        *,
+        quick: bool = False,
+        family: str = "",
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
-        :data:`QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
+        `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
         handover = config.wait_mode == "handover" and self.app is not None
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
-               handover, config.max_block, config.handover_deadline)  # fmt: skip
+               handover, config.max_block, config.handover_deadline, family)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is None:
             with self._lock:
@@ -90,6 +96,7 @@ class Semaphores:
                     on_handover=on_handover,
                     handover_window=config.max_block,
                     handover_deadline=config.handover_deadline,
+                    family=family,
                 )
                 semaphore.url = mask_url(config.redis_url)
                 self._semaphores[key] = semaphore

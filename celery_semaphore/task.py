@@ -22,14 +22,18 @@ TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in A
 class LimitedTask(Task):  # type: ignore[misc]
     """At most ``limit`` executions at once across every worker, started in FIFO order.
 
-    Options (decorator keywords)::
+    Options (decorator keywords):
 
-        semaphore   name of the semaphore (tasks sharing a name share the cap), or a
-                    function of the task's arguments returning it (per-key caps:
-                    ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``)
-        limit       the cap (int >= 1)
-        semaphore_<setting>  a per-task value of any ``semaphore_*`` setting but the
-                    Redis URL, namespace and queue limits (see :mod:`.config`)
+    - ``semaphore``: the semaphore's name (tasks sharing a name share the cap),
+      or a function of the task's arguments returning it (per-key caps:
+      ``semaphore=lambda customer_id, **_: f"customer-{customer_id}"``; wrap it
+      in ``per_key("customer", ...)`` to name the family the metrics show its
+      semaphores as);
+    - ``limit``: the cap, an int from 1 to 1,000,000;
+    - ``semaphore_<setting>``: this task's value of a ``semaphore_*`` setting,
+      all but the app-wide Redis URL, namespace, queue limits, events and
+      per-key metrics (see
+      [SemaphoreConfig][celery_semaphore.config.SemaphoreConfig]).
 
     The permit is taken in the worker right before the body runs and given
     back when it ends, however it ends. Calling the task directly bypasses the
@@ -87,7 +91,7 @@ class LimitedTask(Task):  # type: ignore[misc]
         **options: Any,
     ) -> Any:  # fmt: skip
         """As Celery's; in handover mode a new task far back in line is parked at
-        once instead of sent (:class:`~celery_semaphore.publish.ParkingProducer`)."""
+        once instead of sent (`celery_semaphore.publish.ParkingProducer`)."""
         if not may_park(self, options):
             return super().apply_async(args, kwargs, task_id, producer, **options)
         options["headers"] = {**(options.get("headers") or {}), PARK_MARK: True}

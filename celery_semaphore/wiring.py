@@ -1,8 +1,8 @@
-"""Wiring the plugin into Celery: :func:`install`, called when the plugin is first used.
+"""Wiring the plugin into Celery: `install()`, called when the plugin is first used.
 
-Importing :mod:`celery_semaphore` connects nothing. The Celery side wires
-itself when it is used: a :class:`~celery_semaphore.LimitedTask` bound to an
-app calls :func:`install`; an app that only uses ``semaphore_queue_limits``
+Importing `celery_semaphore` connects nothing. The Celery side wires
+itself when it is used: a `LimitedTask` bound to an
+app calls `install()`; an app that only uses ``semaphore_queue_limits``
 calls it itself. Installing adds the worker bootstep and its command-line
 option to the app and connects the package's signal handlers (once per
 process, whatever the number of apps).
@@ -51,7 +51,7 @@ def install(app: Any) -> None:
     """Enable the plugin on ``app``: the worker bootstep (heartbeat, release on
     every ending, metrics), ``celery worker --semaphore-metrics-port`` (also
     added by the ``celery`` command line itself when it loads the plugin), places
-    in line at publish. :class:`~celery_semaphore.LimitedTask` does this itself;
+    in line at publish. `LimitedTask` does this itself;
     call it when only ``semaphore_queue_limits`` is used. Idempotent."""
     _connect_handlers()
     app.steps["worker"].add(SemaphoreStep)

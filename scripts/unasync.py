@@ -43,6 +43,8 @@ RENAMES = [
     (r"\baclose\b", "close"),
     (r"\basyncio\.sleep\b", "time.sleep"),
     (r"(?m)^import asyncio\n", ""),
+    (r"(?m)^import redis\.asyncio\n", ""),
+    (r"\bredis\.asyncio\.", "redis."),
 ]
 
 

@@ -1,7 +1,7 @@
 """The semaphore itself, with no Celery in it: usable from any program (sync or asyncio).
 
-- ``_async/semaphore.py``: :class:`AsyncSemaphore`, the hand-written source;
-  ``_sync/semaphore.py``: :class:`Semaphore`, generated from it (``scripts/unasync.py``);
+- ``_async/semaphore.py``: `AsyncSemaphore`, the hand-written source;
+  ``_sync/semaphore.py``: `Semaphore`, generated from it (``scripts/unasync.py``);
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
 - ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
 - ``connection.py``: URLs and clients; ``errors.py``: the exception tree;

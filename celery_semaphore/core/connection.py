@@ -83,7 +83,7 @@ class _SentinelMaster(redis.Redis):
 
 
 class _AsyncSentinelMaster(redis.asyncio.Redis):
-    """Like :class:`_SentinelMaster`, for ``redis.asyncio``."""
+    """Like `_SentinelMaster`, for ``redis.asyncio``."""
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
@@ -114,7 +114,7 @@ def connect(target: Any) -> tuple[SyncClient, str]:
 
 
 def connect_async(target: Any) -> tuple[AsyncClient, str]:
-    """Like :func:`connect`, for ``redis.asyncio``."""
+    """Like `connect()`, for ``redis.asyncio``."""
     if isinstance(target, redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster):
         return target, describe(target)
     if not isinstance(target, str):

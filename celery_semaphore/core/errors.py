@@ -1,7 +1,7 @@
 """The package's one exception tree.
 
-Every error raised by celery-semaphore on purpose is a :class:`SemaphoreError`.
-Argument validation raises the built-in :class:`ValueError` / :class:`TypeError`
+Every error raised by celery-semaphore on purpose is a `SemaphoreError`.
+Argument validation raises the built-in `ValueError` / `TypeError`
 (as Python APIs do), with messages naming the argument and what is accepted.
 
 A task's exception travels to the caller through the result backend, rebuilt

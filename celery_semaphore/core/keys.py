@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-ROLES = ("holders", "hinfo", "waiters", "wexp", "winfo", "meta", "parked", "handed")
-ROLE_TYPES = ("zset", "hash", "zset", "zset", "hash", "hash", "hash", "zset")
+ROLES = ("holders", "hinfo", "waiters", "wexp", "winfo", "meta", "parked", "handed", "sent")
+ROLE_TYPES = ("zset", "hash", "zset", "zset", "hash", "hash", "hash", "zset", "zset")
 
 
 class SemaphoreKeys(NamedTuple):
-    """The eight keys every script takes (in this order) and the wake-up channel.
+    """The nine keys every script takes (in this order) and the wake-up channel.
 
-    ``parked`` and ``handed`` exist only while waiters are parked (see park.lua).
+    ``parked`` and ``handed`` exist only while waiters are parked (see park.lua);
+    ``sent`` only while tasks published with a place have not reached a worker.
     """
 
     holders: str
@@ -28,6 +29,7 @@ class SemaphoreKeys(NamedTuple):
     meta: str
     parked: str
     handed: str
+    sent: str
     channel: str
 
     @property
@@ -41,8 +43,12 @@ def _escape(text: str) -> str:
 
 def semaphore_keys(namespace: str, name: str) -> SemaphoreKeys:
     base = f"{namespace}:{{{_escape(name)}}}"
-    holders, hinfo, waiters, wexp, winfo, meta, parked, handed = (f"{base}:{r}" for r in ROLES)
-    return SemaphoreKeys(holders, hinfo, waiters, wexp, winfo, meta, parked, handed, f"{base}:wake")
+    holders, hinfo, waiters, wexp, winfo, meta, parked, handed, sent = (
+        f"{base}:{r}" for r in ROLES
+    )
+    return SemaphoreKeys(
+        holders, hinfo, waiters, wexp, winfo, meta, parked, handed, sent, f"{base}:wake"
+    )
 
 
 def unescape(tag: str) -> str:

@@ -1,4 +1,4 @@
-"""What :class:`Semaphore` and :class:`AsyncSemaphore` share: settings, script
+"""What `Semaphore` and `AsyncSemaphore` share: settings, script
 arguments, and the one place where script replies become results or errors.
 """
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import validation
@@ -49,6 +49,10 @@ class Place:
 
 @dataclass(frozen=True)
 class HolderInfo:
+    """A live holder. Times are the Redis server's, in seconds since the epoch;
+    ``info`` is what the holder said of itself when it asked (a `LimitedTask`:
+    JSON with its task name, worker and pid)."""
+
     holder: str
     fencing_token: int
     acquired_at: float
@@ -60,7 +64,9 @@ class HolderInfo:
 class WaiterInfo:
     """A waiter in line. ``state``: ``"parked"`` (it left a payload and stopped
     asking), ``"handed over"`` (its payload was handed over to be published and
-    has not arrived yet), or ``"asking"`` (it asks itself, or waits blocked)."""
+    has not arrived yet), ``"waiting in place"`` (blocked in `wait_for_turn()`:
+    a release grants it the permit directly), or ``"asking"`` (it asks itself,
+    or comes back after a countdown)."""
 
     holder: str
     ticket: int
@@ -105,6 +111,13 @@ class SemaphoreStatus:
     server_time: float
     parked_count: int = 0
     handed_over_count: int = 0
+    #: Tasks published with a place in line that have not reached a worker yet:
+    #: their messages wait in the broker. A place taken at publish lapses after a
+    #: few seconds (so a lost message cannot block the line); these stay counted.
+    sent_count: int = 0
+    #: Those of them whose place lapsed (outside the line): state ``"in broker"``,
+    #: ticket and position 0, oldest first.
+    sent_without_place: list[WaiterInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -151,8 +164,10 @@ class SemaphoreSpec:
         idle_ttl: float,
         handover_window: float | None = None,
         handover_deadline: float = DEFAULT_HANDOVER_DEADLINE,
+        family: str = "",
     ) -> None:
         self.name = validation.check_name(name)
+        self.family = validation.check_name(family, "family") if family != "" else ""
         self.limit = validation.check_limit(limit)
         self.lease_timeout = validation.check_seconds(lease_timeout, "lease_timeout")
         self.namespace = validation.check_namespace(namespace)
@@ -202,6 +217,7 @@ class SemaphoreSpec:
             "" if handover is None else handover,
             self.dispatch,
             "1" if in_place else "",
+            self.family,
         ]
 
     def park_args(
@@ -240,7 +256,7 @@ class SemaphoreSpec:
         validation.check_info(info)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
-        return [holder, wait_ms, info, self.idle_ms, self.limit]
+        return [holder, wait_ms, info, self.idle_ms, self.limit, self.family]
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
@@ -275,7 +291,7 @@ class SemaphoreSpec:
     def admits(message: Any, ticket: int) -> bool:
         """Whether a wake-up ``message`` (the highest ticket now admissible) can admit
         ``ticket``; a waiter with no ticket, or an unreadable message, tries anyway.
-        A grant (:meth:`grant_in`) admits nobody else."""
+        A grant (`grant_in()`) admits nobody else."""
         data = text(message.get("data", "")) if isinstance(message, dict) else ""
         if data.startswith(GRANT_PREFIX):
             return False
@@ -370,6 +386,11 @@ class SemaphoreSpec:
             server_time=now,
             parked_count=int(reply[8]),
             handed_over_count=int(reply[9]),
+            sent_count=int(reply[10]),
+            sent_without_place=[
+                WaiterInfo(text(holder), 0, 0, float(text(ms)) / 1000, 0.0, "", "in broker")
+                for holder, ms in zip(reply[11][::2], reply[11][1::2], strict=True)
+            ],
         )
 
     @staticmethod

@@ -3,13 +3,13 @@
 Who hears of each ending (prefork; see docs/guarantees.md):
 
 - the child ends the body (success, exception, retry, Ignore, Reject, soft
-  time limit): :mod:`celery_semaphore.admission` releases in ``finally``;
+  time limit): `celery_semaphore.admission` releases in ``finally``;
 - revoke, a killed child, a hard time limit, cold shutdown: only the main
-  process hears of it; :mod:`.release` releases by task id (idempotent);
+  process hears of it; `release` releases by task id (idempotent);
 - the whole worker killed: nobody; the lease runs out (the backstop).
 
-- :mod:`.received`: decides each request's gates when its message arrives;
-- :mod:`.heartbeat`: renews the leases of running tasks (a plain service);
-- :mod:`.bootstep`: the worker bootstep that starts and stops the heartbeat
+- `received`: decides each request's gates when its message arrives;
+- `heartbeat`: renews the leases of running tasks (a plain service);
+- `bootstep`: the worker bootstep that starts and stops the heartbeat
   and the metrics endpoint, and the ``--semaphore-metrics-port`` option.
 """

@@ -162,6 +162,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
                 port,
                 mask_url(config.redis_url),
                 addr=self.metrics_address,
+                per_key=config.metrics_per_key,
             )
         except OSError as error:
             client.close()

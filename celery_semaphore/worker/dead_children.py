@@ -4,7 +4,7 @@ The worker's main process hears of a SIGKILLed or OOM-killed child only when
 billiard reaps it: at once, or on the pool's maintenance timer up to about 5 s
 later. Until then the dead child is a zombie, and Linux can tell its parent so
 without reaping it (``waitid`` with ``WNOWAIT``), leaving the reaping, and
-Celery's own ``WorkerLostError`` path, untouched. :class:`DeadChildren` looks
+Celery's own ``WorkerLostError`` path, untouched. `DeadChildren` looks
 every ``interval`` at the children running limited tasks and releases, by task
 id, the permits of those killed by a signal; the later ``task_failure`` release
 finds nothing left to free (releases are idempotent)::

@@ -60,13 +60,13 @@ class Heartbeat:
     """Renews the leases of the requests ``running()`` lists (worker Requests:
     ``id``, ``task``, ``time_start``, ``hostname`` and the recorded gates).
 
-    A loss is reported (ERROR log, :data:`.signals.permit_lost`, the
+    A loss is reported (ERROR log, `celery_semaphore.signals.permit_lost`, the
     ``permits_lost_total`` metric) when, and only when, a running body's permit
     is gone: the request was seen holding at an earlier beat, and at two beats
     at least ``max_block + 1`` s apart it is still running and holds nothing.
     A request still waiting for its permit (in line, parked, in place) never
     held one; one whose child gave it back is gone from ``running()`` by the
-    next beat, or its child was killed (:mod:`.dead_children` released it); a
+    next beat, or its child was killed (`dead_children` released it); a
     multi-gate admission gives a permit back for at most ``max_block`` while it
     waits for another. A permit lost before any beat saw
     it held is not reported.

@@ -1,6 +1,6 @@
 """Deciding a request's gates in the worker's main process, when its message arrives.
 
-The decision (:func:`~celery_semaphore.gates.request_gates`) is stored in the
+The decision (`celery_semaphore.gates.request_gates()`) is stored in the
 request's headers, so the child that runs the body, the heartbeat and the
 release-by-id handlers all agree on the same gates.
 """

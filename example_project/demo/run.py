@@ -106,6 +106,9 @@ def start_workers(processes: Processes, args: argparse.Namespace, env: dict[str,
         extra = []
         if args.prefetch_multiplier is not None:
             extra = ["--prefetch-multiplier", str(args.prefetch_multiplier)]
+        if args.metrics_port is not None:
+            port = str(args.metrics_port + i - 1)
+            extra += ["--semaphore-metrics-port", port, "--semaphore-metrics-address", "127.0.0.1"]
         command = worker_command(
             "example_project.tasks", f"demo{i}", concurrency=args.concurrency,
             queues=f"default,{REPORTS_QUEUE}", extra=extra,
@@ -228,6 +231,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="messages each worker process reserves (the app sets 1; Celery's default is 4)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="worker i serves Prometheus metrics on 127.0.0.1:PORT+i-1 (default: none)",
+    )
+    parser.add_argument(
         "--partner-limit",
         type=int,
         default=None,
@@ -246,6 +256,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--external-workers needs --redis-url (the Redis they consume from)")
     if args.external_workers and args.partner_limit is not None:
         parser.error("--partner-limit only applies to workers the demo starts")
+    if args.external_workers and args.metrics_port is not None:
+        parser.error("--metrics-port only applies to workers the demo starts")
     return args
 
 

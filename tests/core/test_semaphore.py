@@ -464,6 +464,38 @@ def test_a_place_taken_without_asking_says_where_it_stands_and_records_the_limit
     assert sem.take_place("w4", wait_lease=30).draining
 
 
+def test_a_task_sent_with_a_place_is_seen_until_it_asks_even_after_its_place_lapsed(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """Issue: `status` showed WAIT 0 while tasks sat in the broker, their places taken
+    at publish lapsed. They stay counted (sent) until they ask or are released."""
+    sem = make_semaphore(1)
+    for holder in ("t1", "t2", "t3"):
+        sem.take_place(holder, wait_lease=0.2)
+    status = sem.status()
+    assert (status.waiter_count, status.sent_count, status.sent_without_place) == (3, 3, [])
+    time.sleep(0.3)  # the places lapse; the messages are still in the broker
+    status = sem.status()
+    assert (status.waiter_count, status.sent_count) == (0, 3)
+    assert [w.holder for w in status.sent_without_place] == ["t1", "t2", "t3"]
+    assert {w.state for w in status.sent_without_place} == {"in broker"}
+    assert granted(sem.attempt("t1"))  # t1 reached a worker
+    assert sem.release("t3") is False  # revoked before it asked: nothing held, forgotten
+    status = sem.status()
+    assert status.sent_count == 1
+    assert [w.holder for w in status.sent_without_place] == ["t2"]
+
+
+def test_a_task_parked_at_publish_is_parked_not_sent(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, on_handover=lambda handovers: None)
+    assert granted(sem.attempt("holder"))
+    place = sem.take_place("t1", wait_lease=30)
+    assert sem.status().sent_count == 1
+    sem.park("t1", "payload", place.ticket)  # its message stays in Redis until its turn
+    status = sem.status()
+    assert (status.sent_count, status.parked_count, status.waiter_count) == (0, 1, 1)
+
+
 def test_a_refused_anonymous_try_acquire_keeps_no_place_but_a_named_one_does(
     make_semaphore: MakeSemaphore,
 ) -> None:

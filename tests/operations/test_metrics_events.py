@@ -109,9 +109,17 @@ def check_events_and_metrics(cluster, seen: list[dict], port: int) -> None:
     )
     task_states = [e for e in seen if e.get("type", "").startswith("task-")]
     assert {e["type"] for e in task_states} >= {"task-received", "task-started", "task-succeeded"}
+    per_customer = cluster.app_module.per_customer
+    done = [per_customer.delay(c, 0.05, c) for c in ("A", "B")]
+    assert [r.get(timeout=60) for r in done] == ["A", "B"]
     m = scrape(port)
     assert m['celery_semaphore_acquire_attempts_total{outcome="granted",semaphore="hold"}'] == 3
     assert m['celery_semaphore_holders{semaphore="hold"}'] == 0
+    # a key function's semaphores (customer-A, customer-B): one series, its task's name
+    family = 'semaphore="limited_app.per_customer"'
+    assert m[f"celery_semaphore_members{{{family}}}"] == 2
+    assert m[f'celery_semaphore_acquire_attempts_total{{outcome="granted",{family}}}'] == 2
+    assert not any("customer-" in sample for sample in m)
 
 
 def test_a_backlog_published_before_any_task_started_is_visible(redis_server):
@@ -129,8 +137,48 @@ def test_a_backlog_published_before_any_task_started_is_visible(redis_server):
     try:
         m = scrape(port)
         assert m['celery_semaphore_waiters{semaphore="backlog"}'] == 5
+        assert m['celery_semaphore_sent{semaphore="backlog"}'] == 5
         assert m['celery_semaphore_limit{semaphore="backlog"}'] == 3
         assert not any("limitless" in sample for sample in m)
     finally:
         server.close()
+        client.close()
+
+
+def test_a_key_functions_semaphores_are_one_series_unless_per_key(redis_server):
+    """A semaphore per customer must not make a series per customer: the members
+    of a family are summed under its name; their counts stay when they expire."""
+    client = redis_server.client()
+    members = [Semaphore(client, f"customer-{i}", 1, family="customer") for i in range(3)]
+    for i, sem in enumerate(members):
+        sem.try_acquire(f"t{i}")
+    assert members[0].try_acquire("late") is None  # refused, in line
+    Semaphore(client, "api", 4).try_acquire("a")
+    port, port_per_key = free_port(), free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    per_key = serve(client, "celery_semaphore", port_per_key, addr="127.0.0.1", per_key=True)
+    try:
+        m = scrape(port)
+        assert not any("customer-" in sample for sample in m)
+        assert m['celery_semaphore_holders{semaphore="customer"}'] == 3
+        assert m['celery_semaphore_limit{semaphore="customer"}'] == 3
+        assert m['celery_semaphore_waiters{semaphore="customer"}'] == 1
+        assert m['celery_semaphore_members{semaphore="customer"}'] == 3
+        assert m['celery_semaphore_members{semaphore="api"}'] == 1
+        granted = 'celery_semaphore_acquire_attempts_total{outcome="granted",semaphore="customer"}'
+        assert m[granted] == 3
+        detail = scrape(port_per_key)
+        assert detail['celery_semaphore_holders{semaphore="customer-1"}'] == 1
+        assert 'celery_semaphore_holders{semaphore="customer"}' not in detail
+
+        members[2].release("t2")
+        scrape(port)  # keys expire only after idle time: scrapes have seen the last counts
+        client.delete(*members[2].keys.script_keys)  # as its keys expire while idle
+        m = scrape(port)
+        assert m['celery_semaphore_members{semaphore="customer"}'] == 2
+        assert m[granted] == 3  # still counted: a counter must not go back
+        assert m['celery_semaphore_hold_seconds_count{semaphore="customer"}'] == 1
+    finally:
+        server.close()
+        per_key.close()
         client.close()

@@ -117,8 +117,9 @@ def test_publish_and_worker_agree_on_the_gates(app: Celery) -> None:
 
     queue = published_queue(app, None, "work", "rk.reports")
     assert queue == "reports"
-    assert request_gates(keyed, ("a",), {}, queue) == [Gate("queue:reports", 2), Gate("k-a", 1)]
-    assert request_gates(keyed, ("a",), {}, "default") == [Gate("k-a", 1)]
+    own = Gate("k-a", 1, keyed.name)
+    assert request_gates(keyed, ("a",), {}, queue) == [Gate("queue:reports", 2), own]
+    assert request_gates(keyed, ("a",), {}, "default") == [own]
 
 
 def test_a_failing_key_function_names_the_task(app: Celery) -> None:

@@ -4,6 +4,7 @@ in the request's headers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,7 @@ from celery import Celery
 from celery.app.task import Context
 from kombu import Exchange, Queue
 
-from celery_semaphore import LimitedTask
+from celery_semaphore import LimitedTask, per_key
 from celery_semaphore.gates import (
     GATES_HEADER,
     Gate,
@@ -40,8 +41,8 @@ def finalized(make_app: MakeApp, **conf: Any) -> Celery:
 
 
 def test_gates_round_trip_through_a_json_header() -> None:
-    gates = [Gate("queue:slow", 2), Gate("customer-7", 1)]
-    assert encode_gates(gates) == [["queue:slow", 2], ["customer-7", 1]]
+    gates = [Gate("queue:slow", 2), Gate("customer-7", 1, "customer")]
+    assert encode_gates(gates) == [["queue:slow", 2], ["customer-7", 1, "customer"]]
     assert decode_gates(encode_gates(gates)) == gates
     assert decode_gates([("s", "3")]) == [Gate("s", 3)]  # as a header may bring it back
 
@@ -130,8 +131,9 @@ def test_a_key_function_gets_the_tasks_arguments_not_the_task(make_app: MakeApp)
     @app.task(base=LimitedTask, semaphore=key, limit=1, shared=False, bind=True)
     def charge(self: Any, customer: int, *, region: str = "eu") -> None: ...
 
-    assert task_gate(charge, (7,), {"region": "us"}) == Gate("customer-7-us", 1)
-    assert task_gate(charge, [8], {}) == Gate("customer-8-eu", 1)
+    # a plain key function's semaphores are a family named after the task
+    assert task_gate(charge, (7,), {"region": "us"}) == Gate("customer-7-us", 1, charge.name)
+    assert task_gate(charge, [8], {}) == Gate("customer-8-eu", 1, charge.name)
     assert seen == [(7, "us"), (8, "eu")]
 
 
@@ -156,8 +158,36 @@ def test_key_functions_defined_on_a_subclass(make_app: MakeApp) -> None:
     @app.task(base=PerRegion, shared=False)
     def per_region(region: str) -> None: ...
 
-    assert task_gate(per_customer, ("acme",), {}) == Gate("c-acme", 2)
-    assert task_gate(per_region, ("eu",), {}) == Gate("r-eu", 4)
+    assert task_gate(per_customer, ("acme",), {}) == Gate("c-acme", 2, per_customer.name)
+    assert task_gate(per_region, ("eu",), {}) == Gate("r-eu", 4, per_region.name)
+
+
+def test_a_key_function_declares_its_family(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(
+        base=LimitedTask,
+        limit=1,
+        shared=False,
+        semaphore=per_key("customer", lambda customer_id, **_: f"customer-{customer_id}"),
+    )
+    def sync(customer_id: int) -> None: ...
+
+    assert task_gate(sync, (7,), {}) == Gate("customer-7", 1, "customer")
+    assert sync.semaphore.family == "customer"
+
+
+@pytest.mark.parametrize(
+    ("family", "key", "error", "message"),
+    [
+        ("", str, ValueError, "per_key(family) must be 1 to 200 characters"),
+        (3, str, TypeError, "per_key(family) must be a str"),
+        ("customer", "customer-{id}", TypeError, "per_key(key) must be a function"),
+    ],
+)
+def test_per_key_checks_its_arguments(family: Any, key: Any, error: type, message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        per_key(family, key)
 
 
 def test_a_plain_task_has_no_gate_of_its_own(make_app: MakeApp) -> None:
@@ -224,9 +254,10 @@ def test_queue_cap_comes_before_the_tasks_own(make_app: MakeApp) -> None:
     @app.task(shared=False)
     def plain() -> None: ...
 
-    assert request_gates(limited, (1,), {}, "slow") == [Gate("queue:slow", 2), Gate("n-1", 3)]
-    assert request_gates(limited, (1,), {}, "fast") == [Gate("n-1", 3)]
-    assert request_gates(limited, (1,), {}, None) == [Gate("n-1", 3)]
+    own = Gate("n-1", 3, limited.name)
+    assert request_gates(limited, (1,), {}, "slow") == [Gate("queue:slow", 2), own]
+    assert request_gates(limited, (1,), {}, "fast") == [own]
+    assert request_gates(limited, (1,), {}, None) == [own]
     assert request_gates(plain, (), {}, "slow") == [Gate("queue:slow", 2)]
     assert request_gates(plain, (), {}, "fast") == []
 

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from celery_semaphore.core import protocol, validation
 from celery_semaphore.core.connection import AsyncClient, connect_async, translate
@@ -99,8 +100,11 @@ class AsyncPermit:
 class AsyncSemaphore:
     """At most ``limit`` holders at once across every client of one Redis.
 
-    ``redis`` is a URL (see :mod:`celery_semaphore.core.connection` for the
-    forms) or a ready redis-py client of the matching kind (sync or asyncio).
+    ``redis`` is a URL (`redis://`, `rediss://`, `unix://`, `redis+cluster://`,
+    `redis+sentinel://`: see [Settings](settings.md#semaphore-constructor) for
+    the forms) or a ready redis-py client of the matching kind (sync or asyncio).
+    A client made from a URL is closed by `aclose()`; a client passed in is the
+    caller's to close.
 
     Guarantees (all arithmetic on the Redis server clock, one script call per
     operation):
@@ -114,31 +118,36 @@ class AsyncSemaphore:
       holder id that holds a live permit returns that permit with a new token.
 
     Parking (for callers that can bring a waiter back by publishing a message,
-    such as a task queue): a waiter may :meth:`park` with a payload instead of
+    such as a task queue): a waiter may `park()` with a payload instead of
     asking again. ``on_handover`` is then called with the parked waiters that
-    become due (:class:`Handover`: publish each ``payload``; the waiter comes
-    back with ``attempt(holder, handover=token)``) by whichever call of this
-    client made them due: a release, a reclaim, a raised limit, a resume,
-    :meth:`dispatch`. ``handover_window`` (seconds) keeps the waiters whose turn
+    become due (each a [Handover][celery_semaphore.Handover]: publish its
+    ``payload``; the waiter comes back with ``attempt(holder, handover=token)``)
+    by whichever call of this client made them due: a release, a reclaim, a
+    raised limit, a resume, `dispatch()`. ``handover_window`` (seconds) keeps the waiters whose turn
     is that near handed over ahead of time, so they already wait when a permit
     frees; ``handover_deadline``: a handed-over waiter that has not arrived by
     then is handed over again (and the late copy is refused as stale).
+
+    ``family``: the name of a group of semaphores made by one key function
+    (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
+    Redis with the semaphore; the metrics show a family as one series.
     """
 
     def __init__(
         self,
-        redis: str | AsyncClient,
+        redis: str | redis.asyncio.Redis | redis.asyncio.RedisCluster,
         name: str,
         limit: int,
         *,
-        lease_timeout: float = protocol.DEFAULT_LEASE_TIMEOUT,
-        namespace: str = protocol.DEFAULT_NAMESPACE,
-        waiter_lease: float = protocol.DEFAULT_WAITER_LEASE,
-        recheck_interval: float = protocol.DEFAULT_RECHECK_INTERVAL,
-        idle_ttl: float = protocol.DEFAULT_IDLE_TTL,
+        lease_timeout: float = 60.0,
+        namespace: str = "celery_semaphore",
+        waiter_lease: float = 20.0,
+        recheck_interval: float = 2.0,
+        idle_ttl: float = 604800.0,
         on_handover: Callable[[list[Handover]], object] | None = None,
-        handover_window: float = protocol.DEFAULT_HANDOVER_WINDOW,
-        handover_deadline: float = protocol.DEFAULT_HANDOVER_DEADLINE,
+        handover_window: float = 1.0,
+        handover_deadline: float = 30.0,
+        family: str = "",
     ) -> None:
         if on_handover is not None and not callable(on_handover):
             raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
@@ -152,6 +161,7 @@ class AsyncSemaphore:
             idle_ttl=idle_ttl,
             handover_window=None if on_handover is None else handover_window,
             handover_deadline=handover_deadline,
+            family=family,
         )
         self.on_handover = on_handover
         self.client: AsyncClient
@@ -167,6 +177,7 @@ class AsyncSemaphore:
     limit = property(lambda self: self._spec.limit)
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
+    family = property(lambda self: self._spec.family)
 
     def __repr__(self) -> str:
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
@@ -200,15 +211,16 @@ class AsyncSemaphore:
         handover: int | None = None,
         in_place: bool = False,
     ) -> AsyncPermit | Place:
-        """Take a permit if one is free and nobody earlier waits; else a :class:`Place`.
+        """Take a permit if one is free and nobody earlier waits; else a `Place`.
 
         With ``queue`` (the default) a refused contender keeps a place in line
         for ``wait_lease`` seconds (default: the semaphore's ``waiter_lease``);
         asking again within that time, or presenting the returned ticket later,
-        keeps the place. ``handover``: the token of the :class:`Handover` that
-        brought a parked waiter back; :class:`StaleHandover` if a newer copy of
-        it was handed over or it was served already. ``in_place``: for
-        :meth:`wait_for_turn` only (the caller listens on the wake channel for a
+        keeps the place (the [Place][celery_semaphore.Place] says where it
+        stands). ``handover``: the token of the `Handover` that brought a parked
+        waiter back; [StaleHandover][celery_semaphore.StaleHandover] if a newer
+        copy of it was handed over or it was served already. ``in_place``: for
+        `wait_for_turn()` only (the caller listens on the wake channel for a
         permit granted to it directly).
         """
         holder = protocol.new_holder_id() if holder is None else holder
@@ -234,7 +246,7 @@ class AsyncSemaphore:
         payload: str,
         ticket: int | None = None,
         *,
-        park_lease: float = protocol.DEFAULT_IDLE_TTL,
+        park_lease: float = 604800.0,
         info: str = "",
         due: float | None = None,
     ) -> Parked:
@@ -279,7 +291,7 @@ class AsyncSemaphore:
     async def take_place(
         self, holder: str, *, wait_lease: float | None = None, info: str = ""
     ) -> Place:
-        """Like :meth:`enqueue`, but returns the whole :class:`Place` (its position,
+        """Like `enqueue()`, but returns the whole `Place` (its position,
         the holders and the limit), so a producer can tell a near turn from a far one."""
         args = self._spec.enqueue_args(holder, wait_lease, info)
         return self._spec.parse_enqueue(await self._call("enqueue", args))
@@ -308,7 +320,7 @@ class AsyncSemaphore:
         *,
         info: str = "",
     ) -> AsyncPermit:
-        """Wait in FIFO order for a permit; :class:`SemaphoreTimeout` after ``timeout`` s.
+        """Wait in FIFO order for a permit; `SemaphoreTimeout` after ``timeout`` s.
 
         Anything that interrupts the wait (a cancelled task, KeyboardInterrupt, a
         signal handler's exception such as Celery's soft time limit) drops the
@@ -347,16 +359,17 @@ class AsyncSemaphore:
         wait_lease: float | None = None,
         info: str = "",
     ) -> AsyncPermit | Place:
-        """Like :meth:`acquire`, but on timeout return the :class:`Place`, still in line.
+        """Like `acquire()`, but on timeout return the `Place`, still in line.
 
         While it waits (subscribed to the wake channel) the waiter is marked as
         waiting in place, so a release grants it the permit directly and tells it
         on the channel; the last attempt before giving up clears the mark (and
         returns the permit if one was granted meanwhile). If Redis goes away
         (restart, failover) the waiter reconnects and asks again with its ticket
-        until ``timeout``; :class:`SemaphoreConnectionError` if Redis is still
-        unreachable then. Anything that interrupts the wait drops the place, and
-        a permit granted meanwhile.
+        until ``timeout``; it raises
+        [SemaphoreConnectionError][celery_semaphore.SemaphoreConnectionError] if
+        Redis is still unreachable then. Anything that interrupts the wait drops
+        the place, and a permit granted meanwhile.
         """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
@@ -487,8 +500,10 @@ class AsyncSemaphore:
             raise translate(error, self.url) from error
 
     async def status(self) -> SemaphoreStatus:
-        """Limits, live holders (with lease expiry) and live waiters in line order."""
-        return self._spec.parse_status(await self._call("status", [protocol.STATUS_MOST]))
+        """Limits, live holders (with lease expiry), live waiters in line order, and
+        tasks published with a place that have not reached a worker yet."""
+        args = [protocol.STATUS_MOST, self._spec.idle_ms]
+        return self._spec.parse_status(await self._call("status", args))
 
     async def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.

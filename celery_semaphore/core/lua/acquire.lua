@@ -1,6 +1,6 @@
 -- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] holder           id of the contender
 -- ARGV[2] declared limit   used unless meta.override is set
 -- ARGV[3] lease ms         lease of a granted permit
@@ -14,6 +14,8 @@
 -- ARGV[11] in place        '1': the contender, if refused, waits in place (subscribed
 --                          to the wake channel): a release may grant it the permit
 --                          directly (see grant_in_place()); '': it does not
+-- ARGV[12] family          '' or the family of semaphores this one belongs to (recorded
+--                          in meta.family for metrics.py)
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
 -- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
@@ -28,21 +30,27 @@ local holder, declared = ARGV[1], tonumber(ARGV[2])
 local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
 local handover, cfg, in_place = ARGV[9], ARGV[10], ARGV[11] == '1'
+local family = ARGV[12]
 
 if handover ~= '' and arrival(holder, handover) == 'stale' then
   return {2, string.match(redis.call('HGET', parked, holder), '^(%d+)|')}
 end
 
+redis.call('ZREM', sent, holder)  -- its task has reached a worker
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 -- The runtime override wins over the declared limit; draining admits nobody.
 local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms',
-  'grant_at', 'grant_gap_ms')
+  'grant_at', 'grant_gap_ms', 'family')
 local limit, draining = tonumber(m[2]) or declared, m[3] == '1'
 local meta_writes = {}  -- field, value, ...: one HSET at the end
 if m[1] ~= ARGV[2] then
   meta_writes = {'limit', ARGV[2]}
+end
+if family ~= '' and m[9] ~= family then
+  table.insert(meta_writes, 'family')
+  table.insert(meta_writes, family)
 end
 
 local held = redis.call('ZSCORE', holders, holder)

@@ -7,12 +7,17 @@
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
 --   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms,
---                          released, handover, and the m_* counters metrics.py exports
+--                          released, handover, family, and the m_* counters metrics.py
+--                          exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<released>|<payload>":
 --                          a waiter that left its payload to be handed over when due
 --                          (state p: parked, h: handed over, d: arrived; see dispatch()),
 --                          or one waiting in place (state w; see grant_in_place())
 --   KEYS[8] handed   ZSET  holder -> when to hand it over again (h), or forget it (d)
+--   KEYS[9] sent     ZSET  holder -> when its task was published with a place in line
+--                          (enqueue.lua), until it first asks or is released: so a task
+--                          whose place lapsed while its message sat in the broker is
+--                          still seen (status.lua); entries older than idle ms are dropped
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.
@@ -23,7 +28,7 @@
 -- are absent too, which lets the hot paths skip the waiter keys entirely.
 
 local holders, hinfo, waiters, wexp, winfo, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local parked, handed = KEYS[7], KEYS[8]
+local parked, handed, sent = KEYS[7], KEYS[8], KEYS[9]
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now_ms = math.floor(now_us / 1000)

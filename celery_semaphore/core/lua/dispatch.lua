@@ -5,7 +5,7 @@
 -- notices permits freed by a lease that ran out while nobody called, handed-over
 -- waiters whose publisher died before publishing, and revoked parked tasks.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] idle ms
 -- ARGV[2] wake channel
 -- ARGV[3] dispatch         "<max block ms>|<deadline ms>"

@@ -1,6 +1,6 @@
 -- park.lua: stay in line without asking: leave a payload to be handed over when due.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] holder           id of the waiter (the task id)
 -- ARGV[2] ticket           its ticket, or '' (keeps the one it has, or takes a new one)
 -- ARGV[3] payload          opaque text handed back to whoever publishes it when due
@@ -19,6 +19,7 @@ local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]
 local due_ms = tonumber(ARGV[8])
 
 reclaim()
+redis.call('ZREM', sent, holder)  -- its message now waits here, not in the broker
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end
 if not ticket then ticket = next_seq('ticket') end

@@ -1,6 +1,6 @@
 -- release.lua: give a permit back; without a token, also leave the line.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] holder
 -- ARGV[2] fencing token, or '' to release whatever this holder holds and drop
 --         its place in line (the by-id release of a worker that lost the child)
@@ -36,6 +36,7 @@ if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, ho
   observe('hold', held_ms)
   bump('released', 1)
 end
+if token == '' then redis.call('ZREM', sent, holder) end  -- revoked before it asked
 if token == '' and waiting > 0 then
   bump('m_abandoned', redis.call('ZREM', waiters, holder))
   redis.call('ZREM', wexp, holder)

@@ -1,6 +1,6 @@
 -- renew.lua: compare-and-extend the leases of any number of holders.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] lease ms    new lease, counted from now
 -- ARGV[2] idle ms
 -- ARGV[3] wake channel

@@ -1,7 +1,8 @@
 -- status.lua: read the state of one semaphore; changes nothing.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] most   at most this many holders and waiters are listed
+-- ARGV[2] idle ms  entries of ``sent`` older than this are not counted
 --
 -- Returns {now ms, declared limit or '', override or '', draining 0/1,
 -- live holders, live waiters,
@@ -9,10 +10,13 @@
 -- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
 -- line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
 -- '' asking itself;
--- then how many waiters are parked and how many handed over.
+-- then how many waiters are parked and how many handed over, how many tasks
+-- published with a place have not reached a worker yet (sent, places lapsed or
+-- not), and {holder, published ms, ...} of those among them whose place lapsed
+-- (their message waits in the broker, outside the line), oldest first.
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
-local most = tonumber(ARGV[1])
+local most, IDLE_SENT_MS = tonumber(ARGV[1]), tonumber(ARGV[2])
 local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'n_parked', 'n_handed')
 
 local listed_holders = {}
@@ -40,10 +44,24 @@ for i = 1, #w, 2 do
   end
 end
 
+local sent_count = redis.call('ZCOUNT', sent, now_ms - IDLE_SENT_MS, '+inf')
+local listed_sent = {}
+if sent_count > 0 then
+  local s = redis.call('ZRANGEBYSCORE', sent, now_ms - IDLE_SENT_MS, '+inf', 'WITHSCORES',
+    'LIMIT', 0, most)
+  for i = 1, #s, 2 do
+    local lease = tonumber(redis.call('ZSCORE', wexp, s[i]))
+    if not lease or lease <= now_ms then
+      listed_sent[#listed_sent + 1] = s[i]
+      listed_sent[#listed_sent + 1] = s[i + 1]
+    end
+  end
+end
+
 return {
   now_ms, m[1] or '', m[2] or '', m[3] == '1' and 1 or 0,
   redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
   listed_holders, listed_waiters, math.max(0, tonumber(m[4]) or 0),
-  math.max(0, tonumber(m[5]) or 0),
+  math.max(0, tonumber(m[5]) or 0), sent_count, listed_sent,
 }
