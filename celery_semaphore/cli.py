@@ -3,9 +3,9 @@
 Registered through the ``celery.commands`` entry point: Celery's ``celery``
 group runs this group's commands, and would show a usage error (a bad number,
 a missing argument, an unknown option or command) as click does, in three lines
-with exit status 2. :class:`SemaphoreGroup` turns those into one line too, so
-every failure (those, an unknown semaphore, unreachable Redis, wrong settings)
-is one line ``Error: ...`` on stderr and exit status 1.
+with exit status 2. `SemaphoreGroup` turns those into one line too, so every
+failure (those, an unknown semaphore, unreachable Redis, wrong settings) is one
+line ``Error: ...`` on stderr and exit status 1.
 """
 
 from __future__ import annotations
