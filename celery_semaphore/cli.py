@@ -1,15 +1,22 @@
 """``celery -A proj semaphore ...``: see and steer live semaphores.
 
-Registered through the ``celery.commands`` entry point. Every failure (unknown
-name, bad number, unreachable Redis) is one line on stderr and exit status 1.
+Registered through the ``celery.commands`` entry point: Celery's ``celery``
+group runs this group's commands, and would show a usage error (a bad number,
+a missing argument, an unknown option or command) as click does, in three lines
+with exit status 2. `SemaphoreGroup` turns those into one line too, so every
+failure (those, an unknown semaphore, unreachable Redis, wrong settings) is one
+line ``Error: ...`` on stderr and exit status 1.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import wraps
 from typing import Any
 
@@ -21,41 +28,100 @@ from .core import Semaphore, SemaphoreError, SemaphoreStatus
 from .core.connection import connect, mask_url
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
+from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
 
 
 class Operator:
     """The app's semaphores as the CLI sees them."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, prog: str = "celery semaphore") -> None:
         config = get_config(app)
+        self.app = app
+        self.prog = prog
         self.namespace = config.namespace
+        self.queue_limits = dict(config.queue_limits)
         self.url = mask_url(config.redis_url)
         self.client, _ = connect(config.redis_url)
+        self._declared: dict[str, int] | None = None
 
     def names(self) -> list[str]:
         return semaphore_names(self.client, self.namespace, self.url)
 
+    def declared(self) -> dict[str, int]:
+        """The semaphores this app declares, with their limits: the static
+        ``semaphore=`` names of its tasks and ``queue:<name>`` for its queue caps
+        (per-key names, from a key function, are known only once used)."""
+        if self._declared is None:
+            self._declared = {QUEUE_PREFIX + q: limit for q, limit in self.queue_limits.items()}
+            with suppress(Exception):  # the tasks that -A imported still count
+                self.app.loader.import_default_modules()
+            for task in list(self.app.tasks.values()):
+                name = inspect.getattr_static(task, "semaphore", None)
+                limit = getattr(task, "limit", None)
+                if isinstance(name, str) and name and isinstance(limit, int):
+                    self._declared[name] = limit
+        return self._declared
+
     def open_all(self, names: Sequence[str] = ()) -> list[Semaphore]:
         """The semaphores ``names``, or every one in Redis (less those whose keys
-        went, or whose limit no contender has declared yet, between listing and
-        opening); a name asked for and unknown raises UnknownSemaphore."""
+        went, or that have neither a declared limit nor an override, between
+        listing and opening); a name asked for and unknown fails with a "did you
+        mean"."""
         if names:
             return [self.open(name) for name in names]
         opened = []
         for name in self.names():
             try:
-                opened.append(self.open(name))
+                opened.append(self.open(name, suggest=False))
             except UnknownSemaphore:
                 continue
         return opened
 
-    def open(self, name: str) -> Semaphore:
-        """Semaphore ``name``. It publishes nothing: the parked tasks its changes make
-        due (``resume``, a raised limit) are handed over by the next heartbeat of a
-        worker, which publishes to the broker the workers really use (this command's
-        app may not be configured with it)."""
-        return open_semaphore(self.client, self.namespace, name, self.url)
+    def open(self, name: str, *, suggest: bool = True) -> Semaphore:
+        """Semaphore ``name``: one that has been used, or whose limit was set
+        before its first use. It publishes nothing: the parked tasks its changes
+        make due (``resume``, a raised limit) are handed over by the next
+        heartbeat of a worker, which publishes to the broker the workers really
+        use (this command's app may not be configured with it)."""
+        try:
+            return open_semaphore(self.client, self.namespace, name, self.url, override_only=True)
+        except UnknownSemaphore:
+            if not suggest:
+                raise
+            raise click.ClickException(self.unknown(name)) from None
+
+    def open_new(self, name: str, limit: int) -> Semaphore:
+        """Semaphore ``name`` before its first use (no state in Redis)."""
+        semaphore = Semaphore(self.client, name, limit, namespace=self.namespace)
+        semaphore.url = self.url
+        return semaphore
+
+    def unknown(self, name: str) -> str:
+        """One line on a name with no state in Redis: what the app declares
+        under it, or the closest known names."""
+        declared = self.declared()
+        if name in declared:
+            return (
+                f"semaphore {name!r} has no state in Redis (namespace {self.namespace!r}) yet: "
+                f"the app declares it (limit {declared[name]}), but no task of it ran, "
+                "or it expired while idle"
+            )
+        known = sorted(set(self.names()) | set(declared))
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = (
+            f"did you mean {' or '.join(repr(c) for c in close)}?"
+            if close
+            else f"`{self.prog} status` lists those in Redis; check semaphore_namespace"
+        )
+        return (
+            f"no semaphore named {name!r} in Redis (namespace {self.namespace!r}; never "
+            f"used, or expired while idle), nor declared by this app; {hint}"
+        )
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,18 +130,154 @@ def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except (SemaphoreError, ValueError, TypeError) as error:
-            raise click.ClickException(str(error)) from None
+            raise click.ClickException(_one_line(str(error))) from None
 
     return run
 
 
 @contextmanager
 def _operator(ctx: click.Context) -> Iterator[Operator]:
-    operator = Operator(ctx.obj.app)
+    operator = Operator(ctx.obj.app, _prog(ctx))
     try:
         yield operator
     finally:
         operator.client.close()
+
+
+def _whole_number(minimum: int) -> Callable[[click.Context, click.Parameter, str], int]:
+    """A callback that makes a str parameter an int from ``minimum`` on; click's
+    own types would word the error differently on each click version."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: str) -> int:
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            raise click.BadParameter(f"{value!r} is not a whole number from {minimum}", ctx, param)
+        return number
+
+    return convert
+
+
+def _seconds(minimum: float) -> Callable[[click.Context, click.Parameter, str], float]:
+    """A callback that makes a str parameter a finite number of seconds from ``minimum``."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds >= minimum):
+            raise click.BadParameter(
+                f"{value!r} is not a number of seconds from {minimum}", ctx, param
+            )
+        return seconds
+
+    return convert
+
+
+def _prog(ctx: click.Context | None) -> str:
+    """How the operator called this group: ``celery -A proj semaphore``."""
+    app = ctx.find_root().params.get("app") if ctx is not None else None
+    return f"celery -A {app} semaphore" if isinstance(app, str) else "celery semaphore"
+
+
+class SemaphoreCommand(click.Command):
+    """A command of the group, with an ``example`` shown in its help and in its
+    usage errors."""
+
+    def __init__(self, *args: Any, example: str, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", f"Example: celery -A proj semaphore {example}")
+        super().__init__(*args, **kwargs)
+        self.example = example
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _usage_errors_in_one_line(ctx):  # the parser's errors name no context
+            return super().parse_args(ctx, args)
+
+
+class SemaphoreGroup(click.Group):
+    """The ``semaphore`` group: every usage error of its own or of its commands
+    is one line and exit status 1, naming what was wrong and how to call it."""
+
+    command_class = SemaphoreCommand
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and not ctx.resilient_parsing:
+            click.echo(ctx.get_help())  # asking for nothing is asking for help
+            ctx.exit()
+        with _usage_errors_in_one_line(ctx):
+            return super().parse_args(ctx, args)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0]
+        if self.get_command(ctx, name) is None and not name.startswith("-"):
+            commands = self.list_commands(ctx)
+            close = difflib.get_close_matches(name, commands, n=2, cutoff=0.5)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise click.ClickException(
+                f"no command {name!r} in `{_prog(ctx)}`; {hint}commands: {', '.join(commands)}"
+            )
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_errors_in_one_line(ctx):
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _usage_errors_in_one_line(ctx: click.Context) -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as error:
+        raise click.ClickException(_usage_message(error, error.ctx or ctx)) from None
+
+
+def _usage_message(error: click.UsageError, ctx: click.Context) -> str:
+    """``error`` (raised in ``ctx``) in one line, with the parameter it is about
+    and how to call the command: an example for a bad or missing value, else
+    where its help is."""
+    command = ctx.command
+    prog = _prog(ctx)
+    if not isinstance(command, SemaphoreGroup):
+        prog = f"{prog} {ctx.info_name}"
+    example = getattr(command, "example", None)
+    param = getattr(error, "param", None)
+    if isinstance(error, click.BadParameter) and param is not None:
+        if isinstance(param, click.Option):
+            hint = "/".join(param.opts)
+        else:
+            hint = param.human_readable_name
+        if isinstance(error, click.MissingParameter):
+            message = f"missing {param.param_type_name} {hint}"
+        else:
+            message = f"{hint}: {error.message}"
+    elif isinstance(error, click.NoSuchOption):
+        if error.option_name in ("-A", "--app"):
+            return f"{error.option_name} goes before `semaphore`: `celery -A proj semaphore ...`"
+        if _is_number(error.option_name):
+            message = f"{error.option_name!r}: no value here may be negative"
+        else:
+            message = f"no such option {error.option_name}"
+            if error.possibilities:
+                message += f" (did you mean {' or '.join(error.possibilities)}?)"
+            example = None
+    else:
+        message = error.format_message().rstrip(".")
+    if example is not None:
+        return _one_line(f"{message}; e.g. `{_prog(ctx)} {example}`")
+    return _one_line(f"{message}; see `{prog} --help`")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _describe(info: str) -> dict[str, Any]:
@@ -106,23 +308,40 @@ def _summary(status: SemaphoreStatus) -> dict[str, Any]:
     }
 
 
+def _limit_cell(row: dict[str, Any]) -> str:
+    limit = str(row["effective_limit"])
+    if row["override"] is not None:
+        declared = row["declared_limit"]
+        limit += f"({'-' if declared is None else declared})"
+    return limit + (" D" if row["draining"] else "")
+
+
+def _seconds_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+# The columns of ``status``: header, width (negative: left-aligned), cell of a
+# ``_summary`` row. A new column is one more line here.
+STATUS_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
+    ("SEMAPHORE", -28, lambda row: str(row["name"])),
+    ("LIMIT", 9, _limit_cell),
+    ("HOLD", 5, lambda row: str(row["holders"])),
+    ("WAIT", 5, lambda row: str(row["waiters"])),
+    ("UTIL", 5, lambda row: f"{row['utilization']:.0%}"),
+    ("OLDEST", 8, lambda row: _seconds_cell(row["oldest_holder_age"])),
+    ("LEASE", 7, lambda row: _seconds_cell(row["shortest_lease_left"])),
+]
+
+
 def _status_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{'SEMAPHORE':<28} {'LIMIT':>9} {'HOLD':>5} {'WAIT':>5} {'UTIL':>5} "
-        f"{'OLDEST':>8} {'LEASE':>7}"
-    ]
-    for row in rows:
-        limit = str(row["effective_limit"])
-        if row["override"] is not None:
-            limit += f"({row['declared_limit']})"
-        if row["draining"]:
-            limit += " D"
-        oldest = "-" if row["oldest_holder_age"] is None else f"{row['oldest_holder_age']:.1f}s"
-        lease = "-" if row["shortest_lease_left"] is None else f"{row['shortest_lease_left']:.1f}s"
-        lines.append(
-            f"{row['name']:<28} {limit:>9} {row['holders']:>5} {row['waiters']:>5} "
-            f"{row['utilization']:>5.0%} {oldest:>8} {lease:>7}"
+    def line(cells: Sequence[str]) -> str:
+        return " ".join(
+            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
+            for cell, (_, width, _) in zip(cells, STATUS_COLUMNS, strict=True)
         )
+
+    lines = [line([header for header, _, _ in STATUS_COLUMNS])]
+    lines += [line([cell(row) for _, _, cell in STATUS_COLUMNS]) for row in rows]
     return "\n".join(lines)
 
 
@@ -131,23 +350,39 @@ def _status_table(rows: list[dict[str, Any]]) -> str:
 add_worker_options(celery_worker_command)
 
 
-@click.group()
+@click.group(cls=SemaphoreGroup)
 @click.pass_context
 def semaphore(ctx: click.Context) -> None:
-    """See and steer celery-semaphore's semaphores."""
+    """See and steer celery-semaphore's semaphores.
+
+    NAME is a semaphore's name as its tasks declare it (semaphore=...), or
+    queue:<queue> for a queue cap. Every error is one line on stderr and exit
+    status 1.
+    """
 
 
-@semaphore.command()
+@semaphore.command(example="status partner-api --watch --interval 5")
 @click.argument("names", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
+@click.option(
+    "--interval",
+    default="2",
+    callback=_seconds(0.1),
+    metavar="SECONDS",
+    show_default=True,
+    help="Time between refreshes (at least 0.1).",
+)
 @click.pass_context
 @_fail_cleanly
 def status(
     ctx: click.Context, names: tuple[str, ...], as_json: bool, watch: bool, interval: float
 ) -> None:
-    """Limits, holders, waiters and utilization of NAMES (default: all)."""
+    """Limits, holders, waiters and utilization of NAMES (default: all in Redis).
+
+    LIMIT shows an override over the declared limit as 3(5), over none yet (set
+    before first use) as 3(-); D marks a draining semaphore.
+    """
     with _operator(ctx) as operator:
         while True:
             rows = [_summary(s.status()) for s in operator.open_all(names)]
@@ -162,7 +397,7 @@ def status(
                 return
 
 
-@semaphore.command()
+@semaphore.command(example="holders partner-api --json")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -192,7 +427,7 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
             )
 
 
-@semaphore.command()
+@semaphore.command(example="waiters partner-api --json")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -229,30 +464,85 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
             )
 
 
-@semaphore.command("set-limit")
+def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
+    if status.declared_limit is not None:
+        return f"declared {status.declared_limit}"
+    if in_app is not None:
+        return f"not used yet, declared {in_app} in the app"
+    return "not used yet"
+
+
+@semaphore.command("set-limit", example="set-limit partner-api 10")
 @click.argument("name")
-@click.argument("limit", type=click.IntRange(min=1))
+@click.argument("limit", callback=_whole_number(1))
+@click.option(
+    "--new",
+    is_flag=True,
+    help="NAME has no state in Redis and this app declares no such name (a per-key "
+    "semaphore, say): cap it anyway, before its first use.",
+)
 @click.pass_context
 @_fail_cleanly
-def set_limit(ctx: click.Context, name: str, limit: int) -> None:
-    """Resize NAME to LIMIT for every worker, now (a runtime override)."""
+def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
+    """Resize NAME to LIMIT for every worker, now (a runtime override).
+
+    Works before NAME's first use too (preparing a launch): its first tasks obey
+    LIMIT. A name this app declares needs nothing more; any other name, which
+    might be a typo, needs --new. The override stays until reset-limit (once the
+    semaphore is used, it expires with its other state after 7 days idle).
+    """
     with _operator(ctx) as operator:
-        previous = operator.open(name).set_limit(limit)
-        click.echo(f"{name}: limit {limit} (was {'declared' if previous is None else previous})")
+        try:
+            sem = operator.open(name, suggest=False)
+        except UnknownSemaphore:
+            if name not in operator.declared() and not new:
+                unknown = operator.unknown(name)
+                raise click.ClickException(
+                    f"{unknown}{'' if unknown.endswith('?') else '.'} To cap {name!r} before "
+                    f"its first use anyway: `{operator.prog} set-limit {name} {limit} --new`"
+                ) from None
+            sem = operator.open_new(name, limit)
+        before = sem.status()
+        in_app = operator.declared().get(name) if before.declared_limit is None else None
+        previous = sem.set_limit(limit)
+        declared = _declared_text(before, in_app)
+        if previous is not None:
+            was = f"was {previous} by override; {declared}"
+        elif before.declared_limit is not None:
+            was = f"was {before.declared_limit}, {declared}"
+        else:
+            was = declared
+        note = "" if before.declared_limit is not None else ": its first tasks obey it"
+        click.echo(f"{name}: limit {limit} ({was}){note}")
 
 
-@semaphore.command("reset-limit")
+@semaphore.command("reset-limit", example="reset-limit partner-api")
 @click.argument("name")
 @click.pass_context
 @_fail_cleanly
 def reset_limit(ctx: click.Context, name: str) -> None:
     """Drop NAME's runtime override: back to the limit its tasks declare."""
     with _operator(ctx) as operator:
-        operator.open(name).clear_limit()
-        click.echo(f"{name}: back to the declared limit")
+        sem = operator.open(name)
+        before = sem.status()
+        previous = sem.clear_limit()
+        declared = before.declared_limit
+        if declared is None:
+            in_app = operator.declared().get(name)
+            then = "" if in_app is None else f" ({in_app} in the app)"
+            click.echo(
+                f"{name}: override {previous} dropped; not used yet, so its tasks will use "
+                f"the limit they declare{then}"
+            )
+        elif previous is None:
+            click.echo(f"{name}: no override; limit {declared} as declared")
+        else:
+            click.echo(
+                f"{name}: back to the declared limit {declared} (was {previous} by override)"
+            )
 
 
-@semaphore.command()
+@semaphore.command(example="drain partner-api")
 @click.argument("name")
 @click.pass_context
 @_fail_cleanly
@@ -263,7 +553,7 @@ def drain(ctx: click.Context, name: str) -> None:
         click.echo(f"{name}: draining (admits nobody until `resume`)")
 
 
-@semaphore.command()
+@semaphore.command(example="resume partner-api")
 @click.argument("name")
 @click.pass_context
 @_fail_cleanly
@@ -274,20 +564,25 @@ def resume(ctx: click.Context, name: str) -> None:
         click.echo(f"{name}: admitting again")
 
 
-@semaphore.command()
+@semaphore.command(example="release partner-api 9b0c6a1e-5f3d-4c2e-8a7b-1d2e3f4a5b6c")
 @click.argument("name")
 @click.argument("holder")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 @_fail_cleanly
 def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
-    """Force-release HOLDER's permit of NAME (a stuck permit)."""
+    """Force-release HOLDER's permit of NAME (a stuck permit; HOLDER: its task id)."""
     with _operator(ctx) as operator:
         sem = operator.open(name)
-        if not yes:
-            click.confirm(
-                f"Release {holder}'s permit of {name}? Its task may still be running", abort=True
-            )
-        if not sem.release(holder):
+        question = f"Release {holder}'s permit of {name}? Its task may still be running"
+        try:
+            confirmed = yes or click.confirm(question)
+        except click.Abort:  # end of input, or Ctrl-C
+            confirmed = False
+        if not confirmed:
+            raise click.ClickException("not released: not confirmed (--yes skips the question)")
+        # Not used yet (only a limit set before first use): nobody holds a permit,
+        # and a release would start the idle expiry of that limit.
+        if sem.status().declared_limit is None or not sem.release(holder):
             raise click.ClickException(f"{holder!r} holds no permit of {name!r}")
         click.echo(f"{name}: released {holder}")

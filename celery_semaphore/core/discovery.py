@@ -31,17 +31,29 @@ def semaphore_names(
 
 
 def open_semaphore(
-    client: SyncClient, namespace: str, name: str, url: str = "", **kwargs: Any
+    client: SyncClient,
+    namespace: str,
+    name: str,
+    url: str = "",
+    *,
+    override_only: bool = False,
+    **kwargs: Any,
 ) -> Semaphore:
-    """The existing semaphore ``name``, with the limit its users declared."""
+    """The existing semaphore ``name``, with the limit its users declared.
+
+    With ``override_only``, also one that no contender has used yet but whose
+    limit an operator set (``set-limit`` before its first use): opened with
+    that override as its limit. Raises UnknownSemaphore otherwise.
+    """
     meta = semaphore_keys(namespace, name).meta
     try:
-        declared = client.hget(meta, "limit")
+        declared, override = client.hmget(meta, ["limit", "override"])
     except redis.RedisError as error:
         raise translate(error, url or "redis") from error
-    if declared is None:
+    limit = declared if declared is not None or not override_only else override
+    if limit is None:
         raise UnknownSemaphore(name, namespace)
-    semaphore = Semaphore(client, name, int(text(declared)), namespace=namespace, **kwargs)
+    semaphore = Semaphore(client, name, int(text(limit)), namespace=namespace, **kwargs)
     if url:
         semaphore.url = url
     return semaphore

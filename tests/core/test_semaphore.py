@@ -634,6 +634,26 @@ def test_keys_get_a_ttl_and_expire_when_idle(make_semaphore: MakeSemaphore) -> N
     granted(sem.attempt("c"))
 
 
+def test_a_limit_set_before_first_use_waits_for_it_then_expires_when_idle(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(5, lease_timeout=0.1, waiter_lease=0.1, idle_ttl=0.4)
+    client = sem.client
+    assert sem.set_limit(2) is None
+    time.sleep(0.6)
+    assert client.pttl(sem.keys.meta) == -1, "nothing refreshes it before the first use"
+    first, second = granted(sem.attempt("a")), granted(sem.attempt("b"))
+    refused(sem.attempt("c"))
+    assert 0 < client.pttl(sem.keys.meta) <= 400, "idle expiry from the first use on"
+    first.release()
+    second.release()
+    time.sleep(0.6)
+    assert client.exists(*sem.keys.script_keys) == 0, "the override expired with the rest"
+    assert sem.status().override is None
+    for holder in "def":  # the declared 5 again
+        granted(sem.attempt(holder))
+
+
 def test_default_idle_ttl_is_long_but_finite(make_semaphore: MakeSemaphore) -> None:
     sem = make_semaphore(1)
     granted(sem.attempt("a"))

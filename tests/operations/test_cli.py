@@ -9,17 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from celery_harness import max_overlap
 
 from celery_semaphore import Permit, Place, Semaphore
-from celery_semaphore.core.protocol import DEFAULT_LEASE_TIMEOUT
+from celery_semaphore.core.protocol import DEFAULT_IDLE_TTL, DEFAULT_LEASE_TIMEOUT
 
 APPS = Path(__file__).parents[1] / "celery_apps"
 
 
-def run(redis_url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CS_REDIS_URL": redis_url, "PYTHONPATH": str(APPS)}
+def run(
+    redis_url: str,
+    *args: str,
+    stdin: str | None = None,
+    app: str = "cli_app",
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CS_REDIS_URL": redis_url, "PYTHONPATH": str(APPS), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "cli_app", "semaphore", *args],
+        [sys.executable, "-m", "celery", "-A", app, "semaphore", *args],
         env=env,
         cwd=APPS,
         capture_output=True,
@@ -110,20 +117,147 @@ def test_release_asks_for_confirmation_and_frees_the_permit(redis_url, busy):
     assert [h.holder for h in busy.status().holders] == ["task-b"]
 
 
+def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -> None:
+    """What the docs promise: one line ``Error: ...`` on stderr, exit status 1."""
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("Error: "), out.stderr
+    assert message in lines[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("status", "nope"), "no semaphore named 'nope'"),
-        (("set-limit", "partner-api", "0"), "0 is not in the range"),
-        (("set-limit", "partner-api", "x"), "is not a valid integer"),
+        (
+            ("set-limit", "partner-api", "abc"),
+            "Error: LIMIT: 'abc' is not a whole number from 1; "
+            "e.g. `celery -A cli_app semaphore set-limit partner-api 10`",
+        ),
+        (("set-limit", "partner-api", "0"), "LIMIT: '0' is not a whole number from 1"),
+        (("set-limit", "partner-api", "2.5"), "LIMIT: '2.5' is not a whole number from 1"),
+        (("set-limit", "partner-api", "-3"), "'-3': no value here may be negative; e.g. `"),
+        (("set-limit", "partner-api"), "missing argument LIMIT; e.g. `celery -A cli_app"),
+        (("set-limit", "partner-api", "3", "4"), "unexpected extra argument (4); e.g. `"),
+        (("set-limit",), "missing argument NAME"),
+        (("status", "--interval", "0"), "--interval: '0' is not a number of seconds from 0.1"),
+        (("status", "--interval", "inf"), "--interval: 'inf' is not a number of seconds"),
+        (("status", "--interval"), "Option '--interval' requires an argument; e.g. `celery -A"),
+        (("status", "--jsn"), "no such option --jsn (did you mean --json?); see `celery -A"),
+        (("--verbose",), "no such option --verbose; see `celery -A cli_app semaphore --help`"),
+        (("status", "-A", "cli_app"), "-A goes before `semaphore`"),
+        (("stauts",), "no command 'stauts' in `celery -A cli_app semaphore`; did you mean status?"),
+        (("status", "nope"), "no semaphore named 'nope' in Redis"),
+        (("holders", "partner-apj"), "did you mean 'partner-api'?"),
+        (("drain", "launch-apj"), "did you mean 'launch-api'?"),
+        (("waiters", "queue:report"), "did you mean 'queue:reports'?"),
+        (("status", "launch-api"), "the app declares it (limit 5), but no task of it ran"),
         (("release", "partner-api", "ghost", "--yes"), "'ghost' holds no permit"),
+        (("release", "partner-api", "task-a"), "not released: not confirmed"),  # stdin: EOF
     ],
 )
-def test_bad_input_is_one_clear_line_and_nonzero(redis_url, busy, args, message):
-    out = run(redis_url, *args)
-    assert out.returncode != 0
-    assert message in out.stderr
-    assert "Traceback" not in out.stderr
+def test_every_error_is_one_line_and_exit_status_1(redis_url, busy, args, message):
+    assert_one_line_error(run(redis_url, *args, stdin=""), message)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"semaphore_namespace": ""}, "semaphore_namespace must be"),
+        ({"semaphore_lease_timout": 3}, "did you mean semaphore_lease_timeout?"),
+        ({"semaphore_redis_url": "http://host"}, "'http://host' is not understood"),
+    ],
+)
+def test_wrong_settings_are_one_line(redis_url, settings, message):
+    out = run(redis_url, "status", env={"CS_CLI_CONF": json.dumps(settings)})
+    assert_one_line_error(out, message)
+
+
+def test_no_command_shows_the_help(redis_url):
+    out = run(redis_url)
+    assert out.returncode == 0
+    assert "set-limit" in out.stdout and "reset-limit" in out.stdout
+
+
+def test_set_limit_and_reset_limit_show_the_declared_limit(redis_url, busy):
+    out = run(redis_url, "set-limit", "partner-api", "3")
+    assert out.stdout == "partner-api: limit 3 (was 2, declared 2)\n"
+    out = run(redis_url, "set-limit", "partner-api", "4")
+    assert out.stdout == "partner-api: limit 4 (was 3 by override; declared 2)\n"
+    table = run(redis_url, "status", "partner-api").stdout
+    assert table.splitlines()[1].split()[:2] == ["partner-api", "4(2)"]
+    out = run(redis_url, "reset-limit", "partner-api")
+    assert out.stdout == "partner-api: back to the declared limit 2 (was 4 by override)\n"
+    out = run(redis_url, "reset-limit", "partner-api")
+    assert out.stdout == "partner-api: no override; limit 2 as declared\n"
+
+
+def test_set_limit_before_first_use_is_obeyed_and_does_not_expire(redis_url):
+    """The app declares launch-api with limit 5; an operator caps it at 2 before
+    any task ran: the first contenders get 2 permits, and idle expiry starts
+    only once they have used it."""
+    out = run(redis_url, "set-limit", "launch-api", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (
+        "launch-api: limit 2 (not used yet, declared 5 in the app): its first tasks obey it\n"
+    )
+    sem = Semaphore(redis_url, "launch-api", 5)
+    assert sem.client.ttl(sem.keys.meta) == -1  # no expiry: nothing refreshes it before use
+    rows = json.loads(run(redis_url, "status", "--json").stdout)
+    assert [
+        (r["name"], r["declared_limit"], r["override"], r["effective_limit"]) for r in rows
+    ] == [("launch-api", None, 2, 2)]
+    assert run(redis_url, "status").stdout.splitlines()[1].split()[:2] == ["launch-api", "2(-)"]
+    granted = [sem.try_acquire(f"task-{i}") for i in range(3)]
+    assert [p is not None for p in granted] == [True, True, False]
+    assert 0 < sem.client.ttl(sem.keys.meta) <= DEFAULT_IDLE_TTL  # idle expiry from first use
+    out = run(redis_url, "set-limit", "launch-api", "3")
+    assert out.stdout == "launch-api: limit 3 (was 2 by override; declared 5)\n"
+    sem.close()
+
+
+def test_set_limit_of_a_name_nobody_declared_needs_new(redis_url, busy):
+    typo = run(redis_url, "set-limit", "partner-apj", "3")
+    assert_one_line_error(typo, "did you mean 'partner-api'?")
+    assert "`celery -A cli_app semaphore set-limit partner-apj 3 --new`" in typo.stderr
+    probe = Semaphore(redis_url, "partner-apj", 1)
+    assert not probe.client.exists(probe.keys.meta)
+    out = run(redis_url, "set-limit", "customer-42", "3", "--new")
+    assert out.stdout == "customer-42: limit 3 (not used yet): its first tasks obey it\n"
+    sem = Semaphore(redis_url, "customer-42", 10)
+    assert [sem.try_acquire(f"t{i}") is not None for i in range(4)] == [True] * 3 + [False]
+    probe.close()
+    sem.close()
+
+
+def test_reset_limit_before_first_use_leaves_nothing(redis_url):
+    assert run(redis_url, "set-limit", "launch-api", "2").returncode == 0
+    out = run(redis_url, "reset-limit", "launch-api")
+    assert out.stdout == (
+        "launch-api: override 2 dropped; not used yet, so its tasks will use the limit "
+        "they declare (5 in the app)\n"
+    )
+    sem = Semaphore(redis_url, "launch-api", 5)
+    assert sem.client.keys("*") == []
+    assert run(redis_url, "status", "--json").stdout.strip() == "[]"
+    sem.close()
+
+
+@pytest.mark.slow
+def test_a_limit_set_before_first_use_caps_real_workers(celery_cluster):
+    """``set-limit hold 2`` before any task of ``hold`` (declared limit 5) ran:
+    real workers with room for 4 at once never run more than 2."""
+    cluster = celery_cluster(limit=5)
+    env = {k: v for k, v in cluster.env.items() if k.startswith("CS_")}
+    out = run(cluster.state_url, "set-limit", "hold", "2", app="limited_app", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "declared 5 in the app" in out.stdout
+    cluster.worker("w1", concurrency=4)
+    results = [cluster.app_module.hold.delay(0.4, i) for i in range(8)]
+    assert [r.get(timeout=60) for r in results] == list(range(8))
+    assert max_overlap(cluster.events()) == 2
+    state = cluster.semaphore("hold", 5).status()
+    assert (state.declared_limit, state.override, state.effective_limit) == (5, 2, 2)
 
 
 def test_unreachable_redis_is_one_clear_line(unused_url):

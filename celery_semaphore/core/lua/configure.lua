@@ -1,6 +1,6 @@
 -- configure.lua: set or clear a runtime setting of a live semaphore.
 --
--- KEYS: the eight of common.lua.
+-- KEYS: the nine of common.lua.
 -- ARGV[1] field     'override' (the runtime limit) or 'draining' ('1': admit nobody)
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms
@@ -9,6 +9,11 @@
 --
 -- Returns {the previous value or '', handovers}. Waiters are woken, and parked
 -- ones handed over, so a raised limit or an ended drain admits them at once.
+--
+-- A setting made before any contender recorded its limit (``set-limit`` before
+-- a semaphore's first use) does not expire: nothing would refresh it until the
+-- first task comes, however long after. That first acquire or enqueue records
+-- the limit and touches every key, so idle expiry applies from then on.
 
 local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 if field ~= 'override' and field ~= 'draining' then
@@ -25,4 +30,5 @@ grant_in_place(channel)
 wake(channel)
 local out = dispatch(cfg)
 touch(idle_ms)
+if redis.call('HEXISTS', meta, 'limit') == 0 then redis.call('PERSIST', meta) end
 return {previous, out}
