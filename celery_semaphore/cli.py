@@ -298,6 +298,10 @@ def _summary(status: SemaphoreStatus) -> dict[str, Any]:
         "draining": status.draining,
         "holders": status.holder_count,
         "waiters": status.waiter_count,
+        "parked": status.parked_count,
+        "handed_over": status.handed_over_count,
+        "sent": status.sent_count,
+        "in_broker": len(status.sent_without_place),
         "utilization": round(status.holder_count / max(status.effective_limit, 1), 3),
         "oldest_holder_age": round(now - min(h.acquired_at for h in status.holders), 3)
         if status.holders
@@ -326,7 +330,9 @@ STATUS_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
     ("SEMAPHORE", -28, lambda row: str(row["name"])),
     ("LIMIT", 9, _limit_cell),
     ("HOLD", 5, lambda row: str(row["holders"])),
-    ("WAIT", 5, lambda row: str(row["waiters"])),
+    ("WAIT", 5, lambda row: str(row["waiters"] + row["in_broker"])),
+    ("PARKED", 6, lambda row: str(row["parked"])),
+    ("SENT", 5, lambda row: str(row["sent"])),
     ("UTIL", 5, lambda row: f"{row['utilization']:.0%}"),
     ("OLDEST", 8, lambda row: _seconds_cell(row["oldest_holder_age"])),
     ("LEASE", 7, lambda row: _seconds_cell(row["shortest_lease_left"])),
@@ -381,7 +387,11 @@ def status(
     """Limits, holders, waiters and utilization of NAMES (default: all in Redis).
 
     LIMIT shows an override over the declared limit as 3(5), over none yet (set
-    before first use) as 3(-); D marks a draining semaphore.
+    before first use) as 3(-); D marks a draining semaphore. WAIT counts every
+    task waiting for it, wherever it waits: its places in line (asking, waiting
+    in place, parked, handed over) and the tasks still in the broker whose place
+    lapsed. PARKED: of those, parked in Redis until their turn. SENT: published
+    with a place and not at a worker yet (in the broker).
     """
     with _operator(ctx) as operator:
         while True:
@@ -437,7 +447,8 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
 
     State: parked (its message waits in Redis for its turn), handed over (published
     for its turn, not yet at a worker), waiting in place (blocked at a worker, its
-    turn near), asking (at a worker, or retrying itself)."""
+    turn near), asking (at a worker, or retrying itself), in broker (published with
+    a place that lapsed before it reached a worker; listed last, no position)."""
     with _operator(ctx) as operator:
         state = operator.open(name).status()
         rows = [
@@ -449,7 +460,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
                 "state": w.state,
                 "waiting_for": round(state.server_time - w.since, 3),
             }
-            for w in state.waiters
+            for w in [*state.waiters, *state.sent_without_place]
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
@@ -459,7 +470,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
         )
         for row in rows:
             click.echo(
-                f"{row['position']:>4} {row['holder']:<38} {row.get('task', '-'):<32} "
+                f"{row['position'] or '-':>4} {row['holder']:<38} {row.get('task', '-'):<32} "
                 f"{row.get('worker', '-'):<24} {row['state']:<12} {row['waiting_for']:>7.1f}s"
             )
 

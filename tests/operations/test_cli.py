@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,34 @@ def test_status_shows_a_backlog_published_before_any_task_started(redis_url, bus
     rows = {row["name"]: row for row in json.loads(out.stdout)}
     assert set(rows) == {"partner-api", "queued-only"}
     assert (rows["queued-only"]["waiters"], rows["queued-only"]["effective_limit"]) == (4, 3)
+
+
+def test_status_and_waiters_show_tasks_whose_place_lapsed_in_the_broker(redis_url):
+    """Issue: `status` showed WAIT 0 while tasks were still queued in the broker
+    (places taken at publish lapse after 5 s by design)."""
+    publisher = Semaphore(redis_url, "backlog", 1)
+    assert isinstance(publisher.attempt("running"), Permit)
+    for i in range(3):
+        publisher.take_place(f"queued-{i}", wait_lease=0.2)
+    publisher.take_place("still-placed", wait_lease=60)
+    time.sleep(0.3)  # three places lapse; their messages would still be in the broker
+    out = run(redis_url, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)
+    assert (row["waiters"], row["in_broker"], row["sent"], row["parked"]) == (1, 3, 4, 0)
+    table = run(redis_url, "status").stdout.splitlines()
+    assert table[0].split()[:6] == ["SEMAPHORE", "LIMIT", "HOLD", "WAIT", "PARKED", "SENT"]
+    assert table[1].split()[:6] == ["backlog", "1", "1", "4", "0", "4"]
+    out = run(redis_url, "waiters", "backlog", "--json")
+    rows = json.loads(out.stdout)
+    assert [(r["holder"], r["state"], r["position"]) for r in rows] == [
+        ("still-placed", "asking", 1),
+        ("queued-0", "in broker", 0),
+        ("queued-1", "in broker", 0),
+        ("queued-2", "in broker", 0),
+    ]
+    assert "in broker" in run(redis_url, "waiters", "backlog").stdout
+    publisher.close()
 
 
 def test_status_lists_every_semaphore_with_limits_and_counts(redis_url, busy):
