@@ -9,7 +9,9 @@ imports this module and before it starts the workers):
 - ``BENCH_RECORD_URL``: where the task bodies write what they saw;
 - ``BENCH_LIMIT``: the cap L of ``ours`` and of ``baseline``;
 - ``BENCH_NOOP_LIMIT``: the cap of ``noop_limited`` (never binds);
-- ``BENCH_BACKOFF_BASE`` / ``BENCH_BACKOFF_MAX``: the baseline's retry backoff.
+- ``BENCH_BACKOFF_BASE`` / ``BENCH_BACKOFF_MAX``: the baseline's retry backoff;
+- ``BENCH_PREFETCH_MULTIPLIER``: ``worker_prefetch_multiplier`` (Celery's default, 4);
+- ``BENCH_ACKS_LATE``: ``1`` sets ``task_acks_late`` for every task.
 
 Tasks:
 
@@ -56,6 +58,8 @@ LIMIT = int(os.environ.get("BENCH_LIMIT", "4"))
 NOOP_LIMIT = int(os.environ.get("BENCH_NOOP_LIMIT", "10000"))
 BACKOFF_BASE = float(os.environ.get("BENCH_BACKOFF_BASE", "0.1"))
 BACKOFF_MAX = float(os.environ.get("BENCH_BACKOFF_MAX", "2"))
+PREFETCH_MULTIPLIER = int(os.environ.get("BENCH_PREFETCH_MULTIPLIER", "4"))
+ACKS_LATE = os.environ.get("BENCH_ACKS_LATE") == "1"
 LEASE = 60.0
 
 OURS = "bench-ours"
@@ -77,6 +81,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
     task_default_queue="bench",
+    worker_prefetch_multiplier=PREFETCH_MULTIPLIER,
+    task_acks_late=ACKS_LATE,
 )
 _records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
 # What this process observed, written after the task ends (task_postrun runs after

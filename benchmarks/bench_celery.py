@@ -13,12 +13,13 @@ the targets are printed next to the figures.
     .venv/bin/python benchmarks/bench_celery.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_celery.py --json     # machine-readable results
 
-Options change N/H/L/K/C (``-n --hold -l -k -c``), the no-op phase and the baseline's
-backoff; ``--skip`` leaves a phase out; ``--prime`` gives ours a hold-time estimate before
-it is measured (a long-lived semaphore has one; a fresh Redis does not); ``--log-dir``
-keeps the worker logs; ``--dump FILE`` writes every record (task bodies, waits in place,
-countdowns, ``status()`` samples) for a closer look. On a busy machine the timings say
-more about the machine than about the semaphores: the load average is printed with them.
+Options change N/H/L/K/C (``-n --hold -l -k -c``), the no-op phase, the baseline's
+backoff, and the workers' prefetch multiplier and ``acks_late``; ``--skip`` leaves a
+phase out; ``--prime`` gives ours a hold-time estimate before it is measured (a
+long-lived semaphore has one; a fresh Redis does not); ``--log-dir`` keeps the worker
+logs; ``--dump FILE`` writes every record (task bodies, waits in place, countdowns,
+``status()`` samples) for a closer look. On a busy machine the timings say more about
+the machine than about the semaphores: the load average is printed with them.
 
 Every figure comes from outside the semaphores: each task body records its own start
 and end (``time.time()``, same machine) and how many times it was sent back to wait.
@@ -90,6 +91,8 @@ class Settings:
     backoff_base: float  # the baseline's retry backoff
     backoff_max: float
     warmup: int  # untimed no-op tasks of each kind before the first phase
+    prefetch_multiplier: int = 4  # the workers' worker_prefetch_multiplier (Celery's default)
+    acks_late: bool = False  # task_acks_late for every task of the bench app
 
     @property
     def ideal(self) -> float:
@@ -518,7 +521,8 @@ def print_report(results: dict[str, Any]) -> None:
     ideal = s["tasks"] * s["hold"] / s["limit"]
     print(
         f"celery end to end: N={s['tasks']} tasks x H={s['hold']} s under L={s['limit']}, "
-        f"K={s['workers']} workers x C={s['concurrency']} prefork processes "
+        f"K={s['workers']} workers x C={s['concurrency']} prefork processes, prefetch "
+        f"multiplier {s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
         f"(ideal {ideal:.2f} s)"
     )
     print(
@@ -616,7 +620,8 @@ def print_backlog(results: dict[str, Any]) -> None:
     s, figures, t = results["backlog_settings"], results["backlog"], BACKLOG_TARGETS
     print(
         f"\nbacklog: N={s['tasks']} x H={s['hold']} s under L={s['limit']}, "
-        f"K={s['workers']} x C={s['concurrency']} prefork, prefetch multiplier 4 "
+        f"K={s['workers']} x C={s['concurrency']} prefork, prefetch multiplier "
+        f"{s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
         f"(ideal {s['ideal_s']:.1f} s)"
     )
     modes = [figures[k] for k in BACKLOG_MODES]
@@ -687,13 +692,25 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         "(N=3000, H=0.05, 2x4; handover vs countdown vs baseline), or both",
     )  # fmt: skip
     parser.add_argument("--backlog-n", type=int, help="N of the backlog scenario (3000)")
+    parser.add_argument(
+        "--prefetch-multiplier", type=int,
+        help="the workers' worker_prefetch_multiplier, both scenarios (Celery's default: 4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--acks-late", action="store_true", help="task_acks_late for every task, both scenarios"
+    )
     parser.add_argument("--worker-loglevel", default="warning")
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs in this directory")
     parser.add_argument(
         "--dump", type=Path, help="write every record (bodies, waits, samples) to this JSON file"
     )
     args = parser.parse_args(argv)
-    args.backlog_settings = BACKLOG_QUICK if args.quick else BACKLOG
+    workers_conf: dict[str, Any] = {"acks_late": args.acks_late}
+    if args.prefetch_multiplier is not None:
+        if args.prefetch_multiplier < 1:
+            parser.error("--prefetch-multiplier must be 1 or more")
+        workers_conf["prefetch_multiplier"] = args.prefetch_multiplier
+    args.backlog_settings = replace(BACKLOG_QUICK if args.quick else BACKLOG, **workers_conf)
     if args.backlog_n is not None:
         args.backlog_settings = replace(args.backlog_settings, tasks=args.backlog_n)
     settings = QUICK if args.quick else FULL
@@ -703,7 +720,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
                       "noop_rounds", "backoff_base", "backoff_max")
         if getattr(args, field) is not None
     }  # fmt: skip
-    return args, replace(settings, **overrides)
+    return args, replace(settings, **overrides, **workers_conf)
 
 
 def run_backlog(
@@ -754,6 +771,8 @@ def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleTy
         "BENCH_NOOP_LIMIT": str(settings.noop_limit),
         "BENCH_BACKOFF_BASE": repr(settings.backoff_base),
         "BENCH_BACKOFF_MAX": repr(settings.backoff_max),
+        "BENCH_PREFETCH_MULTIPLIER": str(settings.prefetch_multiplier),
+        "BENCH_ACKS_LATE": "1" if settings.acks_late else "0",
     }
     os.environ.update(env)
     worker_env = {

@@ -65,10 +65,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=3600,
     worker_hijack_root_logger=False,
-    # Each worker process reserves one message at a time, so the tasks sitting in workers are
-    # the next ones in line: they wait in place for their turn instead of being refused and
-    # re-queued. With Celery's default of 4, the demo spends its CPU re-queueing prefetched
-    # tasks and the partner-api permits idle (try: demo --prefetch-multiplier 4).
+    # Each worker process reserves one message at a time. Since tasks are parked at publish
+    # (handover mode), Celery's default of 4 did as well in the demo (README: "prefetch";
+    # try: demo --prefetch-multiplier 4).
     worker_prefetch_multiplier=1,
 )
 app.conf.semaphore_queue_limits = {"reports": REPORTS_LIMIT}

@@ -1,15 +1,16 @@
-"""The report: what the partner saw, throughput, waiting, fairness, the other caps."""
+"""The report: what the partner saw, throughput, waiting, the line, fairness, the other caps."""
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from devkit.measures import kendall_tau, peak_overlap, percentile, steps
+from devkit.measures import kendall_tau, levels, peak_overlap, percentile, steps
 from example_project.demo.terminal import paint, say
 
 PARTNER_SEMAPHORE = "partner-api"
@@ -71,6 +72,32 @@ def mean_level(points: Sequence[tuple[float, int]], start: float, end: float) ->
 
 Submitted = tuple[float, int, str, Any]  # (time sent, order sent, task, its key argument)
 
+LINE_EVERY = 0.1  # seconds between two readings of the partner-api line
+IN_PLACE = "waiting in place"  # WaiterInfo.state of a task blocked in a worker for its turn
+# Where a task sent but not started waits, front of the line first: (key, short, label).
+LINE_PARTS = (
+    ("in_place", "in place", "waiting in place at a worker"),
+    ("handed_over", "handed over", "handed over, on its way to a worker"),
+    ("asking", "asking", "a place taken at publish, or asking again"),
+    ("parked", "parked", "parked in Redis"),
+    ("no_place", "no place", "in the broker without a place in line"),
+)
+
+
+@dataclass(frozen=True)
+class LineSample:
+    """One reading of a semaphore's line (``Semaphore.status()``), split by waiter state."""
+
+    at: float
+    parked: int
+    handed_over: int
+    in_place: int
+    asking: int
+
+    @property
+    def in_line(self) -> int:
+        return self.parked + self.handed_over + self.in_place + self.asking
+
 
 @dataclass
 class Run:
@@ -83,6 +110,7 @@ class Run:
     expected_balances: dict[int, int]
     partner_limit: int
     reports_limit: int
+    line: list[LineSample] = field(default_factory=list)  # the partner-api line, sampled
 
     def bodies(self, task: str) -> dict[str, dict[str, Any]]:
         """task id -> {start, end, ok, waits, retries, key} of the last execution of each."""
@@ -103,6 +131,44 @@ class Run:
             for b in self.bodies(task).values()
             if "start" in b and "end" in b and (key is None or b["key"] == key)
         ]
+
+    def first_starts(self, task: str) -> dict[str, float]:
+        """task id -> when its body first started (a task's own retries start it again)."""
+        out: dict[str, float] = {}
+        for event in self.events:
+            if event["task"] == task and event["event"] == "start":
+                out[event["id"]] = min(out.get(event["id"], math.inf), event["at"])
+        return out
+
+    def not_started(self, task: str) -> list[tuple[float, int]]:
+        """(time, how many were sent and had not started) after each change, from the records:
+        the whole line, wherever each task waited."""
+        sent = [(at, 1) for at, _, name, _ in self.submitted.values() if name == task]
+        started = [(at, -1) for at in self.first_starts(task).values()]
+        return levels(sent + started)
+
+    def line_parts(self, task: str) -> list[tuple[float, dict[str, int]]]:
+        """Each sample of the line split as LINE_PARTS: the sampled states, and the tasks sent
+        and not started at that moment that held no place (their place lapsed, or not taken)."""
+        outside = self.not_started(task)
+        times = [at for at, _ in outside]
+        parts = []
+        for sample in self.line:
+            i = bisect_right(times, sample.at)
+            waiting = outside[i - 1][1] if i else 0
+            parts.append(
+                (
+                    sample.at,
+                    {
+                        "in_place": sample.in_place,
+                        "handed_over": sample.handed_over,
+                        "asking": sample.asking,
+                        "parked": sample.parked,
+                        "no_place": max(0, waiting - sample.in_line),
+                    },
+                )
+            )
+        return parts
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -201,6 +267,46 @@ def report_waiting(run: Run) -> None:
         say(f"  {task:<24}mean {mean:.2f}, max {max(counts)}  (tasks x retries: {spread})")
 
 
+def report_line(run: Run) -> None:
+    say(paint(f"== The line ({PARTNER_SEMAPHORE}) ==", "1"))
+    outside = run.not_started("call_partner")
+    starts = run.first_starts("call_partner")
+    if not outside or not starts:
+        say("  no partner call started")
+        return
+    t0 = min(at for at, *_ in run.submitted.values())
+    peak_at, peak = max(outside, key=lambda change: change[1])
+    say(
+        f"  longest line: {peak} call_partner tasks sent and not started, at "
+        f"{peak_at - t0:.2f}s (from the tasks' records)"
+    )
+    parts = run.line_parts("call_partner")
+    if parts:
+        at, split = max(parts, key=lambda part: sum(part[1].values()))
+        every = (parts[-1][0] - parts[0][0]) / max(len(parts) - 1, 1)
+        say(
+            f"  where they waited, status() every {every * 1000:.0f} ms ({len(parts)} readings); "
+            f"at {at - t0:.2f}s, the longest: "
+            + ", ".join(f"{split[key]} {short}" for key, short, _ in LINE_PARTS)
+        )
+        say(
+            "  most at once: "
+            + ", ".join(f"{short} {max(p[key] for _, p in parts)}" for key, short, _ in LINE_PARTS)
+        )
+        say("  (" + "; ".join(f"{short}: {label}" for _, short, label in LINE_PARTS) + ")")
+    else:
+        say("  the line was not sampled")
+    last_id = max(
+        (i for i in starts if i in run.submitted), key=lambda i: run.submitted[i][1], default=None
+    )
+    if last_id is not None:
+        sent = run.submitted[last_id][0]
+        say(
+            f"  the last call sent waited {starts[last_id] - sent:.2f}s from submit to start; "
+            f"the line was empty {max(starts.values()) - t0:.2f}s after the first submit"
+        )
+
+
 def report_fairness(run: Run, verdict: Verdict) -> None:
     say(paint("== Fairness (FIFO) ==", "1"))
     calls = run.bodies("call_partner")
@@ -285,6 +391,7 @@ def report(run: Run, plan: Plan) -> Verdict:
         partial(report_partner, run, verdict),
         partial(report_throughput, run),
         partial(report_waiting, run),
+        partial(report_line, run),
         partial(report_fairness, run, verdict),
         partial(report_other_caps, run, verdict),
         partial(report_tasks, run, plan, verdict),

@@ -22,6 +22,7 @@ import redis
 
 from devkit.processes import Child, Processes, worker_command
 from devkit.redis_servers import RedisServer
+from example_project.demo.line import LineSampler
 from example_project.demo.report import (
     FULL,
     PARTNER_SEMAPHORE,
@@ -328,10 +329,14 @@ def run_demo(args: argparse.Namespace, processes: Processes) -> int:
             f"Sending {plan.partner_calls} call_partner, {plan.syncs} sync_customer "
             f"({plan.customers} customers) and {plan.reports} build_report tasks..."
         )
-        submitted = submit_all(tasks, plan)
         timeout = args.timeout or (90.0 if args.quick else 180.0)
-        follow(tasks, store, partner_url, plan, processes=processes, timeout=timeout)
+        with LineSampler(env["DEMO_REDIS_URL"], PARTNER_SEMAPHORE, tasks.PARTNER_LIMIT) as line:
+            submitted = submit_all(tasks, plan)
+            follow(tasks, store, partner_url, plan, processes=processes, timeout=timeout)
+        if line.error:
+            say(paint(f"note: {line.error}", "33"))
         run = collect(tasks, store, partner_url, submitted)
+        run.line = line.samples
     finally:
         store.close()
     out: Path = args.out.resolve()

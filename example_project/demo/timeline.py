@@ -1,16 +1,34 @@
-"""The timeline picture: holders over time per semaphore, with the caps (hand-written SVG)."""
+"""The timeline picture: holders over time per semaphore, with the caps, and the line of
+tasks waiting for the partner-api permits (hand-written SVG)."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
 from devkit.measures import steps
-from example_project.demo.report import PARTNER_SEMAPHORE, REPORTS_QUEUE, Run
+from example_project.demo.report import (
+    LINE_EVERY,
+    LINE_PARTS,
+    PARTNER_SEMAPHORE,
+    REPORTS_QUEUE,
+    Run,
+)
 
 Series = tuple[str, str, list[tuple[float, int]], bool]  # label, color, steps, filled
+Legend = Sequence[tuple[str, str, bool]]  # label, color, filled (else a line)
+LINE_COLORS = {
+    "in_place": "#27ae60",
+    "handed_over": "#f39c12",
+    "asking": "#8e44ad",
+    "parked": "#5d7ea8",
+    "no_place": "#b0b0b0",
+}
 COLORS = ["#27ae60", "#d35400", "#16a085", "#c0392b", "#7f8c8d", "#2c3e50"]
 SVG_STYLE = """
 .title { font-size: 13px; font-weight: bold; fill: #222; }
@@ -37,23 +55,31 @@ class Svg:
     def x(self, at: float) -> float:
         return self.left + self.plot_w * (at - self.t0) / (self.t1 - self.t0)
 
-    def heading(self, title: str, legend: Sequence[tuple[str, str]]) -> None:
+    def heading(self, title: str, legend: Legend) -> None:
+        """The panel's title, and its legend below it (wrapped to the plot's width)."""
         self.parts.append(
             f'<text x="{self.left}" y="{self.top}" class="title">{escape(title)}</text>'
         )
-        lx = self.left
-        for label, color in legend:
-            self.parts.append(
-                f'<rect x="{lx}" y="{self.top + 7}" width="10" height="10" fill="{color}" '
-                f'fill-opacity="0.6"/><text x="{lx + 14}" y="{self.top + 16}" '
-                f'class="sub">{escape(label)}</text>'
+        lx, row = self.left, self.top
+        for label, color, filled in legend:
+            width = 14 + int(6.2 * len(label)) + 24
+            if lx > self.left and lx + width - 24 > self.left + self.plot_w:
+                lx, row = self.left, row + 18
+            swatch = (
+                f'<rect x="{lx}" y="{row + 7}" width="10" height="10" fill="{color}" '
+                'fill-opacity="0.6"/>'
+                if filled
+                else f'<rect x="{lx}" y="{row + 11}" width="10" height="2" fill="{color}"/>'
             )
-            lx += 14 + int(6.2 * len(label)) + 24
-        self.top += 26 if legend else 12
+            self.parts.append(
+                f'{swatch}<text x="{lx + 14}" y="{row + 16}" class="sub">{escape(label)}</text>'
+            )
+            lx += width
+        self.top = row + (26 if legend else 12)
 
     def steps_panel(self, title: str, cap: int, series: Sequence[Series], height: int) -> None:
         """Step lines (holders over time) with the cap as a dashed red line."""
-        self.heading(title, [(label, color) for label, color, _, _ in series])
+        self.heading(title, [(label, color, filled) for label, color, _, filled in series])
         top, ymax = self.top, cap + 1
 
         def y(n: float) -> float:
@@ -84,6 +110,65 @@ class Svg:
             f'<line x1="{self.left}" x2="{self.left + self.plot_w}" y1="{y(cap):.1f}" '
             f'y2="{y(cap):.1f}" class="cap"/><text x="{self.left + self.plot_w - 4}" '
             f'y="{y(cap) - 4:.1f}" class="caplabel" text-anchor="end">cap {cap}</text>'
+        )
+        self.top += height + 40
+
+    def stacked_panel(
+        self,
+        title: str,
+        layers: Legend,
+        samples: Sequence[tuple[float, Sequence[int]]],
+        outline: Series,
+        height: int,
+    ) -> None:
+        """Sampled counts, one per layer, stacked bottom to top, with an exact step line over
+        them."""
+        label, color, points, _ = outline
+        self.heading(title, [*layers, (label, color, False)])
+        top = self.top
+        highest = max([n for _, n in points] + [sum(counts) for _, counts in samples] + [1])
+        step = next(s for s in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if highest / s <= 5)
+        ymax = step * math.ceil(highest / step)
+
+        def y(n: float) -> float:
+            return top + height - height * n / ymax
+
+        self.parts.append(
+            f'<rect x="{self.left}" y="{top}" width="{self.plot_w}" height="{height}" '
+            'class="frame"/>'
+        )
+        for n in range(0, ymax + 1, step):
+            self.parts.append(
+                f'<text x="{self.left - 6}" y="{y(n) + 4:.1f}" class="tick" '
+                f'text-anchor="end">{n}</text>'
+            )
+        # each reading stands for the time around it: from the midpoint with the previous
+        # reading to the midpoint with the next (the first and last: half a median interval)
+        times = [at for at, _ in samples]
+        half = statistics.median([b - a for a, b in itertools.pairwise(times)] or [0.0]) / 2
+        cuts = [(a + b) / 2 for a, b in itertools.pairwise(times)]
+        starts = [max(self.t0, times[0] - half), *cuts] if times else []
+        ends = [*cuts, min(self.t1, times[-1] + half)] if times else []
+        spans = list(zip(starts, ends, strict=True))
+        below = [0] * len(samples)
+        for k, (name, fill, _) in enumerate(layers):
+            above = [b + counts[k] for b, (_, counts) in zip(below, samples, strict=True)]
+            upper = [f"{self.x(a):.1f},{y(n):.1f} {self.x(e):.1f},{y(n):.1f}"
+                     for (a, e), n in zip(spans, above, strict=True)]  # fmt: skip
+            lower = [f"{self.x(e):.1f},{y(n):.1f} {self.x(a):.1f},{y(n):.1f}"
+                     for (a, e), n in zip(spans, below, strict=True)]  # fmt: skip
+            if above != below:
+                self.parts.append(
+                    f'<polygon points="{" ".join(upper + lower[::-1])}" fill="{fill}" '
+                    f'fill-opacity="0.6" stroke="none"><title>{escape(name)}</title></polygon>'
+                )
+            below = above
+        d = [f"M{self.x(self.t0):.1f},{y(0):.1f}"]
+        d += [f"H{self.x(at):.1f}V{y(n):.1f}" for at, n in points]
+        d.append(f"H{self.x(self.t1):.1f}")
+        self.parts.append(
+            f'<path d="{"".join(d)}" fill="none" stroke="{color}" stroke-width="1.4">'
+            f"<title>{escape(label)}</title></path>"
         )
         self.top += height + 40
 
@@ -153,6 +238,16 @@ def write_svg(run: Run, path: Path) -> None:
         ],
         170,
     )
+    parts = [(at, split) for at, split in run.line_parts("call_partner") if t0 <= at < t1]
+    svg.stacked_panel(
+        f"{PARTNER_SEMAPHORE}: the line, tasks waiting for a permit (where: "
+        f"Semaphore.status() every {LINE_EVERY * 1000:.0f} ms)",
+        [(label, LINE_COLORS[key], True) for key, _, label in LINE_PARTS],
+        [(at, [split[key] for key, _, _ in LINE_PARTS]) for at, split in parts],
+        ("sent, not started (the tasks' own records)", "#222222",
+         run.not_started("call_partner"), False),
+        150,
+    )  # fmt: skip
     svg.steps_panel(
         f"queue:{REPORTS_QUEUE} (limit {run.reports_limit}): reports at once",
         run.reports_limit,

@@ -11,6 +11,7 @@ and Flower shows the Retries column. The slow test runs ``python -m example_proj
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import re
@@ -28,7 +29,12 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from example_project.demo import terminal
+from example_project.demo.report import LINE_PARTS, LineSample, Run, report_line
+from example_project.demo.timeline import write_svg
+
 ROOT = Path(__file__).resolve().parents[2]
+SVG = "{http://www.w3.org/2000/svg}"
 COMPOSE = ROOT / "docker-compose.yml"
 EXAMPLE = ROOT / "example_project"
 # Columns Flower's tasks page knows (flower docs, "tasks_columns").
@@ -244,6 +250,75 @@ def test_flower_shows_retries(services: dict[str, dict[str, Any]]) -> None:
         assert "-E" in command or "--task-events" in command, f"{name}: Flower needs -E"
 
 
+# -- the line in the report and the timeline ------------------------------------------------------
+
+
+def line_run() -> Run:
+    """10 calls sent at t=0 (1 ms apart), started one every 0.2 s from t=0.5; the line read at
+    0.2 s (2 in place, 6 parked: 2 more sent hold no place) and at 1.0 s."""
+    t0 = 1000.0
+    ids = [f"task-{i}" for i in range(10)]
+    events = [
+        {"task": "call_partner", "id": i, "key": n, "event": event, "at": t0 + 0.5 + 0.2 * n + d,
+         "waits": 0, "retries": 0}
+        for n, i in enumerate(ids)
+        for event, d in (("start", 0.0), ("end", 0.15))
+    ]  # fmt: skip
+    return Run(
+        submitted={i: (t0 + 0.001 * n, n, "call_partner", n) for n, i in enumerate(ids)},
+        events=events,
+        partner={"timeline": []},
+        balances={},
+        expected_balances={},
+        partner_limit=5,
+        reports_limit=2,
+        line=[
+            LineSample(at=t0 + 0.2, parked=6, handed_over=0, in_place=2, asking=0),
+            LineSample(at=t0 + 1.0, parked=2, handed_over=1, in_place=2, asking=0),
+        ],
+    )
+
+
+def test_the_line_is_split_by_where_tasks_wait() -> None:
+    parts = dict(line_run().line_parts("call_partner"))
+    assert parts[1000.2] == {
+        "in_place": 2, "handed_over": 0, "asking": 0, "parked": 6, "no_place": 2
+    }  # fmt: skip
+    # at 1.0 s three have started (0.5, 0.7, 0.9): 7 wait, 5 of them in the line
+    assert parts[1001.0]["no_place"] == 2
+
+
+def test_the_report_names_the_longest_line_and_the_last_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "OUT", out)
+    report_line(line_run())
+    text = out.getvalue()
+    assert "longest line: 10 call_partner tasks sent and not started, at 0.01s" in text
+    assert (
+        "at 0.20s, the longest: 2 in place, 0 handed over, 0 asking, 6 parked, 2 no place" in text
+    )
+    assert "most at once: in place 2, handed over 1, asking 0, parked 6, no place 2" in text
+    # the last one sent (at 0.009 s) started at 2.3 s
+    assert "the last call sent waited 2.29s from submit to start" in text
+
+
+def test_the_timeline_draws_the_line(tmp_path: Path) -> None:
+    svg = tmp_path / "timeline.svg"
+    write_svg(line_run(), svg)
+    root = ET.parse(svg).getroot()
+    texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
+    assert any("the line, tasks waiting for a permit" in t for t in texts), texts
+    for _, _, label in LINE_PARTS:
+        assert label in texts, f"no legend entry {label!r}"
+    layers = {"".join(p.itertext()): p.get("points", "") for p in root.iter(SVG + "polygon")}
+    # a layer for each state some reading saw, none for the one nobody was in
+    assert set(layers) == {label for key, _, label in LINE_PARTS if key != "asking"}
+    outline = [p for p in root.iter(SVG + "path") if "".join(p.itertext()).startswith("sent, not")]
+    assert len(outline) == 1
+
+
 # -- the demo, for real --------------------------------------------------------------------------
 
 
@@ -321,11 +396,25 @@ def test_quick_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"reports queue peak \(.*limit 2\): [12]\b", output), output
     assert "54 of 54 tasks succeeded" in output
     assert "RESULT: OK" in output
+    # the line: 40 calls sent at once under a cap of 5 queue up, and the report says where
+    longest = re.search(r"longest line: (\d+) call_partner tasks sent and not started", output)
+    assert longest and int(longest.group(1)) > 5, output
+    readings = re.search(r"where they waited, status\(\) every \d+ ms \((\d+) readings\)", output)
+    assert readings and int(readings.group(1)) >= 10, output
+    assert re.search(r"most at once: in place \d+, handed over \d+, .*parked \d+", output)
+    assert re.search(r"the last call sent waited \d+\.\d+s from submit to start", output)
     svg = tmp_path / "demo-timeline.svg"
     assert f"Timeline picture: {svg}" in output
     root = ET.parse(svg).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
-    assert len(root.findall(".//{http://www.w3.org/2000/svg}path")) >= 3
+    assert len(root.findall(".//{http://www.w3.org/2000/svg}path")) >= 4
+    texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
+    assert any("the line, tasks waiting for a permit" in t for t in texts), texts
+    for _, _, label in LINE_PARTS:
+        assert label in texts, f"no legend entry {label!r}"
+    layers = {"".join(p.itertext()) for p in root.iter(SVG + "polygon")}
+    assert layers, "the line's panel draws no sampled waiter"
+    assert layers <= {label for _, _, label in LINE_PARTS}
     assert_all_stopped(output)
 
 
