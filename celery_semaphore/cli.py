@@ -301,7 +301,7 @@ def _summary(status: SemaphoreStatus) -> dict[str, Any]:
         "parked": status.parked_count,
         "handed_over": status.handed_over_count,
         "sent": status.sent_count,
-        "in_broker": len(status.sent_without_place),
+        "in_broker": status.sent_without_place_count,
         "utilization": round(status.holder_count / max(status.effective_limit, 1), 3),
         "oldest_holder_age": round(now - min(h.acquired_at for h in status.holders), 3)
         if status.holders

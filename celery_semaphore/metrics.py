@@ -42,7 +42,8 @@ class SemaphoreCollector:
     family's name, so a semaphore per customer does not make a series per
     customer; ``per_key=True`` shows each one. A family's counters stay
     monotonic while this collector lives: when a member's keys expire (idle),
-    its last counts are kept in this process and still added in.
+    its last counts are kept in this process and still added in (the series of
+    a semaphore on its own goes when its keys go, and restarts from zero).
     """
 
     def __init__(self, client: Any, namespace: str, url: str = "", per_key: bool = False) -> None:
@@ -83,7 +84,13 @@ class SemaphoreCollector:
             for field, value in counts.items():
                 row[field] += value
         for name, (label, counts) in self._members.items():
-            if name not in seen:  # expired while idle: keep what it counted
+            now = seen.get(name)
+            gone = (
+                now is None
+                or now[0] != label
+                or any(now[1][field] < value for field, value in counts.items())
+            )  # expired while idle (perhaps used again since), or moved to another family
+            if gone and label != name:  # a family keeps what its member counted
                 retired = self._retired.setdefault(label, dict.fromkeys(COUNTERS, 0.0))
                 for field, value in counts.items():
                     retired[field] += value

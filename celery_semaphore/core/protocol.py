@@ -21,6 +21,10 @@ DEFAULT_IDLE_TTL = 7 * 24 * 3600.0
 DEFAULT_HANDOVER_WINDOW = 1.0
 DEFAULT_HANDOVER_DEADLINE = 30.0
 STATUS_MOST = 1000
+#: How long a task published with a place is counted as sent (in the broker)
+#: while it has not reached a worker; then it is presumed lost (a purged queue,
+#: an expired message, a failed publish) and no longer counted.
+SENT_HORIZON = 3600.0
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,10 @@ class SemaphoreStatus:
     #: few seconds (so a lost message cannot block the line); these stay counted.
     sent_count: int = 0
     #: Those of them whose place lapsed (outside the line): state ``"in broker"``,
-    #: ticket and position 0, oldest first.
+    #: ticket and position 0, oldest first (at most 1,000 listed).
     sent_without_place: list[WaiterInfo] = field(default_factory=list)
+    #: How many of them there are (counted among the oldest 10,000 sent).
+    sent_without_place_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,7 @@ class SemaphoreSpec:
         idle = validation.check_seconds(idle_ttl, "idle_ttl")
         self.keys: SemaphoreKeys = semaphore_keys(self.namespace, self.name)
         self.idle_ms = int(1000 * max(idle, 2 * self.lease_timeout, 2 * self.waiter_lease))
+        self.sent_horizon_ms = min(self.idle_ms, int(1000 * SENT_HORIZON))
         # What the scripts need to hand parked waiters over ('': this client publishes none).
         self.dispatch = ""
         if handover_window is not None:
@@ -256,7 +263,8 @@ class SemaphoreSpec:
         validation.check_info(info)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
-        return [holder, wait_ms, info, self.idle_ms, self.limit, self.family]
+        return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
+                self.sent_horizon_ms]  # fmt: skip
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
@@ -391,6 +399,7 @@ class SemaphoreSpec:
                 WaiterInfo(text(holder), 0, 0, float(text(ms)) / 1000, 0.0, "", "in broker")
                 for holder, ms in zip(reply[11][::2], reply[11][1::2], strict=True)
             ],
+            sent_without_place_count=int(reply[12]),
         )
 
     @staticmethod

@@ -478,6 +478,7 @@ def test_a_task_sent_with_a_place_is_seen_until_it_asks_even_after_its_place_lap
     status = sem.status()
     assert (status.waiter_count, status.sent_count) == (0, 3)
     assert [w.holder for w in status.sent_without_place] == ["t1", "t2", "t3"]
+    assert status.sent_without_place_count == 3
     assert {w.state for w in status.sent_without_place} == {"in broker"}
     assert granted(sem.attempt("t1"))  # t1 reached a worker
     assert sem.release("t3") is False  # revoked before it asked: nothing held, forgotten
@@ -652,6 +653,35 @@ def test_a_limit_set_before_first_use_waits_for_it_then_expires_when_idle(
     assert sem.status().override is None
     for holder in "def":  # the declared 5 again
         granted(sem.attempt(holder))
+
+
+def test_a_drain_set_before_first_use_goes_with_its_override(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """A drain alone on a never-used name would be invisible to status and refuse
+    the first tasks: clearing the override before first use removes the key."""
+    sem = make_semaphore(3)
+    sem.set_limit(2)
+    sem.set_draining(True)
+    sem.clear_limit()
+    assert sem.client.exists(sem.keys.meta) == 0
+    granted(sem.attempt("first"))
+
+
+def test_a_task_counts_as_sent_for_the_sent_horizon_at_most(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """A message the broker lost (purged queue, failed publish) is not counted forever:
+    after the horizon (an hour, at most the idle time; here 0.4 s) it is forgotten."""
+    sem = make_semaphore(1, lease_timeout=0.1, waiter_lease=0.1, idle_ttl=0.4)
+    sem.take_place("lost", wait_lease=0.1)
+    time.sleep(0.2)
+    status = sem.status()
+    assert (status.sent_count, status.sent_without_place_count) == (1, 1)
+    time.sleep(0.3)
+    status = sem.status()
+    assert (status.sent_count, status.sent_without_place_count) == (0, 0)
+    assert status.sent_without_place == []
 
 
 def test_default_idle_ttl_is_long_but_finite(make_semaphore: MakeSemaphore) -> None:

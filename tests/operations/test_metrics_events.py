@@ -178,6 +178,17 @@ def test_a_key_functions_semaphores_are_one_series_unless_per_key(redis_server):
         assert m['celery_semaphore_members{semaphore="customer"}'] == 2
         assert m[granted] == 3  # still counted: a counter must not go back
         assert m['celery_semaphore_hold_seconds_count{semaphore="customer"}'] == 1
+
+        members[1].release("t1")
+        assert scrape(port)['celery_semaphore_hold_seconds_count{semaphore="customer"}'] == 2
+        client.delete(*members[1].keys.script_keys)  # expires, and is used again
+        members[1].try_acquire("again")  # before the next scrape: its counts restart
+        m = scrape(port)
+        assert m[granted] == 4
+        assert m['celery_semaphore_hold_seconds_count{semaphore="customer"}'] == 2
+        assert m['celery_semaphore_members{semaphore="customer"}'] == 2
+        client.delete(*Semaphore(client, "api", 4).keys.script_keys)
+        assert not any('"api"' in sample for sample in scrape(port)), "no family: it goes"
     finally:
         server.close()
         per_key.close()

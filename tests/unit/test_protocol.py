@@ -55,7 +55,7 @@ def test_handovers_come_in_triples() -> None:
 def test_waiter_states_in_status() -> None:
     reply = [1000, b"3", b"", 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p",
                                            b"w2", b"6", b"9000", b"", b""], 1, 0,
-             3, [b"t9", b"800"]]  # fmt: skip
+             3, [b"t9", b"800"], 1]  # fmt: skip
     status = spec().parse_status(reply)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
         ("w1", "parked", 1),

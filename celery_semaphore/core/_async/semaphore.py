@@ -502,7 +502,7 @@ class AsyncSemaphore:
     async def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry), live waiters in line order, and
         tasks published with a place that have not reached a worker yet."""
-        args = [protocol.STATUS_MOST, self._spec.idle_ms]
+        args = [protocol.STATUS_MOST, self._spec.sent_horizon_ms]
         return self._spec.parse_status(await self._call("status", args))
 
     async def set_limit(self, limit: int) -> int | None:

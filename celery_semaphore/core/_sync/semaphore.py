@@ -494,7 +494,7 @@ class Semaphore:
     def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry), live waiters in line order, and
         tasks published with a place that have not reached a worker yet."""
-        args = [protocol.STATUS_MOST, self._spec.idle_ms]
+        args = [protocol.STATUS_MOST, self._spec.sent_horizon_ms]
         return self._spec.parse_status(self._call("status", args))
 
     def set_limit(self, limit: int) -> int | None:

@@ -17,7 +17,9 @@
 --   KEYS[9] sent     ZSET  holder -> when its task was published with a place in line
 --                          (enqueue.lua), until it first asks or is released: so a task
 --                          whose place lapsed while its message sat in the broker is
---                          still seen (status.lua); entries older than idle ms are dropped
+--                          still seen (status.lua); entries older than the sent horizon
+--                          (an hour, at most the idle time) are dropped: a message the
+--                          broker lost is not counted forever
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.

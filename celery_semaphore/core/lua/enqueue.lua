@@ -8,6 +8,8 @@
 -- ARGV[5] declared limit   recorded where no limit is (status() then knows the semaphore);
 --                          the position is measured against the recorded one (what the
 --                          contenders declared), else this one
+-- ARGV[7] sent horizon ms  how long the task is counted as sent while it has not
+--                          reached a worker (see KEYS[9] in common.lua)
 -- ARGV[6] family           '' or the family recorded with the limit (metrics.py)
 --
 -- Returns {ticket, position, holders, effective limit, draining 0/1}: the
@@ -32,9 +34,10 @@ else
   ticket = next_seq('ticket')
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
-  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - idle_ms)
+  local horizon_ms = tonumber(ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - horizon_ms)
   redis.call('ZADD', sent, 'NX', now_ms, holder)
-  redis.call('PEXPIRE', sent, idle_ms)
+  redis.call('PEXPIRE', sent, horizon_ms)
 end
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)

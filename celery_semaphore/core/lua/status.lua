@@ -2,7 +2,7 @@
 --
 -- KEYS: the nine of common.lua.
 -- ARGV[1] most   at most this many holders and waiters are listed
--- ARGV[2] idle ms  entries of ``sent`` older than this are not counted
+-- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
 --
 -- Returns {now ms, declared limit or '', override or '', draining 0/1,
 -- live holders, live waiters,
@@ -12,11 +12,13 @@
 -- '' asking itself;
 -- then how many waiters are parked and how many handed over, how many tasks
 -- published with a place have not reached a worker yet (sent, places lapsed or
--- not), and {holder, published ms, ...} of those among them whose place lapsed
--- (their message waits in the broker, outside the line), oldest first.
+-- not), {holder, published ms, ...} of the first ``most`` of them whose place
+-- lapsed (their message waits in the broker, outside the line), oldest first,
+-- and how many of them lapsed among the oldest 10 x ``most`` (a count that
+-- stops there; the newer ones most likely still hold their places).
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
-local most, IDLE_SENT_MS = tonumber(ARGV[1]), tonumber(ARGV[2])
+local most, horizon_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'n_parked', 'n_handed')
 
 local listed_holders = {}
@@ -44,16 +46,19 @@ for i = 1, #w, 2 do
   end
 end
 
-local sent_count = redis.call('ZCOUNT', sent, now_ms - IDLE_SENT_MS, '+inf')
-local listed_sent = {}
+local sent_count = redis.call('ZCOUNT', sent, now_ms - horizon_ms, '+inf')
+local listed_sent, lapsed_count = {}, 0
 if sent_count > 0 then
-  local s = redis.call('ZRANGEBYSCORE', sent, now_ms - IDLE_SENT_MS, '+inf', 'WITHSCORES',
-    'LIMIT', 0, most)
+  local s = redis.call('ZRANGEBYSCORE', sent, now_ms - horizon_ms, '+inf', 'WITHSCORES',
+    'LIMIT', 0, most * 10)
   for i = 1, #s, 2 do
     local lease = tonumber(redis.call('ZSCORE', wexp, s[i]))
     if not lease or lease <= now_ms then
-      listed_sent[#listed_sent + 1] = s[i]
-      listed_sent[#listed_sent + 1] = s[i + 1]
+      lapsed_count = lapsed_count + 1
+      if lapsed_count <= most then
+        listed_sent[#listed_sent + 1] = s[i]
+        listed_sent[#listed_sent + 1] = s[i + 1]
+      end
     end
   end
 end
@@ -63,5 +68,5 @@ return {
   redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
   listed_holders, listed_waiters, math.max(0, tonumber(m[4]) or 0),
-  math.max(0, tonumber(m[5]) or 0), sent_count, listed_sent,
+  math.max(0, tonumber(m[5]) or 0), sent_count, listed_sent, lapsed_count,
 }
