@@ -256,7 +256,8 @@ def report_waiting(run: Run) -> None:
             + "".join(f"{fmt_s(percentile(waits, q)):>9}" for q in (50, 90, 99, 100))
         )
     say("  (a backlog drains at cap / service time: the wait is the queue, by design)")
-    say("  retries per task (times it waited for a permit: re-queued with a countdown):")
+    say("  retries per task (times it was sent back to wait for a permit: parked, or re-queued")
+    say("  with a countdown in countdown mode):")
     for task in TASKS:
         counts = Counter(int(b.get("waits", 0)) for b in run.bodies(task).values() if "start" in b)
         if not counts:
