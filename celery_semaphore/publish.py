@@ -22,6 +22,7 @@ there and then, instead of being sent to a worker that would only park it::
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -39,6 +40,10 @@ logger = logging.getLogger(__name__)
 PLACE_AT_PUBLISH = 5.0
 PAUSE_AFTER_ERROR = 5.0
 PARK_MARK = "celery_semaphore_may_park"  # header: a ParkingProducer publishes this message
+
+# The places the publish in progress in this thread took (app, task id, gates), until
+# after_task_publish confirms it: a publish that raises gives them back (drop_unsent).
+_unsent = threading.local()
 
 
 def published_queue(app: Any, declare: Any, exchange: Any, routing_key: str | None) -> str | None:
@@ -106,7 +111,30 @@ def places_of(
     if places:
         tickets = {gate.name: place.ticket for gate, place in places.items()}
         headers[WAIT_HEADER] = {"tickets": tickets, "waits": 0, "first_ask": None}
+        _unsent.places = (app, headers["id"], list(places))
     return places
+
+
+def confirm_sent(sender: Any = None, **_: Any) -> None:
+    """``after_task_publish`` handler: the places taken for this message stay."""
+    _unsent.places = None
+
+
+def drop_unsent() -> None:
+    """After a publish that raised (broker down): give back the places it took, so
+    no task that was never sent is counted in line or as sent (see status()).
+    Best effort: if Redis fails too, the places lapse and the records age out."""
+    taken = getattr(_unsent, "places", None)
+    _unsent.places = None
+    if taken is None:
+        return
+    app, task_id, gates = taken
+    config = get_config(app)
+    for gate in gates:
+        try:
+            semaphore_of(app, gate, config, quick=True).release(task_id)
+        except SemaphoreError as error:
+            logger.info("places of unsent task %s not given back: %s", task_id, error)
 
 
 def turn_is_near(place: Place) -> bool:

@@ -13,7 +13,7 @@ from .admission import admitted_call, home_queue, with_waits_added
 from .config import APP_WIDE, PREFIX, SemaphoreConfig, task_config
 from .core import validation
 from .patching import PATCHED
-from .publish import PARK_MARK, ParkingProducer, is_new
+from .publish import PARK_MARK, ParkingProducer, drop_unsent, is_new
 from .wiring import install
 
 TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in APP_WIDE)
@@ -91,13 +91,18 @@ class LimitedTask(Task):  # type: ignore[misc]
         **options: Any,
     ) -> Any:  # fmt: skip
         """As Celery's; in handover mode a new task far back in line is parked at
-        once instead of sent (`celery_semaphore.publish.ParkingProducer`)."""
-        if not may_park(self, options):
-            return super().apply_async(args, kwargs, task_id, producer, **options)
-        options["headers"] = {**(options.get("headers") or {}), PARK_MARK: True}
-        with self.app.producer_or_acquire(producer) as real:
-            parking = ParkingProducer(real, self)
-            return super().apply_async(args, kwargs, task_id, parking, **options)
+        once instead of sent (`celery_semaphore.publish.ParkingProducer`). If the
+        publish raises (the broker is down), the places it took are given back."""
+        try:
+            if not may_park(self, options):
+                return super().apply_async(args, kwargs, task_id, producer, **options)
+            options["headers"] = {**(options.get("headers") or {}), PARK_MARK: True}
+            with self.app.producer_or_acquire(producer) as real:
+                parking = ParkingProducer(real, self)
+                return super().apply_async(args, kwargs, task_id, parking, **options)
+        except Exception:
+            drop_unsent()
+            raise
 
     def signature_from_request(
         self,

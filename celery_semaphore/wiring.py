@@ -15,6 +15,7 @@ from typing import Any
 
 from celery.bin.worker import worker as celery_worker_command
 from celery.signals import (
+    after_task_publish,
     before_task_publish,
     task_failure,
     task_received,
@@ -23,7 +24,7 @@ from celery.signals import (
 )
 
 from . import events
-from .publish import take_places
+from .publish import confirm_sent, take_places
 from .state import installed_apps
 from .worker import release
 from .worker.bootstep import WORKER_OPTIONS, SemaphoreStep
@@ -39,6 +40,7 @@ def _connect_handlers() -> None:
         if _connected.is_set():
             return
         before_task_publish.connect(take_places, weak=False)
+        after_task_publish.connect(confirm_sent, weak=False)
         task_received.connect(decide_gates, weak=False)
         task_revoked.connect(release.on_revoked, weak=False)
         task_failure.connect(release.on_failure, weak=False)

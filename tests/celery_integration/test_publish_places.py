@@ -50,3 +50,33 @@ def test_the_app_whose_settings_give_gates_takes_the_place(
     sem = Semaphore(redis_url, "queue:reports", 1)
     assert [w.holder for w in sem.status().waiters] == [sent.id]
     sem.close()
+
+
+def test_a_publish_that_fails_gives_its_places_back(apps: list[Celery], redis_url: str) -> None:
+    """The broker is down: apply_async raises, and the task, never sent, is neither
+    in line nor counted as sent (it would show in `status` for an hour)."""
+    from celery_semaphore import LimitedTask
+    from devkit.redis_servers import free_port
+
+    down = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    down.conf.update(
+        semaphore_redis_url=redis_url, task_publish_retry=False, broker_connection_timeout=1
+    )
+    apps.append(down)
+    up = make(apps, redis_url)
+    for app in (down, up):
+
+        @app.task(base=LimitedTask, semaphore="unsent", limit=1, shared=False, name="proj.call")
+        def call() -> None: ...
+
+    sem = Semaphore(redis_url, "unsent", 1)
+    sem.attempt("holder")  # a line forms: the next ones take places
+    with pytest.raises(Exception, match=r"(?i)connect|refused"):
+        down.tasks["proj.call"].apply_async()
+    status = sem.status()
+    assert (status.waiter_count, status.sent_count) == (0, 0)
+    sent = up.tasks["proj.call"].apply_async()  # a publish that works keeps its place
+    status = sem.status()
+    assert [w.holder for w in status.waiters] == [sent.id]
+    assert status.sent_count == 1
+    sem.close()
