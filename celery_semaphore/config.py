@@ -151,10 +151,14 @@ def check_shared_redis(app: Any) -> None:
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
         return
     scheme = broker.split("://", 1)[0] + "://" if "://" in str(broker) else repr(broker)
+    setting = PREFIX + "redis_url"
+    namespace = getattr(app, "namespace", None)
+    if isinstance(namespace, str) and namespace:  # Django: CELERY_SEMAPHORE_REDIS_URL
+        setting = f"{namespace}_{setting.upper()}"
     raise ValueError(
-        f"Celery setting {PREFIX}redis_url is not set and the broker ({scheme}) is not a "
+        f"Celery setting {setting} is not set and the broker ({scheme}) is not a "
         f"Redis URL the semaphores can share: each worker would use {DEFAULT_REDIS_URL} "
-        f"on its own machine, a per-machine cap. Set {PREFIX}redis_url to the Redis every "
+        f"on its own machine, a per-machine cap. Set {setting} to the Redis every "
         "worker and publisher reaches (for example redis://redis.internal:6379/0)"
     )
 

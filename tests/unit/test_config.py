@@ -17,6 +17,7 @@ from celery_semaphore.config import (
     DEFAULT_REDIS_URL,
     SemaphoreConfig,
     check_backoff,
+    check_shared_redis,
     default_redis_url,
     get_config,
     task_config,
@@ -324,3 +325,19 @@ def test_task_config_checks_the_tasks_backoff_against_the_broker(make_app: MakeA
     assert str(info.value).startswith(
         f"task {limited.name}: semaphore_backoff_max (49.5s) plus semaphore_max_block (1s)"
     )
+
+
+def test_a_missing_redis_url_is_named_as_the_app_spells_its_settings() -> None:
+    """A Django project sets CELERY_SEMAPHORE_REDIS_URL, not semaphore_redis_url."""
+    plain = Celery("plain", broker="amqp://guest@localhost//", set_as_current=False)
+    with pytest.raises(ValueError, match=r"^Celery setting semaphore_redis_url is not set"):
+        check_shared_redis(plain)
+    django = Celery("django", set_as_current=False)
+    django.config_from_object({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, namespace="CELERY")
+    with pytest.raises(ValueError, match=r"Set CELERY_SEMAPHORE_REDIS_URL to the Redis"):
+        check_shared_redis(django)
+    django.config_from_object(
+        {"CELERY_BROKER_URL": "amqp://", "CELERY_SEMAPHORE_REDIS_URL": "redis://r:6379/0"},
+        namespace="CELERY",
+    )
+    check_shared_redis(django)  # set: no error
