@@ -541,9 +541,13 @@ def reset_limit(ctx: click.Context, name: str) -> None:
         if declared is None:
             in_app = operator.declared().get(name)
             then = "" if in_app is None else f" ({in_app} in the app)"
+            drain = ""
+            if before.draining:  # with no override left, status could no longer show it
+                sem.set_draining(False)
+                drain = "; its drain ended too"
             click.echo(
-                f"{name}: override {previous} dropped; not used yet, so its tasks will use "
-                f"the limit they declare{then}"
+                f"{name}: override {previous} dropped{drain}; not used yet, so its tasks will "
+                f"use the limit they declare{then}"
             )
         elif previous is None:
             click.echo(f"{name}: no override; limit {declared} as declared")

@@ -655,19 +655,6 @@ def test_a_limit_set_before_first_use_waits_for_it_then_expires_when_idle(
         granted(sem.attempt(holder))
 
 
-def test_a_drain_set_before_first_use_goes_with_its_override(
-    make_semaphore: MakeSemaphore,
-) -> None:
-    """A drain alone on a never-used name would be invisible to status and refuse
-    the first tasks: clearing the override before first use removes the key."""
-    sem = make_semaphore(3)
-    sem.set_limit(2)
-    sem.set_draining(True)
-    sem.clear_limit()
-    assert sem.client.exists(sem.keys.meta) == 0
-    granted(sem.attempt("first"))
-
-
 def test_a_task_counts_as_sent_for_the_sent_horizon_at_most(
     make_semaphore: MakeSemaphore,
 ) -> None:

@@ -13,9 +13,7 @@
 -- A setting made before any contender recorded its limit (``set-limit`` before
 -- a semaphore's first use) does not expire: nothing would refresh it until the
 -- first task comes, however long after. That first acquire or enqueue records
--- the limit and touches every key, so idle expiry applies from then on. Cleared
--- again before first use (no override left), the key goes: a drain alone would
--- be invisible to status and refuse the first tasks.
+-- the limit and touches every key, so idle expiry applies from then on.
 
 local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 if field ~= 'override' and field ~= 'draining' then
@@ -32,11 +30,5 @@ grant_in_place(channel)
 wake(channel)
 local out = dispatch(cfg)
 touch(idle_ms)
-if redis.call('HEXISTS', meta, 'limit') == 0 then
-  if redis.call('HEXISTS', meta, 'override') == 0 then
-    redis.call('DEL', meta)
-  else
-    redis.call('PERSIST', meta)
-  end
-end
+if redis.call('HEXISTS', meta, 'limit') == 0 then redis.call('PERSIST', meta) end
 return {previous, out}
