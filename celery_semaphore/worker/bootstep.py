@@ -16,7 +16,7 @@ from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
-from .dead_children import DeadChildren
+from .dead_children import DeadChildren, reaped_by_signal
 from .heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,9 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, worker: Any) -> None:
         self.heartbeat = Heartbeat(worker.app, running_requests, revoked=revoked_ids)
         self.heartbeat.start()
-        self.dead_children = DeadChildren(running_requests)
+        self.dead_children = DeadChildren(
+            running_requests, reaped=lambda: reaped_by_signal(worker.pool)
+        )
         self.dead_children.start()
         config = get_config(worker.app)
         client = state_of(worker.app).semaphores.client(config.redis_url)

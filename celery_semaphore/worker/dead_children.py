@@ -13,6 +13,11 @@ finds nothing left to free (releases are idempotent)::
     DeadChildren sees it killed (a zombie)     t + <= interval  -> release T by id
     billiard reaps it, WorkerLostError          t + 0.02 .. 4.5 s -> release again: no-op
 
+If billiard reaps the killed child first, the pool still knows: the child's
+unfinished job records its exit code (``-9`` for SIGKILL) while billiard waits
+``worker_lost_wait`` for a result the child might have sent before it died
+(`reaped_by_signal`). That case is released too, on the next look.
+
 A child that exits normally (``worker_max_tasks_per_child``) gave its permits
 back in the task's ``finally`` already, and is left alone.
 """
@@ -44,15 +49,47 @@ def killed(pid: int) -> bool:
     return info is not None and info.si_code in KILLED
 
 
+def reaped_by_signal(pool: Any) -> set[int]:
+    """Pids of the prefork pool's children that billiard reaped after a signal
+    killed them, while their unfinished jobs wait for ``WorkerLostError``.
+
+    Read from billiard's own state (``Pool._cache`` jobs and their
+    ``_worker_lost = (when, exit code)``), defensively: any other pool, or a
+    billiard that keeps it otherwise, gives an empty set (the zombie check and
+    Celery's own path remain).
+    """
+    cache = getattr(getattr(pool, "_pool", None), "_cache", None)
+    if not isinstance(cache, dict):
+        return set()
+    pids: set[int] = set()
+    try:
+        jobs = list(cache.values())
+    except RuntimeError:  # changed while we copied it: look again next time
+        return set()
+    for job in jobs:
+        lost = getattr(job, "_worker_lost", None)
+        exitcode = lost[1] if isinstance(lost, tuple) and len(lost) == 2 else None
+        if isinstance(exitcode, int) and exitcode < 0:  # -N: killed by signal N
+            pids.update(pid for pid in job.worker_pids() if isinstance(pid, int))
+    return pids
+
+
 class DeadChildren:
     """A thread that releases the permits of requests whose child was killed.
 
     ``running()`` lists the worker's requests (``id``, ``task``, ``worker_pid``
-    and the recorded gates), as for the heartbeat.
+    and the recorded gates), as for the heartbeat; ``reaped()``, the pids of
+    killed children the pool reaped already (`reaped_by_signal`).
     """
 
-    def __init__(self, running: Callable[[], Iterable[Any]], interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        running: Callable[[], Iterable[Any]],
+        interval: float = 0.2,
+        reaped: Callable[[], set[int]] = set,
+    ) -> None:
         self.running = running
+        self.reaped = reaped
         self.interval = interval
         self._released: set[tuple[str, int]] = set()
         self._stop = threading.Event()
@@ -79,6 +116,7 @@ class DeadChildren:
     def look(self) -> None:
         """One look at every running limited request's child."""
         seen = set()
+        reaped: set[int] | None = None
         for request in self.running():
             pid = getattr(request, "worker_pid", None)
             gates = recorded_gates(request)
@@ -86,8 +124,13 @@ class DeadChildren:
                 continue
             key = (request.id, pid)
             seen.add(key)
-            if key in self._released or not killed(pid):
+            if key in self._released:
                 continue
+            if not killed(pid):
+                if reaped is None:
+                    reaped = self.reaped()
+                if pid not in reaped:
+                    continue
             self._released.add(key)
             logger.warning(
                 "celery-semaphore: the process running %s[%s] (pid %s) was killed: "

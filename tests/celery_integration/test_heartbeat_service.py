@@ -19,7 +19,7 @@ import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Semaphore
 from celery_semaphore.gates import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.signals import permit_lost
-from celery_semaphore.worker.dead_children import DeadChildren
+from celery_semaphore.worker.dead_children import DeadChildren, reaped_by_signal
 from celery_semaphore.worker.heartbeat import Heartbeat
 
 LEASE = 0.6
@@ -208,6 +208,43 @@ def test_a_killed_child_is_seen_before_it_is_reaped(
     finally:
         child.kill()
         child.wait()
+        sem.close()
+
+
+class Job:
+    """A billiard job as `reaped_by_signal` reads it (``Pool._cache`` values)."""
+
+    def __init__(self, pid: int, exitcode: int | None) -> None:
+        self.pid = pid
+        self._worker_lost = None if exitcode is None else (time.monotonic(), exitcode)
+
+    def worker_pids(self) -> list[int]:
+        return [self.pid]
+
+
+@pytest.mark.parametrize(("exitcode", "released"), [(-9, True), (0, False), (None, False)])
+def test_a_killed_child_the_pool_reaped_first_is_released_too(
+    app: Celery, redis_url: str, exitcode: int | None, released: bool
+) -> None:
+    """Billiard sometimes reaps the killed child before a look sees the zombie; its
+    job then waits seconds for WorkerLostError. The pool's record of the child's exit
+    (killed by a signal: released; exited, or not lost: left alone) closes that gap."""
+    define_task(app)
+    sem = Semaphore(redis_url, "hb", 2, lease_timeout=60)
+    assert isinstance(sem.attempt("task-1"), Permit)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.kill()
+    child.wait()  # reaped: waitid knows nothing of it any more
+    request = running(app, "task-1", time.time())
+    request.worker_pid = child.pid
+    pool = type("TaskPool", (), {"_pool": type("Pool", (), {"_cache": {}})()})()
+    pool._pool._cache[1] = Job(child.pid, exitcode)
+    try:
+        assert reaped_by_signal(pool) == ({child.pid} if released else set())
+        DeadChildren(lambda: [request], reaped=lambda: reaped_by_signal(pool)).look()
+        assert sem.status().holder_count == (0 if released else 1)
+        assert reaped_by_signal(object()) == set()  # another pool: nothing to read
+    finally:
         sem.close()
 
 
