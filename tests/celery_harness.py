@@ -53,6 +53,20 @@ def forget_result_subscriptions(backend: Any) -> None:
         consumer._pubsub = None
 
 
+def forget_closed_pools() -> None:
+    """kombu keeps one pool per broker address for the whole process
+    (``kombu.pools.connections`` and ``producers``): a pool closed by a test stays
+    there and is handed to a later test whose server got the same port
+    ("Acquire on closed pool"). Forget the closed ones."""
+    from kombu import pools
+
+    for group in (pools.connections, pools.producers):
+        for key, pool in list(group.items()):
+            inner = getattr(pool, "connections", None)  # a ProducerPool's ConnectionPool
+            if getattr(pool, "_closed", False) or getattr(inner, "_closed", False):
+                group.pop(key, None)
+
+
 def detach_client(app: Any) -> None:
     """Drop the app's broker pool, result backend and semaphore settings.
 
@@ -70,6 +84,7 @@ def detach_client(app: Any) -> None:
     pool, app._pool = app._pool, None
     if pool is not None:
         pool.force_close_all()
+    forget_closed_pools()
     app.amqp._producer_pool = None
     app.__dict__.pop("amqp", None)  # its queues and routes, made from the old settings
     celery_semaphore.reset(app)  # settings, clients and the publish pause of the old server

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from async_as_sync import BlockingSemaphore, EventLoopThread
-from celery_harness import Cluster
+from celery_harness import Cluster, forget_closed_pools
 
 from devkit.redis_servers import (
     AclRedisServer,
@@ -25,6 +25,14 @@ from devkit.redis_servers import (
     TlsRedisServer,
     UnixSocketRedisServer,
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_closed_kombu_pool_outlives_its_test() -> Iterator[None]:
+    """A test that closes an app's broker pool (``app.close()``) leaves it in kombu's
+    process-wide registry, where a later test on the same port would get it."""
+    yield
+    forget_closed_pools()
 
 
 @pytest.fixture
