@@ -24,11 +24,32 @@ BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)
 OUTCOMES = {"m_granted": "granted", "m_refused": "refused", "m_abandoned": "abandoned"}
 
 
-GAUGES = ("holders", "limit", "waiters", "draining", "parked", "handed_over", "sent")
+#: The gauges of each series: the metric's name (after the prefix; its key in a row), its help.
+GAUGES = (
+    ("holders", "Live permit holders."),
+    ("limit", "Effective limit (of a family: the sum of its members')."),
+    ("waiters", "Live places in line."),
+    ("draining", "1 while draining."),
+    ("parked", "Waiting tasks parked in Redis until their turn."),
+    ("handed_over", "Parked tasks published for their turn, not yet at a worker."),
+    ("sent", "Tasks published with a place in line, not at a worker yet (in the broker)."),
+    ("members",
+     "Semaphores in this series: 1, or the live members of a key function's family."),
+)  # fmt: skip
+#: The counters besides the attempts by outcome: the ``meta`` field, the name, the help.
+COUNTED = (
+    ("m_parked", "parks", "Tasks parked."),
+    ("m_handed_over", "handovers", "Parked tasks handed over (published)."),
+    ("m_handover_retried", "handover_retries",
+     "Handed-over tasks published again after their deadline."),
+    ("m_renewed", "lease_renewals", "Leases renewed."),
+    ("m_lost", "permits_lost",
+     "Permits lost while their task ran (found gone by a worker's heartbeat)."),
+    ("m_expired", "leases_expired", "Permits reclaimed after their lease ran out."),
+)  # fmt: skip
 #: Counter fields of the ``meta`` hash, and the buckets and sums of the histograms.
 COUNTERS = (
-    "m_granted", "m_refused", "m_abandoned", "m_parked", "m_handed_over",
-    "m_handover_retried", "m_renewed", "m_lost", "m_expired",
+    *OUTCOMES, *(field for field, _, _ in COUNTED),
     *(f"m_{kind}_b{i}" for kind in ("wait", "hold") for i in range(len(BUCKETS) + 1)),
     "m_wait_sum", "m_hold_sum",
 )  # fmt: skip
@@ -109,51 +130,9 @@ class SemaphoreCollector:
         )
 
         p, by = "celery_semaphore_", ["semaphore"]
-        gauges = {
-            "holders": GaugeMetricFamily(p + "holders", "Live permit holders.", labels=by),
-            "limit": GaugeMetricFamily(
-                p + "limit", "Effective limit (of a family: the sum of its members').", labels=by
-            ),
-            "waiters": GaugeMetricFamily(p + "waiters", "Live places in line.", labels=by),
-            "draining": GaugeMetricFamily(p + "draining", "1 while draining.", labels=by),
-            "parked": GaugeMetricFamily(
-                p + "parked", "Waiting tasks parked in Redis until their turn.", labels=by
-            ),
-            "handed_over": GaugeMetricFamily(
-                p + "handed_over",
-                "Parked tasks published for their turn, not yet at a worker.",
-                labels=by,
-            ),
-            "sent": GaugeMetricFamily(
-                p + "sent",
-                "Tasks published with a place in line, not at a worker yet (in the broker).",
-                labels=by,
-            ),
-            "members": GaugeMetricFamily(
-                p + "members",
-                "Semaphores in this series: 1, or the live members of a key function's family.",
-                labels=by,
-            ),
-        }
+        gauges = {name: GaugeMetricFamily(p + name, doc, labels=by) for name, doc in GAUGES}
         counters = {
-            "m_parked": CounterMetricFamily(p + "parks", "Tasks parked.", labels=by),
-            "m_handed_over": CounterMetricFamily(
-                p + "handovers", "Parked tasks handed over (published).", labels=by
-            ),
-            "m_handover_retried": CounterMetricFamily(
-                p + "handover_retries",
-                "Handed-over tasks published again after their deadline.",
-                labels=by,
-            ),
-            "m_renewed": CounterMetricFamily(p + "lease_renewals", "Leases renewed.", labels=by),
-            "m_lost": CounterMetricFamily(
-                p + "permits_lost",
-                "Permits lost while their task ran (found gone by a worker's heartbeat).",
-                labels=by,
-            ),
-            "m_expired": CounterMetricFamily(
-                p + "leases_expired", "Permits reclaimed after their lease ran out.", labels=by
-            ),
+            field: CounterMetricFamily(p + name, doc, labels=by) for field, name, doc in COUNTED
         }
         attempts = CounterMetricFamily(
             p + "acquire_attempts", "Acquire attempts by outcome.", labels=[*by, "outcome"]
@@ -181,7 +160,7 @@ class SemaphoreCollector:
 
 
 def _zeros() -> dict[str, float]:
-    return dict.fromkeys((*GAUGES, "members", *COUNTERS), 0.0)
+    return dict.fromkeys((*(name for name, _ in GAUGES), *COUNTERS), 0.0)
 
 
 def _histogram(row: dict[str, float], kind: str) -> tuple[list[tuple[str, float]], float]:
