@@ -238,6 +238,19 @@ def get_config(app: Any) -> SemaphoreConfig:
     return config
 
 
+def uses_handover(app: Any) -> bool:
+    """Whether any task of ``app`` waits in handover mode: the app's
+    ``semaphore_wait_mode``, or a task's own. Its workers then consume the
+    handover queues and look after parked tasks, whatever the app's setting."""
+    if get_config(app).wait_mode == "handover":
+        return True
+    return any(
+        task_config(task).wait_mode == "handover"
+        for task in list(app.tasks.values())
+        if getattr(type(task), "semaphore_options", None)
+    )
+
+
 def task_config(task: Any) -> SemaphoreConfig:
     """The app's settings with the task's ``semaphore_*`` options applied (cached per task)."""
     configs = state_of(task.app).task_configs

@@ -14,12 +14,19 @@ from typing import Any
 
 from . import signals
 from .config import get_config
+from .state import state_of
 
 logger = logging.getLogger(__name__)
 
 
+def enabled(app: Any) -> bool:
+    """``semaphore_send_events``, or where it is None, the worker's ``-E``."""
+    setting = get_config(app).send_events
+    return state_of(app).worker_events if setting is None else setting
+
+
 def send(app: Any, hostname: str | None, type_: str, task_id: str, **fields: Any) -> None:
-    if not get_config(app).send_events:
+    if not enabled(app):
         return
     try:
         with app.events.default_dispatcher(hostname=hostname) as dispatcher:

@@ -6,7 +6,7 @@ semaphore (`LimitedTask`). `request_gates()` is the
 one decision; both the publisher (places in line at publish) and the worker's
 main process (when the message arrives) call it, naming the queue the same
 way (`queue_of()`). The worker stores the result in the request's
-headers (`GATES_HEADER`), so the child, the heartbeat and the
+headers (``celery_semaphore.wire.GATES_HEADER``), so the child, the heartbeat and the
 release-by-id paths all agree on the same names.
 """
 
@@ -14,44 +14,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .config import SemaphoreConfig, get_config
 from .core import Semaphore, validation
 from .state import state_of
+from .wire import Gate
 
-GATES_HEADER = "celery_semaphore_gates"
-QUEUE_HEADER = "celery_semaphore_queue"  # the queue the main process resolved
-WAIT_HEADER = "celery_semaphore"
 QUEUE_PREFIX = "queue:"
-# Handed-over tasks travel on "<queue>.semaphore-handover", which the workers of
-# <queue> consume too, so they do not wait behind the queue's backlog.
-HANDOVER_SUFFIX = ".semaphore-handover"
-
-
-def base_queue(name: str | None) -> str | None:
-    """The queue a handover queue serves (any other name as it is)."""
-    if name is not None and name.endswith(HANDOVER_SUFFIX):
-        return name[: -len(HANDOVER_SUFFIX)]
-    return name
-
-
-@dataclass(frozen=True)
-class Gate:
-    name: str
-    limit: int
-    family: str = ""  # of a key function's semaphores (metrics.py shows them as one)
-
-    def encode(self) -> list[Any]:
-        return [self.name, self.limit, self.family] if self.family else [self.name, self.limit]
-
-    @classmethod
-    def decode(cls, raw: Any) -> Gate:
-        name, limit, *family = raw
-        if len(family) > 1 or (family and not isinstance(family[0], str)):
-            raise ValueError(f"a gate is [name, limit] or [name, limit, family], got {raw!r}")
-        return cls(str(name), int(limit), family[0] if family else "")
 
 
 class KeyFunction:
@@ -148,16 +118,6 @@ def request_gates(
     return [gate for gate in gates if gate is not None]
 
 
-def encode_gates(gates: Sequence[Gate]) -> list[list[Any]]:
-    return [g.encode() for g in gates]
-
-
-def decode_gates(raw: Any) -> list[Gate]:
-    if not raw:
-        return []
-    return [Gate.decode(item) for item in raw]
-
-
 def semaphore_of(
     app: Any, gate: Gate, config: SemaphoreConfig, *, quick: bool = False
 ) -> Semaphore:
@@ -165,17 +125,3 @@ def semaphore_of(
     return state_of(app).semaphores.get(
         gate.name, gate.limit, config, quick=quick, family=gate.family
     )
-
-
-def recorded_gates(request: Any) -> list[Gate]:
-    """The gates the main process recorded on a worker Request, or on the Context
-    a revoke (or the child's own request) carries."""
-    raw = None
-    request_dict = getattr(request, "request_dict", None)
-    if isinstance(request_dict, dict):
-        raw = request_dict.get(GATES_HEADER)
-    if raw is None:
-        raw = getattr(request, GATES_HEADER, None)
-    if raw is None:
-        raw = (getattr(request, "headers", None) or {}).get(GATES_HEADER)
-    return decode_gates(raw)

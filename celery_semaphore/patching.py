@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .admission import admitted_call, home_queue, with_waits_added
+from .admission import admitted_call
+from .retry import home_queue, with_waits_added
 
 PATCHED = "_celery_semaphore_admission"
 

@@ -16,7 +16,7 @@ there and then, instead of being sent to a worker that would only park it::
 
     apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
     apply_async -> take_place -> position 900        -> parked beside its place
-    ... a permit frees -> the releasing process publishes it to <queue>.semaphore-handover
+    ... a permit frees -> the releasing process publishes it to its queue's handover queue
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ from kombu.entity import Queue
 from .config import get_config, task_config
 from .core import Place
 from .core.errors import SemaphoreError
-from .gates import WAIT_HEADER, Gate, queue_of, request_gates, semaphore_of
-from .handover import encode_message
+from .gates import queue_of, request_gates, semaphore_of
 from .state import installed_apps, state_of
+from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 
 logger = logging.getLogger(__name__)
 
 PLACE_AT_PUBLISH = 5.0
 PAUSE_AFTER_ERROR = 5.0
-PARK_MARK = "celery_semaphore_may_park"  # header: a ParkingProducer publishes this message
 
 # The places the publish in progress in this thread took (app, task id, gates), until
 # after_task_publish confirms it: a publish that raises gives them back (drop_unsent).
@@ -83,7 +82,7 @@ def take_places(
 
 def is_new(headers: dict[str, Any]) -> bool:
     """Whether a message is a task's first (not a retry, not a handover, no ETA)."""
-    return not (headers.get("eta") or headers.get("retries") or WAIT_HEADER in headers)
+    return not (headers.get("eta") or headers.get("retries") or has_wait_state(headers))
 
 
 def places_of(
@@ -110,7 +109,7 @@ def places_of(
         return {}
     if places:
         tickets = {gate.name: place.ticket for gate, place in places.items()}
-        headers[WAIT_HEADER] = {"tickets": tickets, "waits": 0, "first_ask": None}
+        headers[WAIT_HEADER] = WaitState(tickets).encode()
         _unsent.places = (app, headers["id"], list(places))
     return places
 
@@ -184,14 +183,17 @@ class ParkingProducer:
         if turn_is_near(place):
             return False
         config = task_config(task)
-        headers[WAIT_HEADER]["first_ask"] = time.time()  # its wait budget starts now
+        sent_state = headers[WAIT_HEADER]
+        parked_state = WaitState.in_headers(headers)
+        parked_state.first_ask = time.time()  # its wait budget starts now
+        headers[WAIT_HEADER] = parked_state.encode()
         try:
             payload = encode_message(app, body, options, queue, config.park_max_bytes)
             semaphore_of(app, gate, config, quick=True).park(
                 headers["id"], payload, place.ticket, info=task.name, due=config.max_wait_time
             )
         except (TypeError, ValueError, SemaphoreError) as error:
-            headers[WAIT_HEADER]["first_ask"] = None
+            headers[WAIT_HEADER] = sent_state
             logger.info("%s[%s] is not parked at publish: %s", task.name, headers["id"], error)
             return False
         return True

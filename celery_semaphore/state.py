@@ -27,6 +27,7 @@ from redis.retry import Retry
 
 from .core import Semaphore
 from .core.connection import SyncClient, connect, mask_url
+from .handover import publisher
 
 if TYPE_CHECKING:
     from .config import SemaphoreConfig
@@ -49,8 +50,10 @@ def _client(url: str, quick: bool) -> SyncClient:
 class Semaphores:
     """One client per Redis URL and one `Semaphore` per gate, in this process.
 
-    In handover mode each semaphore publishes the parked tasks it hands over
-    (`celery_semaphore.handover`). redis-py connection pools notice a fork
+    With an app, each semaphore publishes the parked tasks it hands over
+    (`celery_semaphore.handover`), whatever the wait mode: a task of its own
+    may park in a countdown-mode app (``semaphore_wait_mode`` per task), and
+    another task's release must hand it over. redis-py connection pools notice a fork
     and reconnect in the child.
     """
 
@@ -71,9 +74,8 @@ class Semaphores:
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
-        handover = config.wait_mode == "handover" and self.app is not None
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
-               handover, config.max_block, config.handover_deadline, family)  # fmt: skip
+               config.max_block, config.handover_deadline, family)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is None:
             with self._lock:
@@ -82,11 +84,7 @@ class Semaphores:
                     client = self._clients[(config.redis_url, quick)] = _client(
                         config.redis_url, quick
                     )
-                on_handover = None
-                if handover:
-                    from .handover import publisher  # noqa: PLC0415 (imports Celery)
-
-                    on_handover = publisher(self.app, name)
+                on_handover = None if self.app is None else publisher(self.app, name)
                 semaphore = Semaphore(
                     client,
                     name,
@@ -124,6 +122,9 @@ class AppState:
     config: SemaphoreConfig | None = None
     task_configs: dict[str, SemaphoreConfig] = field(default_factory=dict)
     publish_paused_until: float = 0.0
+    #: Whether this process is a worker started with ``-E`` (task events): what
+    #: ``semaphore_send_events = None`` follows. Set by the worker bootstep.
+    worker_events: bool = False
 
 
 _create_lock = threading.Lock()

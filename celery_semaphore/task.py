@@ -9,11 +9,13 @@ from typing import Any, ClassVar
 import click
 from celery import Task
 
-from .admission import admitted_call, home_queue, with_waits_added
+from .admission import admitted_call
 from .config import APP_WIDE, PREFIX, SemaphoreConfig, task_config
 from .core import validation
 from .patching import PATCHED
-from .publish import PARK_MARK, ParkingProducer, drop_unsent, is_new
+from .publish import ParkingProducer, drop_unsent, is_new
+from .retry import home_queue, with_waits_added
+from .wire import PARK_MARK
 from .wiring import install
 
 TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in APP_WIDE)

@@ -7,15 +7,17 @@ import logging
 from typing import Any
 
 import click
+from celery import __version__ as celery_version
 from celery import bootsteps
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
-from celery_semaphore.config import check_shared_redis, get_config
+from celery_semaphore.config import check_shared_redis, get_config, uses_handover
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
+from . import internals
 from .dead_children import DeadChildren, reaped_by_signal
 from .heartbeat import Heartbeat
 
@@ -125,9 +127,18 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.metrics_port = semaphore_metrics_port
         self.metrics_address = semaphore_metrics_address
         self.metrics_server: Any = None
-        if worker.app.conf.get("semaphore_send_events") is None:
-            worker.app.conf.semaphore_send_events = bool(getattr(worker, "task_events", False))
-            state_of(worker.app).config = None  # read the settings again, with that one
+
+    def create(self, worker: Any) -> None:
+        """Celery calls this for every step before it starts any, so before the pool
+        forks: the settings and Celery's internals are checked here (a problem is one
+        line and exit 1), and with queue caps every task class gets admission."""
+        state_of(worker.app).worker_events = bool(getattr(worker, "task_events", False))
+        gone = internals.missing()
+        if gone:
+            raise click.ClickException(
+                f"celery-semaphore: this Celery ({celery_version}) lacks what the plugin "
+                f"relies on: {'; '.join(gone)}. Use a Celery the plugin supports (5.3 to 5.7)"
+            )
         try:
             check_shared_redis(worker.app)
             config = get_config(worker.app)
@@ -147,7 +158,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         config = get_config(worker.app)
         client = state_of(worker.app).semaphores.client(config.redis_url)
         warn_if_evicting(client, mask_url(config.redis_url))
-        if config.wait_mode == "handover":
+        if uses_handover(worker.app):
             warn_without_persistence(client, mask_url(config.redis_url))
         if self.metrics_port:
             self.metrics_server = self._serve_metrics(config, self.metrics_port)

@@ -25,12 +25,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery_semaphore import signals
-from celery_semaphore.config import get_config, task_config
+from celery_semaphore.config import get_config, task_config, uses_handover
 from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import semaphore_names
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.gates import Gate, recorded_gates, semaphore_of
+from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
+from celery_semaphore.wire import Gate, recorded_gates
 from celery_semaphore.worker.dead_children import killed
 
 logger = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class Heartbeat:
         self._held &= live
         self._reported &= live
         self._missing = {k: v for k, v in self._missing.items() if k in live}
-        if get_config(self.app).wait_mode == "handover":
+        if uses_handover(self.app):
             self.look_after_parked()
 
     def look_after_parked(self) -> None:

@@ -18,7 +18,8 @@ from celery.worker import state as worker_state
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.gates import QUEUE_PREFIX, WAIT_HEADER, Gate, recorded_gates, semaphore_of
+from celery_semaphore.gates import QUEUE_PREFIX, semaphore_of
+from celery_semaphore.wire import Gate, WaitState, recorded_gates
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +63,12 @@ def _gates_waited_for(task: Any, request: Any) -> list[Gate]:
     """
     if task is None:
         return []
-    raw = getattr(request, WAIT_HEADER, None)
-    if raw is None:
-        raw = (getattr(request, "headers", None) or {}).get(WAIT_HEADER)
-    tickets = raw.get("tickets") if isinstance(raw, dict) else None
-    if not isinstance(tickets, dict):
+    tickets = WaitState.of(request).tickets
+    if not tickets:
         return []
     queue_limits = get_config(task.app).queue_limits
     gates = []
     for name in tickets:
-        if not isinstance(name, str) or not name:
-            continue
         if name.startswith(QUEUE_PREFIX):
             limit = queue_limits.get(name[len(QUEUE_PREFIX) :])
         else:

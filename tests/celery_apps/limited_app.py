@@ -220,3 +220,20 @@ def request_seen(self: Any, tag: Any = None) -> dict[str, Any]:
 def spawn_request_seen(self: Any, tag: Any) -> str:
     """Publishes ``request_seen`` from inside a task (its parent and root ids are ours)."""
     return str(request_seen.delay(tag).id)
+
+
+# -- per-task wait modes (test_handover_steering) -----------------------------------------
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="own-mode", limit=1,
+          semaphore_wait_mode="handover")  # fmt: skip
+def parks_in_any_app(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Waits in handover mode whatever the app's ``semaphore_wait_mode``."""
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="own-mode", limit=1,
+          semaphore_wait_mode="countdown")  # fmt: skip
+def counts_down_in_any_app(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Waits in countdown mode whatever the app's ``semaphore_wait_mode``."""
+    return _held(self, seconds, tag)

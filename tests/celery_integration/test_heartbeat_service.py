@@ -17,8 +17,8 @@ from celery import Celery
 
 import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Semaphore
-from celery_semaphore.gates import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.signals import permit_lost
+from celery_semaphore.wire import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.worker.dead_children import DeadChildren, reaped_by_signal
 from celery_semaphore.worker.heartbeat import Heartbeat
 

@@ -397,18 +397,23 @@ def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
     from celery.app.task import Context
     from celery.exceptions import Retry
 
-    from celery_semaphore.admission import Admission
+    from celery_semaphore.admission import Admission, _on_redis_error
     from celery_semaphore.config import task_config
-    from celery_semaphore.gates import WAIT_HEADER, Gate
+    from celery_semaphore.core import SemaphoreConnectionError
+    from celery_semaphore.retry import Waits
+    from celery_semaphore.wire import WAIT_HEADER, Gate, WaitState
 
     task = limited(make_app(), "budget", semaphore="b", limit=1, semaphore_max_waits=3)
     state = {"tickets": {}, "waits": 4, "first_ask": time.time(), "period_start": period_start}
     request = Context(id="t-1", retries=4, headers={}, hostname="h", delivery_info={},
                       args=(), kwargs={}, **{WAIT_HEADER: state})  # fmt: skip
-    admission = Admission(task, request, [Gate("b", 1)], task_config(task))
+    wait_state = WaitState.of(request)
+    admission = Admission(task, request, [Gate("b", 1)], task_config(task), wait_state)
+    waits = Waits(task, request, wait_state, admission.config, admission.info)
+    unreachable = SemaphoreConnectionError("redis://nowhere", "refused")
     if gives_up:
         with pytest.raises(SemaphoreTimeout, match=r"gave up after 4 waits"):
-            admission._come_back_later(Gate("b", 1), None, "")
+            _on_redis_error(admission, waits, unreachable)
     else:
         with pytest.raises(Retry):
-            admission._come_back_later(Gate("b", 1), None, "")
+            _on_redis_error(admission, waits, unreachable)

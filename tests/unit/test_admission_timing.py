@@ -7,16 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from celery_semaphore import Place
-from celery_semaphore.admission import (
-    WaitState,
-    countdown,
-    estimate_turn,
-    home_queue,
-    should_wait_in_place,
-    with_waits_added,
-)
 from celery_semaphore.config import SemaphoreConfig
-from celery_semaphore.gates import QUEUE_HEADER, WAIT_HEADER
+from celery_semaphore.retry import home_queue, with_waits_added
+from celery_semaphore.waiting import countdown, estimate_turn, should_wait_in_place
+from celery_semaphore.wire import QUEUE_HEADER, WAIT_HEADER, WaitState
 
 
 def place(position: int, *, hold: float | None = 0.4, pace: float | None = None,

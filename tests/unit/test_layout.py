@@ -100,3 +100,101 @@ def test_the_generated_code_names_no_async_api() -> None:
     text = (CORE / "_sync" / "semaphore.py").read_text(encoding="utf-8")
     for word in ("async ", "await ", "AsyncSemaphore", "AsyncPermit", "aclose", "__aenter__"):
         assert word not in text, word
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (function-level imports included,
+    ``if TYPE_CHECKING:`` blocks left out), resolved to submodules where they are."""
+    package = ROOT / "celery_semaphore"
+
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(p): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                if node.level:
+                    base = base[: len(base) - (node.level - 1)]
+                    source = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    target = f"{source}.{alias.name}"
+                    if target in modules:
+                        edges.add(target)
+                    elif source in modules:
+                        edges.add(source)
+        graph[module] = edges - {module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = package_imports()
+    assert len(graph) >= 30 and graph["celery_semaphore.state"]  # the graph was read
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_only_the_wire_module_spells_the_wire_formats() -> None:
+    """Header names and the hand-over queue suffix are written once, in wire.py."""
+    spellings = ("celery_semaphore_gates", "celery_semaphore_queue", "celery_semaphore_may_park",
+                 "semaphore-handover", "WAIT_HEADER =")  # fmt: skip
+    package = ROOT / "celery_semaphore"
+    offending = {
+        str(path.relative_to(ROOT)): [s for s in spellings if s in path.read_text("utf-8")]
+        for path in package.rglob("*.py")
+        if path.name != "wire.py"
+    }
+    assert {f: s for f, s in offending.items() if s} == {}

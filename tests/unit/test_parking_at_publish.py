@@ -14,9 +14,10 @@ from kombu.serialization import loads
 import celery_semaphore
 from celery_semaphore import LimitedTask, Place
 from celery_semaphore.core import Handover
-from celery_semaphore.handover import encode_message, publish
+from celery_semaphore.handover import publish
 from celery_semaphore.publish import turn_is_near
 from celery_semaphore.task import may_park
+from celery_semaphore.wire import encode_message
 
 
 @pytest.fixture

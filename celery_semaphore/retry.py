@@ -1,0 +1,173 @@
+"""A refused task's wait, as Celery sees it: a retry that keeps the task's place in line.
+
+`celery_semaphore.waiting` decides what a refused task does; this module
+carries it out in Celery's terms:
+
+- park: the retry's message is left beside the place in line (handover mode)
+  and the execution ends as a ``Retry`` that publishes nothing;
+- countdown: the retry is published with a countdown aimed at the turn;
+- give up: `SemaphoreTimeout`.
+
+Waits are counted in ``request.retries`` (so Flower shows them) but not
+against the task's own ``max_retries``: while the body runs,
+``request.retries`` is the task's own count (``WAITS_MARK`` holds the waits),
+and retries the body publishes add the waits back (`with_waits_added()`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery.exceptions import Retry
+
+from . import signals
+from .config import SemaphoreConfig
+from .core import Place, SemaphoreError, SemaphoreTimeout, WaitingForPermit
+from .gates import semaphore_of
+from .waiting import Decision, GiveUp, WaitInPlace, decide
+from .wire import (
+    GATES_HEADER,
+    QUEUE_HEADER,
+    WAIT_HEADER,
+    Gate,
+    WaitState,
+    base_queue,
+    encode_signature,
+    handover_queue,
+    is_handover_queue,
+)
+
+logger = logging.getLogger(__name__)
+
+WAITS_MARK = "celery_semaphore_waits"  # request attribute: the waits, while the body runs
+
+
+class Waits:
+    """The waits of one execution of a task: deciding and carrying out the next one."""
+
+    def __init__(
+        self, task: Any, request: Any, state: WaitState, config: SemaphoreConfig, info: str
+    ) -> None:
+        self.task = task
+        self.request = request
+        self.state = state
+        self.config = config
+        self.info = info
+        if state.first_ask is None:
+            state.first_ask = time.time()
+
+    @property
+    def waited(self) -> float:
+        return time.time() - (self.state.first_ask or time.time())
+
+    def decide(
+        self, place: Place | None, *, may_wait_in_place: bool = True, may_park: bool = True
+    ) -> Decision:
+        return decide(
+            place,
+            waits=self.state.period_waits,
+            waited=self.waited,
+            config=self.config,
+            may_wait_in_place=may_wait_in_place,
+            may_park=may_park,
+        )
+
+    def in_place_for(self, place: Place) -> float | None:
+        """Seconds to wait in place at ``place``, or None: not in place."""
+        decision = self.decide(place)
+        return decision.seconds if isinstance(decision, WaitInPlace) else None
+
+    def park(self, gate: Gate, place: Place, due: float | None) -> Retry | None:
+        """Leave the retry's message beside the place in line; the ``Retry`` (that
+        publishes nothing) to end the execution with, or None when the message
+        cannot be parked (the caller then retries with a countdown)."""
+        self.state.waits += 1
+        queue = getattr(self.request, QUEUE_HEADER, None)
+        signature = self._signature(queue=handover_queue(queue) if queue else None)
+        try:
+            payload = encode_signature(self.task.app, signature, self.config.park_max_bytes)
+            parked = semaphore_of(self.task.app, gate, self.config).park(
+                self.request.id, payload, place.ticket, info=self.info, due=due
+            )
+        except (ValueError, TypeError, SemaphoreError) as error:
+            self.state.waits -= 1
+            logger.info(
+                "%s[%s] is not parked (retried with a countdown): %s",
+                self.task.name,
+                self.request.id,
+                error,
+            )
+            return None
+        self._send_waiting(gate, parked.position, None)
+        reason = self._reason(gate, parked.position)
+        return Retry(str(reason), reason)
+
+    def countdown(self, gate: Gate, place: Place | None, delay: float) -> Retry:
+        """Publish the retry with a countdown of ``delay`` s; the ``Retry`` to end with."""
+        position = place.position if place else 0
+        self._send_waiting(gate, position, delay)
+        self.state.waits += 1
+        signature = self._signature(countdown=delay)
+        signature.apply_async()
+        reason = self._reason(gate, position)
+        return Retry(str(reason), reason, when=delay, sig=signature)
+
+    def give_up(self, gate: Gate, place: Place | None, decision: GiveUp) -> SemaphoreTimeout:
+        return SemaphoreTimeout(
+            gate.name,
+            place.limit if place else gate.limit,
+            decision.waited,
+            f"task {self.task.name}[{self.request.id}] gave up after {decision.waits} "
+            "waits (semaphore_max_waits / semaphore_max_wait_time)",
+        )
+
+    def _signature(self, queue: str | None = None, **options: Any) -> Any:
+        """The message that brings this request back, with its wait state, to its
+        queue (its consumed queue's, when it came by a handover queue) or ``queue``."""
+        request = self.request
+        headers = {**(request.headers or {}), WAIT_HEADER: self.state.encode()}
+        headers.pop(GATES_HEADER, None)
+        return self.task.signature_from_request(
+            request, None, None, queue or home_queue(request), retries=request.retries + 1,
+            headers=headers, **options,
+        )  # fmt: skip
+
+    def _reason(self, gate: Gate, position: int) -> WaitingForPermit:
+        """What Flower, the ``task-retried`` event and the result backend show."""
+        return WaitingForPermit(gate.name, position, self.state.waits)
+
+    def _send_waiting(self, gate: Gate, position: int, countdown: float | None) -> None:
+        signals.permit_waiting.send(
+            sender=self.task,
+            semaphore=gate.name,
+            task_id=self.request.id,
+            task_name=self.task.name,
+            position=position,
+            countdown=countdown,
+        )
+
+
+def home_queue(request: Any) -> str | None:
+    """For a request delivered by a handover queue, the queue it serves (where its
+    retries go); None for any other (Celery then routes as it was delivered)."""
+    routing_key = (getattr(request, "delivery_info", None) or {}).get("routing_key")
+    if is_handover_queue(routing_key):
+        queue = getattr(request, QUEUE_HEADER, None)
+        return queue if isinstance(queue, str) else base_queue(routing_key)
+    return None
+
+
+def with_waits_added(request: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Options of a retry published from inside the body: the waits are counted back
+    in ``retries``, and the retry is a new contender (as Celery's retry goes to the
+    back of the queue): it drops the tickets of the places it was served from, so it
+    lines up behind the tasks that queued meanwhile, and its wait budget starts again."""
+    waits = getattr(request, WAITS_MARK, None) if request is not None else None
+    if waits is None or "retries" not in options:
+        return options
+    headers = dict(options.get("headers") or getattr(request, "headers", None) or {})
+    headers[WAIT_HEADER] = WaitState(waits=waits, period_start=waits).encode()
+    headers.pop(GATES_HEADER, None)
+    return {**options, "retries": options["retries"] + waits, "headers": headers}

@@ -1,0 +1,142 @@
+"""What a task refused a permit does next: one pure decision, no Redis, no Celery.
+
+`decide()` takes where the task stands (its `Place`, or None when Redis could
+not be asked), how long and how often it has waited, and its settings, and
+answers with one of:
+
+- `WaitInPlace`: its turn is due within ``semaphore_max_block``: block for it
+  (only the next ``limit`` in line, and only once per attempt);
+- `Park`: leave its message beside its place; it is handed over when due
+  (handover mode);
+- `Countdown`: ask again after ``delay`` seconds (countdown mode, a message
+  that cannot be parked, or no place known), refreshing the place first when
+  it would lapse before then;
+- `GiveUp`: the wait budget (``semaphore_max_waits`` / ``_max_wait_time``) is spent.
+
+The wait mode is resolved here, from the config it is given (the task's own:
+`celery_semaphore.config.task_config()`), and nowhere else on the task's path.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from .config import SemaphoreConfig
+from .core import Place
+
+MIN_COUNTDOWN = 0.02
+#: How long a place taken or refreshed by a waiting task holds beyond its next
+#: ask (the place lapses if the task never comes back: a lost message).
+PLACE_GRACE = 5.0
+
+
+class Random(Protocol):
+    def uniform(self, a: float, b: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class WaitInPlace:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Park:
+    #: Hand it over after this long even if its turn has not come (its wait
+    #: budget runs out then); None: only when its turn comes.
+    due: float | None
+
+
+@dataclass(frozen=True)
+class Countdown:
+    delay: float
+    #: Refresh the place for this long before going (it would lapse first); None: no need.
+    refresh_place_for: float | None
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    waits: int
+    waited: float
+
+
+Decision = WaitInPlace | Park | Countdown | GiveUp
+
+
+def estimate_turn(place: Place) -> float | None:
+    """Seconds until ``place`` is likely served: its position times the pace of the
+    line, the time between grants measured on the server while others waited (slower
+    than hold / limit when hand-overs are slow), at most twice hold / limit: when
+    tasks come back late the permits idle and the measured pace slows down, which
+    would send them back later still."""
+    if place.draining:
+        return None
+    capacity = place.hold_estimate / max(place.limit, 1) if place.hold_estimate else None
+    pace = place.grant_interval or capacity
+    if pace is None:
+        return None
+    if capacity is not None:
+        pace = min(pace, 2 * capacity)
+    return place.position * pace
+
+
+def should_wait_in_place(place: Place, max_block: float) -> bool:
+    """Only the next ``limit`` in line wait in place, and only for a turn due soon."""
+    if max_block <= 0 or place.draining or place.position > place.limit:
+        return False
+    turn = estimate_turn(place)
+    return turn is None or turn <= max_block
+
+
+def countdown(
+    waits: int, place: Place | None, config: SemaphoreConfig, rng: Random = random
+) -> float:
+    """When to ask again: half a hold before the estimated turn (so the request
+    arrives among the next ``limit`` and waits in place briefly), else
+    exponential backoff with full jitter when the semaphore can't estimate."""
+    turn = estimate_turn(place) if place is not None else None
+    if turn is not None and place is not None and place.hold_estimate is not None:
+        early = turn - place.hold_estimate / 2
+        delay = early * (rng.uniform(0.85, 0.95) if config.backoff_jitter else 0.9)
+    else:
+        cap = min(config.backoff_max, config.backoff_base * 2.0 ** min(waits, 64))
+        delay = rng.uniform(0.0, cap) if config.backoff_jitter else cap
+    return min(max(delay, MIN_COUNTDOWN), config.backoff_max)
+
+
+def budget_left(waited: float, config: SemaphoreConfig) -> float | None:
+    """Seconds until the wait budget in time (``semaphore_max_wait_time``) runs out."""
+    if config.max_wait_time is None:
+        return None
+    return max(0.0, config.max_wait_time - waited)
+
+
+def decide(
+    place: Place | None,
+    *,
+    waits: int,
+    waited: float,
+    config: SemaphoreConfig,
+    may_wait_in_place: bool = True,
+    may_park: bool = True,
+    rng: Random = random,
+) -> Decision:
+    """What a task refused at ``place`` does next.
+
+    ``waits``: its waits in this wait period; ``waited``: seconds since its first
+    ask in it. ``may_wait_in_place``: False once it waited in place in this
+    attempt; ``may_park``: False when its message cannot be parked (too large,
+    not serializable, Redis refused it).
+    """
+    if may_wait_in_place and place is not None and should_wait_in_place(place, config.max_block):
+        return WaitInPlace(config.max_block)
+    over_count = config.max_waits is not None and waits >= config.max_waits
+    over_time = config.max_wait_time is not None and waited >= config.max_wait_time
+    if over_count or over_time:
+        return GiveUp(waits, waited)
+    if place is not None and may_park and config.wait_mode == "handover":
+        return Park(budget_left(waited, config))
+    delay = countdown(waits, place, config, rng)
+    refresh = delay * 1.5 + PLACE_GRACE if place is not None and delay > PLACE_GRACE / 2 else None
+    return Countdown(delay, refresh)

@@ -1,0 +1,86 @@
+"""The wait decision (`celery_semaphore.waiting.decide`): a pure function, no Redis, no Celery."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_semaphore.config import SemaphoreConfig
+from celery_semaphore.core import Place
+from celery_semaphore.waiting import (
+    PLACE_GRACE,
+    Countdown,
+    GiveUp,
+    Park,
+    WaitInPlace,
+    decide,
+)
+
+
+class Fixed:
+    """A random source that always answers the middle of the range."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return (a + b) / 2
+
+
+def place(position: int, *, hold: float | None = 0.4, limit: int = 4,
+          draining: bool = False) -> Place:  # fmt: skip
+    return Place(1, position, limit, limit, draining, None, hold, None)
+
+
+HANDOVER = SemaphoreConfig()
+COUNTDOWN = SemaphoreConfig(wait_mode="countdown")
+
+
+def test_the_next_in_line_with_a_near_turn_waits_in_place() -> None:
+    assert decide(place(2), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
+    assert decide(place(2), waits=0, waited=0.0, config=COUNTDOWN) == WaitInPlace(1.0)
+
+
+@pytest.mark.parametrize("where", [place(5), place(4, hold=2.0), place(1, draining=True)], ids=str)
+def test_far_back_a_slow_line_or_draining_parks_in_handover_mode(where: Place) -> None:
+    assert decide(where, waits=0, waited=0.0, config=HANDOVER) == Park(due=None)
+
+
+def test_once_it_waited_in_place_it_parks_with_what_is_left_of_its_budget() -> None:
+    config = SemaphoreConfig(max_wait_time=10.0)
+    decision = decide(place(1), waits=2, waited=4.0, config=config, may_wait_in_place=False)
+    assert decision == Park(due=6.0)
+
+
+def test_countdown_mode_retries_half_a_hold_before_the_turn() -> None:
+    decision = decide(place(8), waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
+    # turn in 8 x 0.4 / 4 = 0.8 s; half a hold earlier = 0.6 s; jitter 0.9
+    assert decision == Countdown(pytest.approx(0.54), None)
+
+
+def test_a_message_that_cannot_park_counts_down_instead() -> None:
+    decision = decide(place(8), waits=0, waited=0.0, config=HANDOVER, may_park=False, rng=Fixed())
+    assert isinstance(decision, Countdown)
+
+
+def test_a_countdown_longer_than_the_place_holds_refreshes_the_place() -> None:
+    decision = decide(place(200), waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
+    assert isinstance(decision, Countdown) and decision.delay > PLACE_GRACE / 2
+    assert decision.refresh_place_for == pytest.approx(decision.delay * 1.5 + PLACE_GRACE)
+
+
+def test_without_a_place_it_backs_off_exponentially() -> None:
+    config = SemaphoreConfig(backoff_base=0.5, backoff_max=60.0, backoff_jitter=False)
+    delays = [decide(None, waits=w, waited=0.0, config=config) for w in range(4)]
+    assert delays == [Countdown(0.5, None), Countdown(1.0, None), Countdown(2.0, None),
+                      Countdown(4.0, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "waits", "waited"),
+    [(SemaphoreConfig(max_waits=3), 3, 0.0), (SemaphoreConfig(max_wait_time=5.0), 0, 5.0)],
+)
+def test_a_spent_budget_gives_up(config: SemaphoreConfig, waits: int, waited: float) -> None:
+    assert decide(place(9), waits=waits, waited=waited, config=config) == GiveUp(waits, waited)
+    assert isinstance(decide(None, waits=waits, waited=waited, config=config), GiveUp)
+
+
+def test_a_budget_not_yet_spent_waits_on() -> None:
+    config = SemaphoreConfig(max_waits=3, max_wait_time=5.0)
+    assert decide(place(9), waits=2, waited=4.9, config=config) == Park(due=pytest.approx(0.1))
