@@ -374,6 +374,11 @@ def run_capped(
         for result in results:
             result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
             result.forget()
+        # A body's record is written after its task ends (task_postrun), which Celery
+        # sends after it stored the result: the last records may still be on their way.
+        settle = time.monotonic() + 5.0
+        while records.llen(key) < settings.tasks and time.monotonic() < settle:
+            time.sleep(0.01)
     runs = [json.loads(r) for r in records.lrange(key, 0, -1)]
     figures = analyze(runs, first_submit, settings)
     figures["submit_s"] = submitted - first_submit

@@ -123,6 +123,12 @@ class SemaphoreConfig:
             validation.check_limit(limit, f"queue_limits[{queue!r}]")
 
     @property
+    def parks(self) -> bool:
+        """Whether a task with these settings waits parked (handover mode): the one
+        reading of ``wait_mode``. Give it the task's own settings (`task_config()`)."""
+        return self.wait_mode == "handover"
+
+    @property
     def renew_every(self) -> float:
         return self.heartbeat_interval or self.lease_timeout / 4
 
@@ -242,10 +248,10 @@ def uses_handover(app: Any) -> bool:
     """Whether any task of ``app`` waits in handover mode: the app's
     ``semaphore_wait_mode``, or a task's own. Its workers then consume the
     handover queues and look after parked tasks, whatever the app's setting."""
-    if get_config(app).wait_mode == "handover":
+    if get_config(app).parks:
         return True
     return any(
-        task_config(task).wait_mode == "handover"
+        task_config(task).parks
         for task in list(app.tasks.values())
         if getattr(type(task), "semaphore_options", None)
     )

@@ -156,4 +156,4 @@ def may_park(task: LimitedTask, options: dict[str, Any]) -> bool:
         return False
     if "connection" in options or "publisher" in options or task.app.conf.task_always_eager:
         return False
-    return is_new(options.get("headers") or {}) and task_config(task).wait_mode == "handover"
+    return is_new(options.get("headers") or {}) and task_config(task).parks

@@ -13,8 +13,10 @@ answers with one of:
   it would lapse before then;
 - `GiveUp`: the wait budget (``semaphore_max_waits`` / ``_max_wait_time``) is spent.
 
-The wait mode is resolved here, from the config it is given (the task's own:
-`celery_semaphore.config.task_config()`), and nowhere else on the task's path.
+The wait mode is read from the config it is given (the task's own:
+`celery_semaphore.config.task_config()`), through ``SemaphoreConfig.parks``,
+the one reading of ``wait_mode`` (publishing and the worker's hand-over queues
+use it too).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def decide(
     over_time = config.max_wait_time is not None and waited >= config.max_wait_time
     if over_count or over_time:
         return GiveUp(waits, waited)
-    if place is not None and may_park and config.wait_mode == "handover":
+    if place is not None and may_park and config.parks:
         return Park(budget_left(waited, config))
     delay = countdown(waits, place, config, rng)
     refresh = delay * 1.5 + PLACE_GRACE if place is not None and delay > PLACE_GRACE / 2 else None

@@ -417,3 +417,46 @@ def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
     else:
         with pytest.raises(Retry):
             _on_redis_error(admission, waits, unreachable)
+
+
+# -- a place refreshed before a long countdown may find the turn come ----------------------------
+
+
+@pytest.mark.parametrize("gates", [["b"], ["queue:q", "b"]])
+def test_a_refreshed_place_that_finds_its_turn_keeps_the_permit(
+    make_app: Make, sem: Callable[..., Semaphore], monkeypatch: pytest.MonkeyPatch,
+    gates: list[str],
+) -> None:  # fmt: skip
+    """Refused, a countdown of 10 s (longer than a place holds) refreshes the place
+    first; the permit freed meanwhile, so the refresh is granted: the task runs now,
+    holding every gate's permit (it used to release that permit and wait 10 s)."""
+    from celery.app.task import Context
+
+    from celery_semaphore.admission import Admission, admit
+    from celery_semaphore.config import task_config
+    from celery_semaphore.retry import Waits
+    from celery_semaphore.wire import Gate, WaitState
+
+    task = limited(make_app(), "refresh", semaphore="b", limit=1, semaphore_wait_mode="countdown",
+                   semaphore_max_block=0.0, semaphore_backoff_base=10.0,
+                   semaphore_backoff_max=20.0, semaphore_backoff_jitter=False)  # fmt: skip
+    blocker = sem("b").attempt(holder="blocker")
+    assert isinstance(blocker, Permit)
+    request = Context(id="t-1", retries=0, headers={}, hostname="h", delivery_info={},
+                      args=(), kwargs={})  # fmt: skip
+    state = WaitState()
+    admission = Admission(task, request, [Gate(g, 1) for g in gates], task_config(task), state)
+    waits = Waits(task, request, state, admission.config, admission.info)
+    decide = waits.decide
+
+    def decide_after_the_blocker_left(*args: Any, **kwargs: Any) -> Any:
+        decision = decide(*args, **kwargs)
+        blocker.release()
+        return decision
+
+    monkeypatch.setattr(waits, "decide", decide_after_the_blocker_left)
+    admit(admission, waits)  # no Retry: it holds its permits
+    assert sorted(g.name for g in admission.permits) == sorted(gates)
+    assert {h.holder for h in sem("b").status().holders} == {"t-1"}
+    admission.exit()
+    assert sem("b").status().holder_count == 0
