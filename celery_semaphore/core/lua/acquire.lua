@@ -37,10 +37,11 @@ if handover ~= '' and arrival(holder, handover) == 'stale' then
 end
 
 redis.call('ZREM', sent, holder)  -- its task has reached a worker
-local m = load_meta()
 local waiting = redis.call('ZCARD', waiters)
-local reclaimed, lapsed = reclaim(m, waiting)
+local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
+local m = load_meta({'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
+  'grant_gap_ms', 'family'}, reclaimed > 0)
 local limit, draining = effective_limit(m, declared), m.draining == '1'
 local meta_writes = {}  -- field, value, ...: one HSET at the end
 if m.limit ~= declared then
@@ -125,7 +126,7 @@ else
     tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0}
 end
 if #meta_writes > 0 then
-  write_meta(m, unpack(meta_writes))
+  write_meta(m, meta_writes)
 end
 local out = {}
 if reclaimed > 0 then

@@ -29,8 +29,10 @@
 -- all six keys the same expiry. So ZCARD waiters == 0 means that wexp and winfo
 -- are absent too, which lets the hot paths skip the waiter keys entirely.
 --
--- The meta hash is read once per call: load_meta() reads the fields of META into a
--- table ``m`` that the helpers take; write_meta() and count_released() keep it current.
+-- The meta hash is read once per call: load_meta() reads the fields the call needs
+-- into a table ``m`` that the helpers take (reading a field not loaded raises: it cannot
+-- pass for an absent one); set_meta(), write_meta() and count_released() keep ``m``
+-- current.
 --
 -- The effective limit, effective_limit(): the runtime override if set, else the limit
 -- the caller declares (acquire, enqueue, release, status pass theirs), else the
@@ -84,26 +86,36 @@ end
 
 -- Meta ------------------------------------------------------------------------
 
-local META = {'limit', 'override', 'draining', 'fence', 'ticket', 'handover', 'released',
-  'hold_ms', 'grant_at', 'grant_gap_ms', 'family'}
+local NOT_LOADED = {__index = function(_, field) error('meta.' .. field .. ' not loaded') end}
 
--- The fields of META, and ``...``, in one HMGET: {field = value}, absent ones nil.
-local function load_meta(...)
-  local fields = {unpack(META)}
-  for _, field in ipairs({...}) do fields[#fields + 1] = field end
+-- The meta ``fields`` (a list), and with ``freeing`` those after_free() reads, in one
+-- HMGET: {field = value, or false if absent}.
+local function load_meta(fields, freeing)
+  if freeing then
+    local wanted = {}
+    for i = 1, #fields do wanted[fields[i]] = true end
+    fields = {unpack(fields)}
+    for _, field in ipairs({'limit', 'override', 'draining', 'fence', 'grant_at', 'grant_gap_ms',
+        'released', 'hold_ms', 'handover'}) do
+      if not wanted[field] then fields[#fields + 1] = field end
+    end
+  end
   local values = redis.call('HMGET', meta, unpack(fields))
   local m = {}
-  for i, field in ipairs(fields) do
-    if values[i] then m[field] = values[i] end
-  end
-  return m
+  for i = 1, #fields do m[fields[i]] = values[i] end
+  return setmetatable(m, NOT_LOADED)
 end
 
--- Sets field, value, ... in meta and in ``m`` (one HSET).
-local function write_meta(m, ...)
-  local writes = {...}
+-- Sets ``field`` to ``value`` in meta and in ``m``.
+local function set_meta(m, field, value)
+  m[field] = value
+  redis.call('HSET', meta, field, value)
+end
+
+-- Sets ``writes`` ({field, value, ...}) in meta and in ``m``, in one HSET.
+local function write_meta(m, writes)
   for i = 1, #writes, 2 do m[writes[i]] = writes[i + 1] end
-  redis.call('HSET', meta, ...)
+  redis.call('HSET', meta, unpack(writes))
 end
 
 local function bump(field, n)
@@ -111,7 +123,7 @@ local function bump(field, n)
 end
 
 -- Counts ``n`` permits released (meta.released marks when a waiter parked: see
--- dispatch()); ``m``: nil for a caller that loads meta only afterwards.
+-- dispatch()); ``m``: nil for a caller that loads meta afterwards.
 local function count_released(m, n)
   if n == 0 then return end
   local released = redis.call('HINCRBY', meta, 'released', n)
@@ -130,7 +142,7 @@ end
 
 local function next_seq(m, field)
   local value = seq_after(m[field])
-  write_meta(m, field, fmt(value))
+  set_meta(m, field, fmt(value))
   return value
 end
 
@@ -357,7 +369,7 @@ local function grant_in_place(m, declared, channel)
       writes[#writes + 1] = 'grant_gap_ms'
       writes[#writes + 1] = fmt(average)
     end
-    write_meta(m, unpack(writes))
+    write_meta(m, writes)
     bump('m_granted', granted)
   end
 end
@@ -421,13 +433,13 @@ local function dispatch(m, declared, cfg)
     end
   end
   if #out > 0 then
-    write_meta(m, 'handover', m.handover)
+    set_meta(m, 'handover', m.handover)
     bump('m_handed_over', #out / 3)
   end
   return out
 end
 
--- See the header. Returns the handovers (dispatch()).
+-- See the header; ``m``: loaded ``freeing``. Returns the handovers (dispatch()).
 local function after_free(m, declared, channel, cfg)
   grant_in_place(m, declared, channel)
   wake(m, declared, channel)

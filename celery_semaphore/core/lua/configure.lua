@@ -19,13 +19,13 @@ local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]),
 if field ~= 'override' and field ~= 'draining' then
   return redis.error_reply('ERR unknown semaphore setting ' .. field)
 end
-local m = load_meta()
+local m = load_meta({}, true)
 local previous = m[field] or ''
 if value == '' then
   redis.call('HDEL', meta, field)
-  m[field] = nil
+  m[field] = false
 else
-  write_meta(m, field, value)
+  set_meta(m, field, value)
 end
 reclaim(m)
 local out = after_free(m, '', channel, cfg)

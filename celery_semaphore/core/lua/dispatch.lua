@@ -17,8 +17,10 @@
 -- if meta is gone (expired, or Redis lost it): writing would recreate it unexpiring.
 
 local idle_ms, channel, cfg = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local m = load_meta()
-if next(m) == nil then return {0, {}} end
+local m = load_meta({}, true)
+local found = false
+for _, value in pairs(m) do found = found or value end
+if not found then return {0, {}} end
 local dropped = 0
 for i = 4, #ARGV do
   local holder = ARGV[i]

@@ -19,18 +19,15 @@
 local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local declared, family, horizon_ms, channel = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
 
-local m = load_meta()
 local waiting = redis.call('ZCARD', waiters)
-if reclaim(m, waiting) > 0 then
+local reclaimed = reclaim(nil, waiting)
+local m = load_meta({'limit', 'override', 'draining', 'ticket'}, reclaimed > 0)
+if reclaimed > 0 then
   after_free(m, declared, channel, '')
   waiting = redis.call('ZCARD', waiters)
 end
 if not m.limit then
-  if family ~= '' then
-    write_meta(m, 'limit', declared, 'family', family)
-  else
-    write_meta(m, 'limit', declared)
-  end
+  write_meta(m, family ~= '' and {'limit', declared, 'family', family} or {'limit', declared})
 end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 local ahead = waiting

@@ -20,8 +20,8 @@ local holder, presented, payload = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
 local due_ms, channel = tonumber(ARGV[8]), ARGV[9]
 
-local m = load_meta()
-local reclaimed = reclaim(m)
+local reclaimed = reclaim(nil)
+local m = load_meta({'ticket'}, true)
 redis.call('ZREM', sent, holder)  -- its message now waits here, not in the broker
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end

@@ -19,10 +19,10 @@
 local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local declared = ARGV[6]
 
-local m = load_meta()
 local waiting = redis.call('ZCARD', waiters)
-local reclaimed, lapsed = reclaim(m, waiting)
+local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
+local m = load_meta({'hold_ms'}, waiting > 0)
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
 if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, holder) == 1 then
@@ -30,7 +30,7 @@ if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, ho
   released = 1
   held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)
   local average = tonumber(m.hold_ms)
-  write_meta(m, 'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms))
+  set_meta(m, 'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms))
   observe('hold', held_ms)
   count_released(m, 1)
 end

@@ -13,7 +13,7 @@
 -- caller declares no limit). m_lost counts the lost pairs that came with a
 -- token (the caller held that permit); a holder id alone may never have held
 -- one (a worker renews its requests by id; it counts real losses itself).
--- Reads meta only when something was reclaimed.
+-- Reads meta only if something was reclaimed.
 
 local lease_ms, idle_ms, channel, cfg = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
@@ -33,6 +33,6 @@ end
 bump('m_renewed', (#ARGV - 4) / 2 - #lost)
 bump('m_lost', lost_permits)
 local out = {}
-if reclaimed > 0 then out = after_free(load_meta(), '', channel, cfg) end
+if reclaimed > 0 then out = after_free(load_meta({}, true), '', channel, cfg) end
 touch(idle_ms)
 return {expires, lost, out}

@@ -20,7 +20,7 @@
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
 local most, horizon_ms, declared = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local m = load_meta('n_parked', 'n_handed')
+local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed'})
 
 local listed_holders = {}
 local h = redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
