@@ -135,7 +135,7 @@ local function effective_limit(m, declared)
   return tonumber(m.override) or tonumber(declared) or tonumber(m.limit) or 0
 end
 
--- The next fence, ticket or handover token after ``last`` (a meta field's value, or nil).
+-- The next fence, ticket or handover token after ``last`` (a meta field's value, if any).
 local function seq_after(last)
   return math.max((tonumber(last) or 0) + 1, now_us)
 end
@@ -394,7 +394,7 @@ end
 --     the average hold time, at most the limit);
 -- or it was handed over and did not arrive by its deadline (its publisher
 -- may have died): handed over again, with a new token, so the stale copy is
--- recognised when it arrives (acquire.lua answers "duplicate"); or it parked
+-- recognised when it arrives (acquire.lua answers code 2); or it parked
 -- with a time by which it must come back (its wait budget), and that passed.
 local function dispatch(m, declared, cfg)
   local out = {}
