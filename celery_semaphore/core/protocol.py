@@ -4,10 +4,11 @@ arguments, and the one place where script replies become results or errors.
 
 from __future__ import annotations
 
+import typing
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from . import validation
 from .errors import StaleHandover
@@ -139,16 +140,203 @@ WAITER_STATES = {"p": "parked", "h": "handed over", "w": "waiting in place", "":
 GRANT_PREFIX = "g|"  # a wake-up message that grants a waiter in place its permit
 
 
-def parse_handovers(flat: Sequence[Any]) -> list[Handover]:
-    """``{holder, token, payload, ...}`` from a script, as Handovers."""
-    return [
-        Handover(text(flat[i]), int(text(flat[i + 1])), text(flat[i + 2]))
-        for i in range(0, len(flat), 3)
-    ]
-
-
 def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Script replies ------------------------------------------------------------------
+#
+# Each reply, and each record of a flat list in one, is declared once below: a
+# class whose fields name the script's values in order (see the script's header).
+# `read()` converts every value by its field's type and refuses a reply whose
+# length differs, so no code picks values out of a reply by position.
+
+_READERS: dict[type, tuple[Callable[[Any], Any], ...]] = {}
+T = TypeVar("T", bound=tuple[Any, ...])
+
+
+def reply_shape(cls: type[T]) -> type[T]:
+    """Registers ``cls``, a NamedTuple, as the shape of a reply."""
+    _READERS[cls] = tuple(_reader(hint) for hint in typing.get_type_hints(cls).values())
+    return cls
+
+
+def _optional_int(value: Any) -> int | None:
+    return int(value) if text(value) else None
+
+
+def _reader(hint: Any) -> Callable[[Any], Any]:
+    scalars: dict[Any, Callable[[Any], Any]] = {
+        int: int, float: float, str: text, bool: lambda value: bool(int(value)),
+        int | None: _optional_int,
+    }  # fmt: skip
+    if hint in scalars:
+        return scalars[hint]
+    (item,) = typing.get_args(hint) if typing.get_origin(hint) is list else (None,)
+    if item is str:
+        return lambda value: [text(x) for x in value]
+    if item is Handover:
+        return lambda value: [Handover(*row) for row in read_all(HandoverRow, value)]
+    if item in _READERS:
+        return lambda value: read_all(item, value)
+    raise TypeError(f"no reader for a reply field of type {hint!r}")
+
+
+def read(shape: type[T], reply: Sequence[Any]) -> T:
+    """``reply`` as a ``shape``; ValueError if its length is not the shape's."""
+    readers = _READERS[shape]
+    if len(reply) != len(readers):
+        raise ValueError(
+            f"a {shape.__name__} reply has {len(readers)} values, got {len(reply)}: {reply!r}"
+        )
+    return tuple.__new__(shape, [convert(v) for convert, v in zip(readers, reply, strict=True)])
+
+
+def read_all(shape: type[T], flat: Sequence[Any]) -> list[T]:
+    """A flat list of records, ``{a1, b1, a2, b2, ...}``, as ``shape``s."""
+    if not flat:
+        return []
+    size = len(_READERS[shape])
+    return [read(shape, flat[i : i + size]) for i in range(0, len(flat), size)]
+
+
+@reply_shape
+class HandoverRow(NamedTuple):
+    """A `Handover`, in every reply that hands over."""
+
+    holder: str
+    token: int
+    payload: str
+
+
+@reply_shape
+class Granted(NamedTuple):
+    """acquire.lua, code 1."""
+
+    fencing_token: int
+    expires_ms: int
+    now_ms: int
+    waited_ms: int
+    handovers: list[Handover]
+
+
+@reply_shape
+class Refused(NamedTuple):
+    """acquire.lua, code 0 (ticket 0: not queued)."""
+
+    ticket: int
+    position: int
+    holders: int
+    limit: int
+    draining: bool
+    earliest_expiry_ms: int  # 0: no holder
+    now_ms: int
+    hold_ms: int  # 0: none yet
+    grant_gap_ms: int  # 0: none yet
+    handovers: list[Handover]
+
+
+@reply_shape
+class StaleCopy(NamedTuple):
+    """acquire.lua, code 2: a stale copy of a handed-over waiter."""
+
+    token: int
+
+
+@reply_shape
+class Enqueued(NamedTuple):
+    """enqueue.lua."""
+
+    ticket: int
+    position: int
+    holders: int
+    limit: int
+    draining: bool
+
+
+@reply_shape
+class ParkReply(NamedTuple):
+    """park.lua."""
+
+    ticket: int
+    position: int
+    handovers: list[Handover]
+
+
+@reply_shape
+class DispatchReply(NamedTuple):
+    """dispatch.lua."""
+
+    dropped: int
+    handovers: list[Handover]
+
+
+@reply_shape
+class ReleaseReply(NamedTuple):
+    """release.lua."""
+
+    released: bool
+    held_ms: int
+    handovers: list[Handover]
+
+
+@reply_shape
+class RenewReply(NamedTuple):
+    """renew.lua."""
+
+    expires_ms: int
+    lost: list[str]
+    handovers: list[Handover]
+
+
+@reply_shape
+class ConfigureReply(NamedTuple):
+    """configure.lua: the setting's previous value (None: unset)."""
+
+    previous: int | None
+    handovers: list[Handover]
+
+
+@reply_shape
+class HolderRow(NamedTuple):
+    holder: str
+    expires_ms: float
+    record: str  # hinfo: "<fencing token>|<acquired ms>|<info>"
+
+
+@reply_shape
+class WaiterRow(NamedTuple):
+    holder: str
+    ticket: float
+    expires_ms: int
+    record: str  # winfo: "<first ask ms>|<info>"
+    state: str  # a key of WAITER_STATES
+
+
+@reply_shape
+class SentRow(NamedTuple):
+    holder: str
+    sent_ms: float
+
+
+@reply_shape
+class StatusReply(NamedTuple):
+    """status.lua."""
+
+    now_ms: int
+    recorded_limit: int | None
+    override: int | None
+    effective_limit: int
+    draining: bool
+    holder_count: int
+    waiter_count: int
+    holders: list[HolderRow]
+    waiters: list[WaiterRow]
+    parked_count: int
+    handed_over_count: int
+    sent_count: int
+    sent_without_place: list[SentRow]
+    sent_without_place_count: int
 
 
 def new_holder_id() -> str:
@@ -252,9 +440,11 @@ class SemaphoreSpec:
         if due is not None:
             due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
         return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
-                self.dispatch, due_ms]  # fmt: skip
+                self.dispatch, due_ms, self.keys.channel]  # fmt: skip
 
     def dispatch_args(self, drop: Iterable[str] = ()) -> list[Any]:
+        """Declares no limit (see effective_limit() in common.lua): the heartbeat calls
+        it on semaphores it knows only by name."""
         return [self.idle_ms, self.keys.channel, self.dispatch,
                 *(validation.check_holder(h) for h in drop)]  # fmt: skip
 
@@ -264,12 +454,13 @@ class SemaphoreSpec:
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
-                self.sent_horizon_ms]  # fmt: skip
+                self.sent_horizon_ms, self.keys.channel]  # fmt: skip
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
-        ticket, position, holders, limit, draining = (int(x) for x in reply)
-        return Place(ticket, position, holders, limit, bool(draining), next_expiry_in=None)
+        place = read(Enqueued, reply)
+        return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
+                     next_expiry_in=None)  # fmt: skip
 
     def release_args(self, holder: str, token: int | None) -> list[Any]:
         validation.check_holder(holder)
@@ -277,13 +468,17 @@ class SemaphoreSpec:
                 self.dispatch, self.limit]  # fmt: skip
 
     def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
-        args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel]
+        """Declares no limit, like `dispatch_args()` and `configure_args()`."""
+        args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel, self.dispatch]
         for holder, token in pairs:
             args += [validation.check_holder(holder), "" if token is None else token]
         return args
 
     def configure_args(self, field: str, value: str) -> list[Any]:
         return [field, value, self.idle_ms, self.keys.channel, self.dispatch]
+
+    def status_args(self) -> list[Any]:
+        return [STATUS_MOST, self.sent_horizon_ms, self.limit]
 
     def pause(self, place: Place, remaining: float | None) -> float:
         """How long a blocked waiter sleeps unless woken: never past the earliest
@@ -323,88 +518,103 @@ class SemaphoreSpec:
 
     def parse_acquire(self, reply: Sequence[Any]) -> tuple[Grant | Place, list[Handover]]:
         """The attempt's outcome and the parked waiters it made due (by reclaiming)."""
-        code = int(reply[0])
+        code, *values = reply
         if code == 1:
-            grant = Grant(int(reply[1]), int(reply[2]) / 1000, int(reply[4]) / 1000)
-            return grant, parse_handovers(reply[5])
-        if code == 2:
-            raise StaleHandover(self.name, int(text(reply[1])))
+            granted = read(Granted, values)
+            grant = Grant(
+                granted.fencing_token, granted.expires_ms / 1000, granted.waited_ms / 1000
+            )
+            return grant, granted.handovers
         if code == 0:
-            earliest, now = int(reply[6]), int(reply[7])
+            refused = read(Refused, values)
+            earliest, now = refused.earliest_expiry_ms, refused.now_ms
             return Place(
-                ticket=int(reply[1]),
-                position=int(reply[2]),
-                holders=int(reply[3]),
-                limit=int(reply[4]),
-                draining=bool(int(reply[5])),
+                ticket=refused.ticket,
+                position=refused.position,
+                holders=refused.holders,
+                limit=refused.limit,
+                draining=refused.draining,
                 next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
-                hold_estimate=int(reply[8]) / 1000 if int(reply[8]) else None,
-                grant_interval=int(reply[9]) / 1000 if int(reply[9]) else None,
-            ), parse_handovers(reply[10])
+                hold_estimate=refused.hold_ms / 1000 if refused.hold_ms else None,
+                grant_interval=refused.grant_gap_ms / 1000 if refused.grant_gap_ms else None,
+            ), refused.handovers
+        if code == 2:
+            raise StaleHandover(self.name, read(StaleCopy, values).token)
         raise ValueError(f"acquire.lua answered with unknown code {code!r}")
 
     @staticmethod
-    def parse_renew(reply: Sequence[Any]) -> tuple[float, set[str]]:
-        return int(reply[0]) / 1000, {text(h) for h in reply[1:]}
+    def parse_park(reply: Sequence[Any]) -> tuple[Parked, list[Handover]]:
+        parked = read(ParkReply, reply)
+        return Parked(parked.ticket, parked.position), parked.handovers
+
+    @staticmethod
+    def parse_dispatch(reply: Sequence[Any]) -> list[Handover]:
+        return read(DispatchReply, reply).handovers
+
+    @staticmethod
+    def parse_release(reply: Sequence[Any]) -> tuple[bool, list[Handover]]:
+        released = read(ReleaseReply, reply)
+        return released.released, released.handovers
+
+    @staticmethod
+    def parse_renew(reply: Sequence[Any]) -> tuple[float, set[str], list[Handover]]:
+        renewed = read(RenewReply, reply)
+        return renewed.expires_ms / 1000, set(renewed.lost), renewed.handovers
+
+    @staticmethod
+    def parse_configure(reply: Sequence[Any]) -> tuple[int | None, list[Handover]]:
+        configured = read(ConfigureReply, reply)
+        return configured.previous, configured.handovers
 
     def parse_status(self, reply: Sequence[Any]) -> SemaphoreStatus:
-        now = int(reply[0]) / 1000
-        declared = int(text(reply[1])) if text(reply[1]) else None
-        override = int(text(reply[2])) if text(reply[2]) else None
-        holders: list[HolderInfo] = []
-        flat = [text(x) for x in reply[6]]
-        for i in range(0, len(flat), 3):
-            token, acquired, info = [*flat[i + 2].split("|", 2), "", ""][:3]
+        status = read(StatusReply, reply)
+        holders = []
+        for row in status.holders:
+            token, acquired, info = [*row.record.split("|", 2), "", ""][:3]
             holders.append(
                 HolderInfo(
-                    flat[i],
+                    row.holder,
                     int(token or 0),
                     int(acquired or 0) / 1000,
-                    float(flat[i + 1]) / 1000,
+                    row.expires_ms / 1000,
                     info,
                 )
             )
         holders.sort(key=lambda h: h.acquired_at)
-        waiters: list[WaiterInfo] = []
-        flat = [text(x) for x in reply[7]]
-        for i in range(0, len(flat), 5):
-            since, _, info = flat[i + 3].partition("|")
+        waiters = []
+        for position, waiter in enumerate(status.waiters, 1):
+            since, _, info = waiter.record.partition("|")
             waiters.append(
                 WaiterInfo(
-                    flat[i],
-                    int(float(flat[i + 1])),
-                    len(waiters) + 1,
+                    waiter.holder,
+                    int(waiter.ticket),
+                    position,
                     int(since or 0) / 1000,
-                    int(flat[i + 2]) / 1000,
+                    waiter.expires_ms / 1000,
                     info,
-                    WAITER_STATES[flat[i + 4]],
+                    WAITER_STATES[waiter.state],
                 )
             )
-        effective = override if override is not None else (declared or self.limit)
         return SemaphoreStatus(
             name=self.name,
-            declared_limit=declared,
-            override=override,
-            effective_limit=effective,
-            draining=bool(int(reply[3])),
-            holder_count=int(reply[4]),
-            waiter_count=int(reply[5]),
+            declared_limit=status.recorded_limit,
+            override=status.override,
+            effective_limit=status.effective_limit,
+            draining=status.draining,
+            holder_count=status.holder_count,
+            waiter_count=status.waiter_count,
             holders=holders,
             waiters=waiters,
-            server_time=now,
-            parked_count=int(reply[8]),
-            handed_over_count=int(reply[9]),
-            sent_count=int(reply[10]),
+            server_time=status.now_ms / 1000,
+            parked_count=status.parked_count,
+            handed_over_count=status.handed_over_count,
+            sent_count=status.sent_count,
             sent_without_place=[
-                WaiterInfo(text(holder), 0, 0, float(text(ms)) / 1000, 0.0, "", "in broker")
-                for holder, ms in zip(reply[11][::2], reply[11][1::2], strict=True)
+                WaiterInfo(sent.holder, 0, 0, sent.sent_ms / 1000, 0.0, "", "in broker")
+                for sent in status.sent_without_place
             ],
-            sent_without_place_count=int(reply[12]),
+            sent_without_place_count=status.sent_without_place_count,
         )
-
-    @staticmethod
-    def parse_park(reply: Sequence[Any]) -> tuple[Parked, list[Handover]]:
-        return Parked(int(reply[0]), int(reply[1])), parse_handovers(reply[2])
 
     def expected_types(self) -> Iterable[tuple[str, str]]:
         return zip(self.keys.script_keys, ROLE_TYPES, strict=True)

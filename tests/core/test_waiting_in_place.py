@@ -222,12 +222,14 @@ def test_a_release_grants_within_the_limit_its_caller_declares(
 def test_a_place_taken_at_publish_does_not_change_the_recorded_limit(
     make_semaphore: MakeSemaphore,
 ) -> None:
+    """The place reports the publisher's own declaration (the one rule of
+    effective_limit() in common.lua); the recorded one stays the contenders'."""
     name = f"recorded-{time.time_ns()}"
     worker_side = make_semaphore(2, name=name)
     publisher = make_semaphore(5, name=name)
     granted(worker_side.attempt("a")).release()
     place = publisher.take_place("p", wait_lease=30)
-    assert (place.limit, publisher.status().declared_limit) == (2, 2)
+    assert (place.limit, publisher.status().declared_limit) == (5, 2)
 
 
 def test_a_blocked_acquire_rides_out_a_redis_restart(make_semaphore: MakeSemaphore) -> None:

@@ -8,8 +8,11 @@ from celery_semaphore import Handover, Place, StaleHandover
 from celery_semaphore.core.protocol import (
     WAITER_STATES,
     Grant,
+    HandoverRow,
+    Refused,
     SemaphoreSpec,
-    parse_handovers,
+    read,
+    read_all,
 )
 
 
@@ -47,16 +50,40 @@ def test_a_stale_copy_and_an_unknown_code() -> None:
 
 
 def test_handovers_come_in_triples() -> None:
-    assert parse_handovers([]) == []
+    assert spec().parse_dispatch([0, []]) == []
     flat = [b"a", b"1", b"x|y", "b", "2", ""]
-    assert parse_handovers(flat) == [Handover("a", 1, "x|y"), Handover("b", 2, "")]
+    assert spec().parse_dispatch([0, flat]) == [Handover("a", 1, "x|y"), Handover("b", 2, "")]
+
+
+def test_a_reply_of_another_length_is_refused_naming_its_shape() -> None:
+    with pytest.raises(ValueError, match="a Refused reply has 10 values, got 9"):
+        read(Refused, [9, 2, 3, 3, 0, 1500, 1000, 300, 80])
+    with pytest.raises(ValueError, match="a Granted reply has 5 values, got 4"):
+        spec().parse_acquire([1, 42, 5000, 4000, 250])
+    with pytest.raises(ValueError, match="a HandoverRow reply has 3 values, got 2"):
+        read_all(HandoverRow, [b"a", b"1", b"p", b"b", b"2"])
+
+
+def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
+    handover = [b"h", b"7", b"p"]
+    assert spec().parse_release([1, 250, handover]) == (True, [Handover("h", 7, "p")])
+    assert spec().parse_release([0, 0, []]) == (False, [])
+    assert spec().parse_renew([5000, [b"a", b"b"], []]) == (5.0, {"a", "b"}, [])
+    assert spec().parse_configure([b"3", handover]) == (3, [Handover("h", 7, "p")])
+    assert spec().parse_configure([b"", []]) == (None, [])
+    assert spec().parse_dispatch([2, handover]) == [Handover("h", 7, "p")]
+    parked, handovers = spec().parse_park([9, 4, []])
+    assert (parked.ticket, parked.position, handovers) == (9, 4, [])
+    place = spec().parse_enqueue([9, 4, 2, 5, 1])
+    assert place == Place(9, 4, 2, 5, True, None)
 
 
 def test_waiter_states_in_status() -> None:
-    reply = [1000, b"3", b"", 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p",
-                                           b"w2", b"6", b"9000", b"", b""], 1, 0,
+    reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p",
+                                              b"w2", b"6", b"9000", b"", b""], 1, 0,
              3, [b"t9", b"800"], 1]  # fmt: skip
     status = spec().parse_status(reply)
+    assert (status.declared_limit, status.override, status.effective_limit) == (3, None, 5)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
         ("w1", "parked", 1),
         ("w2", "asking", 2),
@@ -87,7 +114,7 @@ def test_the_dispatch_setting_names_what_a_publisher_needs() -> None:
     with pytest.raises(ValueError, match="on_handover"):
         spec().park_args("h", None, "payload", park_lease=10, info="", due=None)
     args = spec(handover_window=1.0).park_args("h", 4, "p", park_lease=10, info="i", due=0.0)
-    assert args[-1] == 1  # a budget already spent still hands over (in 1 ms)
+    assert args[7] == 1  # ARGV[8]: a budget already spent still hands over (in 1 ms)
 
 
 def test_bad_arguments_name_the_argument() -> None:

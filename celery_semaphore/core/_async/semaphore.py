@@ -271,10 +271,10 @@ class AsyncSemaphore:
         """
         if not self._spec.dispatch:
             raise ValueError("dispatch() needs on_handover= on the semaphore")
-        _dropped, handovers = await self._call("dispatch", self._spec.dispatch_args(drop))
-        parsed = protocol.parse_handovers(handovers)
-        self._hand_over(parsed)
-        return len(parsed)
+        reply = await self._call("dispatch", self._spec.dispatch_args(drop))
+        handovers = self._spec.parse_dispatch(reply)
+        self._hand_over(handovers)
+        return len(handovers)
 
     def _hand_over(self, handovers: list[Handover]) -> None:
         if handovers and self.on_handover is not None:
@@ -457,11 +457,10 @@ class AsyncSemaphore:
         return await self._release(holder, None)
 
     async def _release(self, holder: str, token: int | None) -> bool:
-        released, _held_ms, handovers = await self._call(
-            "release", self._spec.release_args(holder, token)
-        )
-        self._hand_over(protocol.parse_handovers(handovers))
-        return bool(released)
+        reply = await self._call("release", self._spec.release_args(holder, token))
+        released, handovers = self._spec.parse_release(reply)
+        self._hand_over(handovers)
+        return released
 
     async def renew_many(
         self, holders: Iterable[str | AsyncPermit], lease_timeout: float | None = None
@@ -484,7 +483,8 @@ class AsyncSemaphore:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
         reply = await self._call("renew", self._spec.renew_args(pairs, lease_ms))
-        expires_at, lost = self._spec.parse_renew(reply)
+        expires_at, lost, handovers = self._spec.parse_renew(reply)
+        self._hand_over(handovers)
         for permit in permits:
             if permit.holder not in lost:
                 permit.expires_at = expires_at
@@ -502,8 +502,7 @@ class AsyncSemaphore:
     async def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry), live waiters in line order, and
         tasks published with a place that have not reached a worker yet."""
-        args = [protocol.STATUS_MOST, self._spec.sent_horizon_ms]
-        return self._spec.parse_status(await self._call("status", args))
+        return self._spec.parse_status(await self._call("status", self._spec.status_args()))
 
     async def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.
@@ -523,10 +522,10 @@ class AsyncSemaphore:
         return await self._configure("draining", "1" if draining else "") == 1
 
     async def _configure(self, field: str, value: str) -> int | None:
-        reply, handovers = await self._call("configure", self._spec.configure_args(field, value))
-        self._hand_over(protocol.parse_handovers(handovers))
-        previous = protocol.text(reply)
-        return int(previous) if previous else None
+        reply = await self._call("configure", self._spec.configure_args(field, value))
+        previous, handovers = self._spec.parse_configure(reply)
+        self._hand_over(handovers)
+        return previous
 
     async def __aenter__(self) -> AsyncPermit:
         permit = await self.acquire()

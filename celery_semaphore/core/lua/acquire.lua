@@ -2,13 +2,13 @@
 --
 -- KEYS: the nine of common.lua.
 -- ARGV[1] holder           id of the contender
--- ARGV[2] declared limit   used unless meta.override is set
+-- ARGV[2] declared limit   the caller's (see effective_limit()); recorded in meta.limit
 -- ARGV[3] lease ms         lease of a granted permit
 -- ARGV[4] waiter lease ms  how long a refused contender keeps its place; 0: don't queue
 -- ARGV[5] ticket           a ticket presented again, or ''
 -- ARGV[6] info             free text stored with the holder/waiter (shown by status)
 -- ARGV[7] idle ms          every key expires after this long without use
--- ARGV[8] wake channel     PUBLISHed to when reclaiming made room
+-- ARGV[8] wake channel     for after_free(), when reclaiming made room
 -- ARGV[9] handover token   the token of the handed-over copy this is, or ''
 -- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>" (common.lua)
 -- ARGV[11] in place        '1': the contender, if refused, waits in place (subscribed
@@ -26,29 +26,28 @@
 -- {holder, token, payload, ...} due after reclaiming (see dispatch()).
 -- A holder that already holds a live permit is granted again: same slot, new token.
 
-local holder, declared = ARGV[1], tonumber(ARGV[2])
+local holder, declared = ARGV[1], ARGV[2]
 local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
 local handover, cfg, in_place = ARGV[9], ARGV[10], ARGV[11] == '1'
 local family = ARGV[12]
 
 if handover ~= '' and arrival(holder, handover) == 'stale' then
-  return {2, string.match(redis.call('HGET', parked, holder), '^(%d+)|')}
+  return {2, token_of(redis.call('HGET', parked, holder))}
 end
 
 redis.call('ZREM', sent, holder)  -- its task has reached a worker
 local waiting = redis.call('ZCARD', waiters)
-local reclaimed, lapsed = reclaim(waiting)
+local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
--- The runtime override wins over the declared limit; draining admits nobody.
-local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms',
-  'grant_at', 'grant_gap_ms', 'family')
-local limit, draining = tonumber(m[2]) or declared, m[3] == '1'
+local m = load_meta({'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
+  'grant_gap_ms', 'family'}, reclaimed > 0)
+local limit, draining = effective_limit(m, declared), m.draining == '1'
 local meta_writes = {}  -- field, value, ...: one HSET at the end
-if m[1] ~= ARGV[2] then
-  meta_writes = {'limit', ARGV[2]}
+if m.limit ~= declared then
+  meta_writes = {'limit', declared}
 end
-if family ~= '' and m[9] ~= family then
+if family ~= '' and m.family ~= family then
   table.insert(meta_writes, 'family')
   table.insert(meta_writes, family)
 end
@@ -62,7 +61,7 @@ local in_line = ticket ~= nil
 if in_line and handover == '' then
   -- Asking in person: a payload it parked earlier must not bring a second copy.
   local record = redis.call('HGET', parked, holder)
-  if state_in(record) == 'p' then unpark(holder, record) end
+  if state_in(record) == 'p' then forget({holder}, {record}) end
 end
 if presented and (not ticket or presented < ticket) then
   ticket = presented
@@ -85,19 +84,17 @@ if held or (free > 0 and ahead < free) then
   if in_line then
     local first = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|')
     if first then waited = now_ms - tonumber(first) end
-    redis.call('ZREM', waiters, holder)
-    redis.call('ZREM', wexp, holder)
-    redis.call('HDEL', winfo, holder)
-    if handover == '' then served(holder) end
+    -- Arrived by a handover: arrival() made its record a tombstone already.
+    leave_line({holder}, handover == '' and 'served' or nil)
   end
-  local token = seq_after(m[4])
+  local token = seq_after(m.fence)
   meta_writes[#meta_writes + 1] = 'fence'
   meta_writes[#meta_writes + 1] = fmt(token)
   -- The pace at which permits change hands while others wait: what a place in
   -- line is worth in time (hold / limit assumes instant hand-overs).
-  if waiting > (in_line and 1 or 0) and m[7] then
+  if waiting > (in_line and 1 or 0) and m.grant_at then
     meta_writes[#meta_writes + 1] = 'grant_gap_ms'
-    meta_writes[#meta_writes + 1] = fmt(paced(m[7], m[8]))
+    meta_writes[#meta_writes + 1] = fmt(paced(m.grant_at, m.grant_gap_ms))
   end
   meta_writes[#meta_writes + 1] = 'grant_at'
   meta_writes[#meta_writes + 1] = fmt(now_ms)
@@ -111,7 +108,7 @@ else
   local queued = 0
   if waiter_lease_ms > 0 then
     if not ticket then
-      ticket = seq_after(m[5])
+      ticket = seq_after(m.ticket)
       meta_writes[#meta_writes + 1] = 'ticket'
       meta_writes[#meta_writes + 1] = fmt(ticket)
     end
@@ -125,19 +122,15 @@ else
     waiting = waiting + 1
   end
   bump('m_refused', 1)
-  local hold_ms = tonumber(m[6]) or 0
-  local gap_ms = tonumber(m[8]) or 0
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms,
-    hold_ms, gap_ms}
+    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0}
 end
 if #meta_writes > 0 then
-  redis.call('HSET', meta, unpack(meta_writes))
+  write_meta(m, meta_writes)
 end
 local out = {}
 if reclaimed > 0 then
-  grant_in_place(channel, declared)
-  wake(channel)
-  out = dispatch(cfg)
+  out = after_free(m, declared, channel, cfg)
 end
 result[#result + 1] = out
 touch(idle_ms, waiting == 0)

@@ -1,19 +1,19 @@
 -- common.lua: prepended to every script of this folder (see celery_semaphore/core/scripts.py).
 --
--- KEYS (the same eight, in this order, for every script; one hash tag per semaphore):
+-- KEYS (the same nine, in this order, for every script; one hash tag per semaphore):
 --   KEYS[1] holders  ZSET  holder -> lease expiry, ms of server time
 --   KEYS[2] hinfo    HASH  holder -> "<fencing token>|<acquired ms>|<info>"
 --   KEYS[3] waiters  ZSET  holder -> ticket (place in line; lower goes first)
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
---   KEYS[6] meta     HASH  limit (declared), override, draining, fence, ticket, hold_ms,
---                          released, handover, family, and the m_* counters metrics.py
+--   KEYS[6] meta     HASH  limit (recorded: the last declarer's), override, draining, fence,
+--                          ticket, handover, released, hold_ms, grant_at, grant_gap_ms,
+--                          family, n_parked, n_handed, and the m_* counters metrics.py
 --                          exports
---   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<released>|<payload>":
---                          a waiter that left its payload to be handed over when due
---                          (state p: parked, h: handed over, d: arrived; see dispatch()),
---                          or one waiting in place (state w; see grant_in_place())
---   KEYS[8] handed   ZSET  holder -> when to hand it over again (h), or forget it (d)
+--   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<mark>|<payload>": a waiter
+--                          that left its payload to be handed over when due, or one
+--                          waiting in place (see "Parked records" below)
+--   KEYS[8] handed   ZSET  holder -> when to hand it over (again), or forget its record
 --   KEYS[9] sent     ZSET  holder -> when its task was published with a place in line
 --                          (enqueue.lua), until it first asks or is released: so a task
 --                          whose place lapsed while its message sat in the broker is
@@ -28,6 +28,50 @@
 -- each group is written and deleted together by one script, and touch() gives
 -- all six keys the same expiry. So ZCARD waiters == 0 means that wexp and winfo
 -- are absent too, which lets the hot paths skip the waiter keys entirely.
+--
+-- The meta hash is read once per call: load_meta() reads the fields the call needs
+-- into a table ``m`` that the helpers take (reading a field not loaded raises: it cannot
+-- pass for an absent one); set_meta(), write_meta() and count_released() keep ``m``
+-- current.
+--
+-- The effective limit, effective_limit(): the runtime override if set, else the limit
+-- the caller declares (acquire, enqueue, release, status pass theirs), else the
+-- recorded one (meta.limit: every acquire records its own, an enqueue only where none
+-- is), else 0. Callers that declare none (park, dispatch, renew, configure) get the
+-- override, else the recorded limit. So two declarations that disagree are each
+-- obeyed by their own caller, and what a caller hands on (after_free()) stays within
+-- its own effective limit.
+--
+-- What follows freed capacity (a released permit, a reclaimed lease or waiter, a
+-- waiter leaving the line, a raised limit, an ended drain), after_free(): free
+-- permits go to the waiters in place at the head of the line (FIFO: up to the first
+-- one that is not), the others are woken, the parked waiters now due are handed
+-- over. Every script that frees anything calls it; enqueue hands over nothing (a
+-- publisher calls it inside before_task_publish; the next release or heartbeat does).
+--
+-- Parked records ---------------------------------------------------------------
+--
+-- "<handover token>|<state>|<mark>|<payload>"; no record: the waiter asks itself.
+--
+--   from       to    by                              when
+--   any        p     park.lua                        it parks (token 0, mark: meta.released)
+--   p          h     dispatch()                      it is due (see dispatch()): a new token
+--   h          h     dispatch()                      not arrived by its deadline: a new token
+--   h          d     acquire.lua (arrival())         the copy handed over last arrives
+--   h          x     acquire.lua (served())          served in person, a copy on its way
+--   p          -     acquire.lua                     it asks in person, or is served so
+--   -, d, w    w     acquire.lua (mark_in_place())   refused while it waits in place
+--   w          d, -  unmark_in_place()               it asks without waiting in place, or is
+--                                                    served (d: it had arrived by a handover)
+--   p, h       -     dispatch.lua                    named as revoked
+--   any        -     reclaim(), release.lua by id    its place lapsed; it left the line
+--   p, h       -     dispatch()                      its handed entry is due, not in line
+--   d, x (w)   -     dispatch()                      TOMBSTONE_MS after the tombstone was made
+--                                                    (and a w mark made on one)
+--
+-- p: parked, h: handed over, d: arrived (tombstone), x: served by another copy of its
+-- task (tombstone: that copy is stale), w: waiting in place ("<token>|w|<lease ms>|").
+-- n_parked and n_handed in meta count the p and h records.
 
 local holders, hinfo, waiters, wexp, winfo, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local parked, handed, sent = KEYS[7], KEYS[8], KEYS[9]
@@ -40,49 +84,70 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- The next fence or ticket after ``last`` (a meta field's value, or nil); the
--- caller stores it (acquire batches its meta writes into one HSET).
-local function seq_after(last)
-  return math.max((tonumber(last) or 0) + 1, now_us)
+-- Meta ------------------------------------------------------------------------
+
+local NOT_LOADED = {__index = function(_, field) error('meta.' .. field .. ' not loaded') end}
+
+-- The meta ``fields`` (a list), and with ``freeing`` those after_free() reads, in one
+-- HMGET: {field = value, or false if absent}.
+local function load_meta(fields, freeing)
+  if freeing then
+    local wanted = {}
+    for i = 1, #fields do wanted[fields[i]] = true end
+    fields = {unpack(fields)}
+    for _, field in ipairs({'limit', 'override', 'draining', 'fence', 'grant_at', 'grant_gap_ms',
+        'released', 'hold_ms', 'handover'}) do
+      if not wanted[field] then fields[#fields + 1] = field end
+    end
+  end
+  local values = redis.call('HMGET', meta, unpack(fields))
+  local m = {}
+  for i = 1, #fields do m[fields[i]] = values[i] end
+  return setmetatable(m, NOT_LOADED)
 end
 
-local function next_seq(field)
-  local value = seq_after(redis.call('HGET', meta, field))
-  redis.call('HSET', meta, field, fmt(value))
-  return value
+-- Sets ``field`` to ``value`` in meta and in ``m``.
+local function set_meta(m, field, value)
+  m[field] = value
+  redis.call('HSET', meta, field, value)
 end
 
--- Histogram bucket bounds in ms; celery_semaphore/metrics.py has the same in seconds.
-local BUCKETS = {5, 25, 100, 250, 1000, 2500, 10000, 30000, 60000, 300000, 1800000}
+-- Sets ``writes`` ({field, value, ...}) in meta and in ``m``, in one HSET.
+local function write_meta(m, writes)
+  for i = 1, #writes, 2 do m[writes[i]] = writes[i + 1] end
+  redis.call('HSET', meta, unpack(writes))
+end
 
 local function bump(field, n)
   if n > 0 then redis.call('HINCRBY', meta, field, n) end
 end
 
--- How many waiters are parked (state p) and handed over (h), kept in meta so
--- status() and the metrics read them without scanning ``parked``.
-local COUNTED = {p = 'n_parked', h = 'n_handed'}
-
-local function state_in(record)
-  return record and string.match(record, '^%d+|(%a)|') or nil
+-- Counts ``n`` permits released (meta.released marks when a waiter parked: see
+-- dispatch()); ``m``: nil for a caller that loads meta afterwards.
+local function count_released(m, n)
+  if n == 0 then return end
+  local released = redis.call('HINCRBY', meta, 'released', n)
+  if m then m.released = fmt(released) end
 end
 
-local function recount(before, after)
-  if before == after then return end
-  if COUNTED[before] then redis.call('HINCRBY', meta, COUNTED[before], -1) end
-  if COUNTED[after] then redis.call('HINCRBY', meta, COUNTED[after], 1) end
+-- The one rule (see the header). ``declared``: the caller's limit, or '' for none.
+local function effective_limit(m, declared)
+  return tonumber(m.override) or tonumber(declared) or tonumber(m.limit) or 0
 end
 
--- Sets ``holder``'s parked record to ``record`` (nil: deletes it); ``old``: the
--- record it replaces (false or nil: none). Every write to ``parked`` goes here.
-local function put_record(holder, record, old)
-  if record then
-    redis.call('HSET', parked, holder, record)
-  else
-    redis.call('HDEL', parked, holder)
-  end
-  recount(state_in(old), state_in(record))
+-- The next fence, ticket or handover token after ``last`` (a meta field's value, if any).
+local function seq_after(last)
+  return math.max((tonumber(last) or 0) + 1, now_us)
 end
+
+local function next_seq(m, field)
+  local value = seq_after(m[field])
+  set_meta(m, field, fmt(value))
+  return value
+end
+
+-- Histogram bucket bounds in ms; celery_semaphore/metrics.py has the same in seconds.
+local BUCKETS = {5, 25, 100, 250, 1000, 2500, 10000, 30000, 60000, 300000, 1800000}
 
 -- One observation of ``ms`` in histogram ``kind`` ('wait' or 'hold'): buckets
 -- m_<kind>_b<i> are not cumulative; metrics.py adds them up.
@@ -96,53 +161,6 @@ local function observe(kind, ms)
   end
   redis.call('HINCRBY', meta, 'm_' .. kind .. '_b' .. index, 1)
   redis.call('HINCRBY', meta, 'm_' .. kind .. '_sum', math.floor(ms))
-end
-
-local function token_of(record)
-  if not record then return nil end
-  return string.match(record, '^(%d+)|')
-end
-
--- Drops holders and waiters whose leases ran out; returns how many went, and
--- how many of those were waiters. ``waiting``: ZCARD waiters if the caller read
--- it, else nil; 0 skips the scan of wexp (no waiters, so none lapsed).
-local function reclaim(waiting)
-  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms, 'LIMIT', 0, BATCH)
-  if #gone > 0 then
-    redis.call('ZREM', holders, unpack(gone))
-    redis.call('HDEL', hinfo, unpack(gone))
-    bump('m_expired', #gone)
-    bump('released', #gone)
-  end
-  local lapsed = 0
-  if waiting ~= 0 then
-    local list = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_ms, 'LIMIT', 0, BATCH)
-    if #list > 0 then
-      redis.call('ZREM', waiters, unpack(list))
-      redis.call('ZREM', wexp, unpack(list))
-      redis.call('HDEL', winfo, unpack(list))
-      for _, record in ipairs(redis.call('HMGET', parked, unpack(list))) do
-        recount(state_in(record), nil)
-      end
-      redis.call('HDEL', parked, unpack(list))
-      redis.call('ZREM', handed, unpack(list))
-    end
-    lapsed = #list
-  end
-  return #gone + lapsed, lapsed
-end
-
--- Tells blocked waiters that permits are free, with the highest ticket that
--- may now be admitted ('inf': any), so waiters further back sleep on.
--- Publishes nothing when nobody waits or no permit is free.
-local function wake(channel)
-  if redis.call('ZCARD', waiters) == 0 then return end
-  local m = redis.call('HMGET', meta, 'limit', 'override', 'draining')
-  if m[3] == '1' then return end
-  local free = (tonumber(m[2]) or tonumber(m[1]) or 0) - redis.call('ZCARD', holders)
-  if free <= 0 then return end
-  local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
-  redis.call('PUBLISH', channel, last[2] or 'inf')
 end
 
 -- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
@@ -160,77 +178,81 @@ local function touch(idle_ms, no_waiters)
   end
 end
 
--- Parked waiters ------------------------------------------------------------
---
--- A waiter may leave a payload (a message that brings it back) and stop asking:
--- it is parked. dispatch() hands parked waiters over when they are due: it marks
--- them handed (with a new handover token and a deadline) and returns their
--- payloads for the caller to publish. A waiter is due when
---   * it is among the first ``free`` waiters (a permit is free for it now), or
---   * it is among the next ``window`` waiters and parked before the latest
---     release: its turn is near, so it should be waiting at a worker when it
---     comes (the window is the number of waiters served within max_block at
---     the average hold time, at most the limit);
--- or it was handed over and did not arrive by its deadline (its publisher
--- may have died): handed over again, with a new token, so the stale copy is
--- recognised when it arrives (acquire.lua answers "duplicate"); or it parked
--- with a time by which it must come back (its wait budget), and that passed.
--- Records of arrived waiters (state d) and of waiters served by another copy
--- of their task (state x) stay as tombstones for TOMBSTONE_MS.
+local function token_of(record)
+  if not record then return nil end
+  return string.match(record, '^(%d+)|')
+end
+
+local function earliest_expiry()
+  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+  return tonumber(first[2]) or 0
+end
+
+-- Parked records (see the header) ----------------------------------------------
 
 local TOMBSTONE_MS = 3600000
 local PARKED_RECORD = '^(%d+)|(%a)|(%d+)|(.*)$'
+local COUNTED = {p = 'n_parked', h = 'n_handed'}
 
-local function hand_over(holder, record, payload, deadline_ms, out)
-  local token = next_seq('handover')
-  put_record(holder, fmt(token) .. '|h|0|' .. payload, record)
-  redis.call('ZADD', handed, now_ms + deadline_ms, holder)
-  out[#out + 1] = holder
-  out[#out + 1] = fmt(token)
-  out[#out + 1] = payload
+local function state_in(record)
+  return record and string.match(record, '^%d+|(%a)|') or nil
 end
 
--- ``cfg``: '' when the caller does not publish (nothing is handed over), else
--- "<max block ms>|<deadline ms>". Returns {holder, token, payload, ...}.
-local function dispatch(cfg)
-  local out = {}
-  if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
-  local max_block_ms, deadline_ms = string.match(cfg, '^(%d+)|(%d+)$')
-  max_block_ms, deadline_ms = tonumber(max_block_ms), tonumber(deadline_ms)
-  local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'released', 'hold_ms')
-  local limit = tonumber(m[2]) or tonumber(m[1]) or 0
-  local free = 0
-  if m[3] ~= '1' then free = math.max(0, limit - redis.call('ZCARD', holders)) end
-  local released, hold_ms = tonumber(m[4]) or 0, tonumber(m[5]) or 0
-  local window = limit
-  if hold_ms > 0 then window = math.min(limit, math.floor(max_block_ms * limit / hold_ms)) end
-  if m[3] == '1' then window = 0 end
-  if free + window > 0 then
-    local first = redis.call('ZRANGE', waiters, 0, free + window - 1)
-    for i, holder in ipairs(first) do
-      local record = redis.call('HGET', parked, holder)
-      if record then
-        local _, state, mark, payload = string.match(record, PARKED_RECORD)
-        if state == 'p' and (i <= free or tonumber(mark) < released) then
-          hand_over(holder, record, payload, deadline_ms, out)
-        end
-      end
-    end
+local function recount(before, after)
+  if before == after then return end
+  if COUNTED[before] then redis.call('HINCRBY', meta, COUNTED[before], -1) end
+  if COUNTED[after] then redis.call('HINCRBY', meta, COUNTED[after], 1) end
+end
+
+-- Sets ``holder``'s record to ``record``; ``old``: the one it replaces (false: none).
+-- put_record() and forget() are the only writers of ``parked``.
+local function put_record(holder, record, old)
+  redis.call('HSET', parked, holder, record)
+  recount(state_in(old), state_in(record))
+end
+
+-- Deletes the records of the holders in ``list``; ``records``: theirs, if read already.
+local function forget(list, records)
+  records = records or redis.call('HMGET', parked, unpack(list))
+  for _, record in ipairs(records) do recount(state_in(record), nil) end
+  redis.call('HDEL', parked, unpack(list))
+  redis.call('ZREM', handed, unpack(list))
+end
+
+local function mark_in_place(holder, lease_ms)
+  local record = redis.call('HGET', parked, holder)
+  local token, state = '0', nil
+  if record then token, state = string.match(record, '^(%d+)|(%a)|') end
+  if state == nil or state == 'd' or state == 'w' then
+    put_record(holder, token .. '|w|' .. fmt(lease_ms) .. '|', record)
   end
-  local late = redis.call('ZRANGEBYSCORE', handed, '-inf', now_ms, 'LIMIT', 0, BATCH)
-  for _, holder in ipairs(late) do
-    local record = redis.call('HGET', parked, holder)
-    local _, state, _, payload = string.match(record or '', PARKED_RECORD)
-    if (state == 'h' or state == 'p') and redis.call('ZSCORE', waiters, holder) then
-      if state == 'h' then bump('m_handover_retried', 1) end
-      hand_over(holder, record, payload, deadline_ms, out)
-    else
-      redis.call('ZREM', handed, holder)
-      put_record(holder, nil, record)
-    end
+end
+
+-- ``holder`` (whose record is ``record``) no longer waits in place.
+local function unmark_in_place(holder, record)
+  local token, state = string.match(record or '', '^(%d+)|(%a)|')
+  if state ~= 'w' then return end
+  if token == '0' then
+    forget({holder}, {record})
+  else
+    put_record(holder, token .. '|d|0|', record)
   end
-  bump('m_handed_over', #out / 3)
-  return out
+end
+
+-- ``holder`` got a permit without presenting a handover token: a handed-over copy
+-- of its task still on its way is stale.
+local function served(holder)
+  local record = redis.call('HGET', parked, holder)
+  if not record then return end
+  local token, state = string.match(record, PARKED_RECORD)
+  if state == 'h' then
+    put_record(holder, token .. '|x|0|', record)
+    redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
+  elseif state == 'p' then
+    forget({holder}, {record})
+  else
+    unmark_in_place(holder, record)
+  end
 end
 
 -- What a waiter presenting handover ``token`` is: 'valid' (the copy handed over
@@ -247,104 +269,21 @@ local function arrival(holder, token)
   return 'valid'
 end
 
--- Forget a waiter's parked record (it left the line); ``old``: the record, if
--- the caller read it.
-local function unpark(holder, old)
-  if old == nil then old = redis.call('HGET', parked, holder) end
-  put_record(holder, nil, old)
-  redis.call('ZREM', handed, holder)
-end
+-- The line -----------------------------------------------------------------------
 
--- Waiting in place -----------------------------------------------------------
---
--- A waiter blocked on the wake channel (wait_for_turn, after SUBSCRIBE) is
--- marked w in parked, with the lease it asks for ("<token>|w|<lease ms>|"): a
--- release then grants it the permit itself and PUBLISHes
--- "g|<holder>|<fencing token>|<lease expiry ms>|<waited ms>", so the next owner
--- starts without another round trip. The mark keeps the handover token of an
--- arrived waiter (state d), and goes back to d (or away) when the waiter stops
--- waiting in place.
-
-local function mark_in_place(holder, lease_ms)
-  local record = redis.call('HGET', parked, holder)
-  local token, state = '0', nil
-  if record then token, state = string.match(record, '^(%d+)|(%a)|') end
-  if state == nil or state == 'd' or state == 'w' then
-    put_record(holder, token .. '|w|' .. fmt(lease_ms) .. '|', record)
+-- Takes the holders in ``list`` out of the line; returns how many were in it.
+-- ``fate`` of their parked records: 'forget' (they are gone), 'served' (they hold a
+-- permit now: see served()), or nil (left as they are: an arrival made a tombstone).
+local function leave_line(list, fate)
+  local left = redis.call('ZREM', waiters, unpack(list))
+  redis.call('ZREM', wexp, unpack(list))
+  redis.call('HDEL', winfo, unpack(list))
+  if fate == 'forget' then
+    forget(list)
+  elseif fate == 'served' then
+    for _, holder in ipairs(list) do served(holder) end
   end
-end
-
--- ``holder`` (whose parked record is ``record``) no longer waits in place.
-local function unmark_in_place(holder, record)
-  local token, state = string.match(record or '', '^(%d+)|(%a)|')
-  if state ~= 'w' then return end
-  if token == '0' then
-    unpark(holder, record)
-  else
-    put_record(holder, token .. '|d|0|', record)
-  end
-end
-
--- The moving average of the time between grants while others wait, after a grant
--- now (``last_at``: meta.grant_at, ``average``: meta.grant_gap_ms, or nil).
-local function paced(last_at, average)
-  if not last_at then return average end
-  local gap = now_ms - tonumber(last_at)
-  return average and (0.8 * tonumber(average) + 0.2 * gap) or gap
-end
-
--- Grants free permits to the first waiters in line while they wait in place
--- (stopping at the first that does not: FIFO), telling each on ``channel``.
--- ``declared``: the limit the caller declares (as an acquire does; the override
--- wins), or nil for a caller that declares none (the recorded one then).
-local function grant_in_place(channel, declared)
-  local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'fence', 'grant_at',
-    'grant_gap_ms')
-  if m[3] == '1' then return end
-  local limit = tonumber(m[2]) or tonumber(declared) or tonumber(m[1]) or 0
-  local free = limit - redis.call('ZCARD', holders)
-  if free <= 0 then return end
-  local fence, last_at, average, granted = m[4], m[5], m[6], 0
-  for _, holder in ipairs(redis.call('ZRANGE', waiters, 0, free - 1)) do
-    local record = redis.call('HGET', parked, holder)
-    local state, lease_ms = string.match(record or '', '^%d+|(%a)|(%d+)|')
-    if state ~= 'w' then break end
-    local since, info = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|(.*)$')
-    local waited = now_ms - (tonumber(since) or now_ms)
-    local expires = now_ms + tonumber(lease_ms)
-    fence = fmt(seq_after(fence))
-    redis.call('ZREM', waiters, holder)
-    redis.call('ZREM', wexp, holder)
-    redis.call('HDEL', winfo, holder)
-    unmark_in_place(holder, record)
-    redis.call('ZADD', holders, expires, holder)
-    redis.call('HSET', hinfo, holder, fence .. '|' .. fmt(now_ms) .. '|' .. (info or ''))
-    observe('wait', waited)
-    average, last_at = paced(last_at, average), now_ms
-    redis.call('PUBLISH', channel,
-      'g|' .. holder .. '|' .. fence .. '|' .. fmt(expires) .. '|' .. fmt(waited))
-    granted = granted + 1
-  end
-  if granted > 0 then
-    redis.call('HSET', meta, 'fence', fence, 'grant_at', fmt(now_ms), 'grant_gap_ms', fmt(average))
-    bump('m_granted', granted)
-  end
-end
-
--- A waiter was served by a copy of its task other than the one handed over
--- (it came back on its own): a handed-over copy still on its way is stale.
-local function served(holder)
-  local record = redis.call('HGET', parked, holder)
-  if not record then return end
-  local token, state = string.match(record, PARKED_RECORD)
-  if state == 'h' then
-    put_record(holder, token .. '|x|0|', record)
-    redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
-  elseif state == 'p' then
-    unpark(holder, record)
-  else
-    unmark_in_place(holder, record)
-  end
+  return left
 end
 
 -- Puts ``holder`` in line at ``ticket`` for ``lease_ms``, keeping when it first asked.
@@ -357,7 +296,152 @@ local function stand_in_line(holder, ticket, lease_ms, info)
   end
 end
 
-local function earliest_expiry()
-  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
-  return tonumber(first[2]) or 0
+-- Drops holders and waiters whose leases ran out; returns how many went, and
+-- how many of those were waiters. ``waiting``: ZCARD waiters if the caller read
+-- it, else nil; 0 skips the scan of wexp (no waiters, so none lapsed).
+local function reclaim(m, waiting)
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms, 'LIMIT', 0, BATCH)
+  if #gone > 0 then
+    redis.call('ZREM', holders, unpack(gone))
+    redis.call('HDEL', hinfo, unpack(gone))
+    bump('m_expired', #gone)
+    count_released(m, #gone)
+  end
+  local lapsed = 0
+  if waiting ~= 0 then
+    local list = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_ms, 'LIMIT', 0, BATCH)
+    if #list > 0 then leave_line(list, 'forget') end
+    lapsed = #list
+  end
+  return #gone + lapsed, lapsed
+end
+
+-- What follows freed capacity (see the header) -----------------------------------
+
+-- Tells blocked waiters that permits are free, with the highest ticket that
+-- may now be admitted ('inf': any), so waiters further back sleep on.
+-- Publishes nothing when nobody waits or no permit is free.
+local function wake(m, declared, channel)
+  if m.draining == '1' or redis.call('ZCARD', waiters) == 0 then return end
+  local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
+  if free <= 0 then return end
+  local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
+  redis.call('PUBLISH', channel, last[2] or 'inf')
+end
+
+-- The moving average of the time between grants while others wait, after a grant
+-- now (``last_at``: meta.grant_at, ``average``: meta.grant_gap_ms, or nil).
+local function paced(last_at, average)
+  if not last_at then return average end
+  local gap = now_ms - tonumber(last_at)
+  return average and (0.8 * tonumber(average) + 0.2 * gap) or gap
+end
+
+-- Waiting in place: a waiter blocked on the wake channel (wait_for_turn, after
+-- SUBSCRIBE) is marked w with the lease it asks for. Free permits go to the first
+-- waiters in line while they wait in place, each told on ``channel`` with
+-- "g|<holder>|<fencing token>|<lease expiry ms>|<waited ms>", so the next owner
+-- starts without another round trip.
+local function grant_in_place(m, declared, channel)
+  if m.draining == '1' then return end
+  local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
+  if free <= 0 then return end
+  local fence, last_at, average, granted = m.fence, m.grant_at, m.grant_gap_ms, 0
+  for _, holder in ipairs(redis.call('ZRANGE', waiters, 0, free - 1)) do
+    local state, lease_ms = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|(%d+)|')
+    if state ~= 'w' then break end
+    local since, info = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|(.*)$')
+    local waited = now_ms - (tonumber(since) or now_ms)
+    local expires = now_ms + tonumber(lease_ms)
+    fence = fmt(seq_after(fence))
+    leave_line({holder}, 'served')
+    redis.call('ZADD', holders, expires, holder)
+    redis.call('HSET', hinfo, holder, fence .. '|' .. fmt(now_ms) .. '|' .. (info or ''))
+    observe('wait', waited)
+    average, last_at = paced(last_at, average), now_ms
+    redis.call('PUBLISH', channel,
+      'g|' .. holder .. '|' .. fence .. '|' .. fmt(expires) .. '|' .. fmt(waited))
+    granted = granted + 1
+  end
+  if granted > 0 then
+    local writes = {'fence', fence, 'grant_at', fmt(now_ms)}
+    if average then  -- none yet after the first grant ever
+      writes[#writes + 1] = 'grant_gap_ms'
+      writes[#writes + 1] = fmt(average)
+    end
+    write_meta(m, writes)
+    bump('m_granted', granted)
+  end
+end
+
+local function hand_over(m, holder, record, payload, deadline_ms, out)
+  local token = fmt(seq_after(m.handover))
+  m.handover = token  -- dispatch() writes it to meta once
+  put_record(holder, token .. '|h|0|' .. payload, record)
+  redis.call('ZADD', handed, now_ms + deadline_ms, holder)
+  out[#out + 1] = holder
+  out[#out + 1] = token
+  out[#out + 1] = payload
+end
+
+-- Hands over the parked waiters that are due: ``cfg`` is '' when the caller does
+-- not publish (nothing is handed over), else "<max block ms>|<deadline ms>".
+-- Returns {holder, token, payload, ...}. A waiter is due when
+--   * it is among the first ``free`` waiters (a permit is free for it now), or
+--   * it is among the next ``window`` waiters and parked before the latest
+--     release: its turn is near, so it should be waiting at a worker when it
+--     comes (the window is the number of waiters served within max_block at
+--     the average hold time, at most the limit);
+-- or it was handed over and did not arrive by its deadline (its publisher
+-- may have died): handed over again, with a new token, so the stale copy is
+-- recognised when it arrives (acquire.lua answers code 2); or it parked
+-- with a time by which it must come back (its wait budget), and that passed.
+local function dispatch(m, declared, cfg)
+  local out = {}
+  if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
+  local max_block_ms, deadline_ms = string.match(cfg, '^(%d+)|(%d+)$')
+  max_block_ms, deadline_ms = tonumber(max_block_ms), tonumber(deadline_ms)
+  local limit, draining = effective_limit(m, declared), m.draining == '1'
+  local free, window = 0, 0
+  if not draining then
+    free = math.max(0, limit - redis.call('ZCARD', holders))
+    window = limit
+  end
+  local released, hold_ms = tonumber(m.released) or 0, tonumber(m.hold_ms) or 0
+  if hold_ms > 0 then window = math.min(window, math.floor(max_block_ms * limit / hold_ms)) end
+  if free + window > 0 then
+    local first = redis.call('ZRANGE', waiters, 0, free + window - 1)
+    for i, holder in ipairs(first) do
+      local record = redis.call('HGET', parked, holder)
+      if record then
+        local _, state, mark, payload = string.match(record, PARKED_RECORD)
+        if state == 'p' and (i <= free or tonumber(mark) < released) then
+          hand_over(m, holder, record, payload, deadline_ms, out)
+        end
+      end
+    end
+  end
+  local late = redis.call('ZRANGEBYSCORE', handed, '-inf', now_ms, 'LIMIT', 0, BATCH)
+  for _, holder in ipairs(late) do
+    local record = redis.call('HGET', parked, holder)
+    local _, state, _, payload = string.match(record or '', PARKED_RECORD)
+    if (state == 'h' or state == 'p') and redis.call('ZSCORE', waiters, holder) then
+      if state == 'h' then bump('m_handover_retried', 1) end
+      hand_over(m, holder, record, payload, deadline_ms, out)
+    else
+      forget({holder}, {record})
+    end
+  end
+  if #out > 0 then
+    set_meta(m, 'handover', m.handover)
+    bump('m_handed_over', #out / 3)
+  end
+  return out
+end
+
+-- See the header; ``m``: loaded ``freeing``. Returns the handovers (dispatch()).
+local function after_free(m, declared, channel, cfg)
+  grant_in_place(m, declared, channel)
+  wake(m, declared, channel)
+  return dispatch(m, declared, cfg)
 end

@@ -7,8 +7,8 @@
 -- ARGV[4] wake channel
 -- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
 --
--- Returns {the previous value or '', handovers}. Waiters are woken, and parked
--- ones handed over, so a raised limit or an ended drain admits them at once.
+-- Returns {the previous value or '', handovers}. Then after_free() (the caller
+-- declares no limit), so a raised limit or an ended drain admits waiters at once.
 --
 -- A setting made before any contender recorded its limit (``set-limit`` before
 -- a semaphore's first use) does not expire: nothing would refresh it until the
@@ -19,16 +19,16 @@ local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]),
 if field ~= 'override' and field ~= 'draining' then
   return redis.error_reply('ERR unknown semaphore setting ' .. field)
 end
-local previous = redis.call('HGET', meta, field) or ''
+local m = load_meta({}, true)
+local previous = m[field] or ''
 if value == '' then
   redis.call('HDEL', meta, field)
+  m[field] = false
 else
-  redis.call('HSET', meta, field, value)
+  set_meta(m, field, value)
 end
-reclaim()
-grant_in_place(channel)
-wake(channel)
-local out = dispatch(cfg)
+reclaim(m)
+local out = after_free(m, '', channel, cfg)
 touch(idle_ms)
-if redis.call('HEXISTS', meta, 'limit') == 0 then redis.call('PERSIST', meta) end
+if not m.limit then redis.call('PERSIST', meta) end
 return {previous, out}

@@ -3,7 +3,8 @@
 --
 -- For a caller that publishes but frees nothing: the worker heartbeat, which so
 -- notices permits freed by a lease that ran out while nobody called, handed-over
--- waiters whose publisher died before publishing, and revoked parked tasks.
+-- waiters whose publisher died before publishing, and revoked parked tasks. What
+-- follows a reclaim or a drop is after_free() (the caller declares no limit).
 --
 -- KEYS: the nine of common.lua.
 -- ARGV[1] idle ms
@@ -12,26 +13,31 @@
 -- ARGV[4..] holders to drop from the line if they are parked or handed over
 --           (a holder asking in person, or holding a permit, is left alone)
 --
--- Returns {dropped count, {holder, handover token, payload, ...}}.
+-- Returns {dropped count, {holder, handover token, payload, ...}}; changes nothing
+-- if meta is gone (expired, or Redis lost it): writing would recreate it unexpiring.
 
 local idle_ms, channel, cfg = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-if redis.call('HLEN', meta) == 0 then return {0, {}} end
+local m = load_meta({}, true)
+local found = false
+for _, value in pairs(m) do found = found or value end
+if not found then return {0, {}} end
 local dropped = 0
 for i = 4, #ARGV do
   local holder = ARGV[i]
-  local state = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|')
+  local state = state_in(redis.call('HGET', parked, holder))
   if state == 'p' or state == 'h' then
-    redis.call('ZREM', waiters, holder)
-    redis.call('ZREM', wexp, holder)
-    redis.call('HDEL', winfo, holder)
-    unpark(holder)
+    leave_line({holder}, 'forget')
     dropped = dropped + 1
   end
 end
 bump('m_abandoned', dropped)
 local waiting = redis.call('ZCARD', waiters)
-local reclaimed = reclaim(waiting)
-if reclaimed > 0 or dropped > 0 then wake(channel) end
-local out = dispatch(cfg)
+local reclaimed = reclaim(m, waiting)
+local out
+if reclaimed > 0 or dropped > 0 then
+  out = after_free(m, '', channel, cfg)
+else
+  out = dispatch(m, '', cfg)
+end
 if reclaimed > 0 or dropped > 0 or #out > 0 then touch(idle_ms, waiting == 0) end
 return {dropped, out}

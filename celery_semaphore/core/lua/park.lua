@@ -10,22 +10,25 @@
 -- ARGV[7] dispatch         "<max block ms>|<deadline ms>" (see dispatch() in common.lua)
 -- ARGV[8] due ms           hand it over after this long even if its turn has not
 --                          come (its wait budget runs out then), or 0
+-- ARGV[9] wake channel     for after_free(), when reclaiming made room
 --
 -- Returns {ticket, position, {holder, handover token, payload, ...}}: the
 -- waiters now due, possibly this one (a permit freed since it was refused).
+-- The caller declares no limit (see effective_limit()).
 
 local holder, presented, payload = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
-local due_ms = tonumber(ARGV[8])
+local due_ms, channel = tonumber(ARGV[8]), ARGV[9]
 
-reclaim()
+local reclaimed = reclaim(nil)
+local m = load_meta({'ticket'}, true)
 redis.call('ZREM', sent, holder)  -- its message now waits here, not in the broker
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end
-if not ticket then ticket = next_seq('ticket') end
+if not ticket then ticket = next_seq(m, 'ticket') end
 stand_in_line(holder, ticket, park_ms, info)
-local released = redis.call('HGET', meta, 'released') or '0'
-put_record(holder, '0|p|' .. released .. '|' .. payload, redis.call('HGET', parked, holder))
+put_record(holder, '0|p|' .. (m.released or '0') .. '|' .. payload,
+  redis.call('HGET', parked, holder))
 if due_ms > 0 then
   redis.call('ZADD', handed, now_ms + due_ms, holder)
 else
@@ -33,6 +36,11 @@ else
 end
 bump('m_parked', 1)
 local position = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket)) + 1
-local out = dispatch(cfg)
+local out
+if reclaimed > 0 then
+  out = after_free(m, '', channel, cfg)
+else
+  out = dispatch(m, '', cfg)
+end
 touch(idle_ms, false)
 return {ticket, position, out}

@@ -7,13 +7,11 @@
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
 -- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
--- ARGV[6] declared limit  of the caller: a permit freed here may go straight to a
---                        waiter in place (grant_in_place()) within this limit
+-- ARGV[6] declared limit  the caller's: what follows the release (after_free()) stays
+--                        within it (see effective_limit())
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
--- A freed permit goes straight to the next waiter if it waits in place (see
--- grant_in_place() in common.lua); others are woken on the wake channel.
 -- Returns {released 0/1, held ms (0 if nothing released), handovers}: the
 -- parked waiters now due (see dispatch()). Idempotent: a second release, an
 -- unknown or expired holder, or a stale token releases nothing.
@@ -22,32 +20,31 @@ local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local declared = ARGV[6]
 
 local waiting = redis.call('ZCARD', waiters)
-local reclaimed, lapsed = reclaim(waiting)
+local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
+local m = load_meta({'hold_ms'}, waiting > 0)
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
 if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, holder) == 1 then
   redis.call('HDEL', hinfo, holder)
   released = 1
   held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)
-  local average = tonumber(redis.call('HGET', meta, 'hold_ms'))
-  average = average and (0.8 * average + 0.2 * held_ms) or held_ms
-  redis.call('HSET', meta, 'hold_ms', fmt(average))
+  local average = tonumber(m.hold_ms)
+  set_meta(m, 'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms))
   observe('hold', held_ms)
-  bump('released', 1)
+  count_released(m, 1)
 end
-if token == '' then redis.call('ZREM', sent, holder) end  -- revoked before it asked
-if token == '' and waiting > 0 then
-  bump('m_abandoned', redis.call('ZREM', waiters, holder))
-  redis.call('ZREM', wexp, holder)
-  redis.call('HDEL', winfo, holder)
-  unpark(holder)
+local left = 0
+if token == '' then
+  redis.call('ZREM', sent, holder)  -- revoked before it asked
+  if waiting > 0 then
+    left = leave_line({holder}, 'forget')
+    bump('m_abandoned', left)
+  end
 end
 local out = {}
-if (released == 1 or reclaimed > 0) and waiting > 0 then
-  grant_in_place(channel, declared)
-  wake(channel)
-  out = dispatch(cfg)
+if (released == 1 or reclaimed > 0 or left > 0) and waiting > 0 then
+  out = after_free(m, declared, channel, cfg)
 end
 touch(idle_ms, waiting == 0)
 return {released, held_ms, out}

@@ -4,32 +4,35 @@
 -- ARGV[1] lease ms    new lease, counted from now
 -- ARGV[2] idle ms
 -- ARGV[3] wake channel
--- ARGV[4..] pairs: holder, fencing token ('' = any token of this holder)
+-- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[5..] pairs: holder, fencing token ('' = any token of this holder)
 --
--- Returns {new lease expiry ms, lost holder, lost holder, ...}. A holder whose
+-- Returns {new lease expiry ms, {lost holder, ...}, handovers}. A holder whose
 -- lease already ran out is reclaimed first and so reported lost: a renew never
--- resurrects an evicted holder. m_lost counts the lost pairs that came with a
+-- resurrects an evicted holder; what follows the reclaim is after_free() (the
+-- caller declares no limit). m_lost counts the lost pairs that came with a
 -- token (the caller held that permit); a holder id alone may never have held
 -- one (a worker renews its requests by id; it counts real losses itself).
+-- Reads meta only if something was reclaimed.
 
-local lease_ms, idle_ms, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local lease_ms, idle_ms, channel, cfg = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
-local reclaimed = reclaim()
+local reclaimed = reclaim(nil)
 local expires = now_ms + lease_ms
-local result = {expires}
-local lost_permits = 0
-for i = 4, #ARGV, 2 do
+local lost, lost_permits = {}, 0
+for i = 5, #ARGV, 2 do
   local holder, token = ARGV[i], ARGV[i + 1]
   local live = redis.call('ZSCORE', holders, holder)
   if live and (token == '' or token_of(redis.call('HGET', hinfo, holder)) == token) then
     redis.call('ZADD', holders, 'XX', expires, holder)
   else
-    result[#result + 1] = holder
+    lost[#lost + 1] = holder
     if token ~= '' then lost_permits = lost_permits + 1 end
   end
 end
-bump('m_renewed', (#ARGV - 3) / 2 - (#result - 1))
+bump('m_renewed', (#ARGV - 4) / 2 - #lost)
 bump('m_lost', lost_permits)
-if reclaimed > 0 then wake(channel) end
+local out = {}
+if reclaimed > 0 then out = after_free(load_meta({}, true), '', channel, cfg) end
 touch(idle_ms)
-return result
+return {expires, lost, out}

@@ -3,10 +3,11 @@
 -- KEYS: the nine of common.lua.
 -- ARGV[1] most   at most this many holders and waiters are listed
 -- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
+-- ARGV[3] declared limit   the caller's (see effective_limit())
 --
--- Returns {now ms, declared limit or '', override or '', draining 0/1,
+-- Returns {now ms, recorded limit or '', override or '', effective limit, draining 0/1,
 -- live holders, live waiters,
--- {holder, lease expiry ms, hinfo record, ...} earliest acquired first,
+-- {holder, lease expiry ms, hinfo record, ...} earliest lease expiry first,
 -- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
 -- line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
 -- '' asking itself;
@@ -18,8 +19,8 @@
 -- stops there; the newer ones most likely still hold their places).
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
-local most, horizon_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local m = redis.call('HMGET', meta, 'limit', 'override', 'draining', 'n_parked', 'n_handed')
+local most, horizon_ms, declared = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed'})
 
 local listed_holders = {}
 local h = redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
@@ -39,8 +40,7 @@ for i = 1, #w, 2 do
     listed_waiters[#listed_waiters + 1] = w[i + 1]
     listed_waiters[#listed_waiters + 1] = fmt(lease)
     listed_waiters[#listed_waiters + 1] = redis.call('HGET', winfo, w[i]) or ''
-    local record = redis.call('HGET', parked, w[i]) or ''
-    local state = string.match(record, '^%d+|(%a)|')
+    local state = state_in(redis.call('HGET', parked, w[i]))
     if state ~= 'p' and state ~= 'h' and state ~= 'w' then state = '' end
     listed_waiters[#listed_waiters + 1] = state
   end
@@ -64,9 +64,10 @@ if sent_count > 0 then
 end
 
 return {
-  now_ms, m[1] or '', m[2] or '', m[3] == '1' and 1 or 0,
+  now_ms, m.limit or '', m.override or '', effective_limit(m, declared),
+  m.draining == '1' and 1 or 0,
   redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
-  listed_holders, listed_waiters, math.max(0, tonumber(m[4]) or 0),
-  math.max(0, tonumber(m[5]) or 0), sent_count, listed_sent, lapsed_count,
+  listed_holders, listed_waiters, math.max(0, tonumber(m.n_parked) or 0),
+  math.max(0, tonumber(m.n_handed) or 0), sent_count, listed_sent, lapsed_count,
 }
