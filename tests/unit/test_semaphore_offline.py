@@ -80,8 +80,8 @@ CALL_CASES: list[Case] = [
     ("acquire", (), {"holder": 5}, TypeError, "holder must be a str"),
     ("acquire", (), {"ticket": True}, ValueError, "ticket must be"),
     ("wait_for_turn", (-1, "h"), {}, ValueError, "timeout must be"),
-    ("enqueue", ("h",), {"wait_lease": math.nan}, ValueError, "wait_lease must be"),
-    ("enqueue", ("h",), {"info": None}, TypeError, "info must be a str"),
+    ("take_place", ("h",), {"wait_lease": math.nan}, ValueError, "wait_lease must be"),
+    ("take_place", ("h",), {"info": None}, TypeError, "info must be a str"),
     ("release", ("",), {}, ValueError, "holder must be"),
     ("renew_many", (["a", ""],), {}, ValueError, "holder must be"),
     ("renew_many", (["a"],), {"lease_timeout": 0}, ValueError, "lease_timeout must be"),
@@ -128,3 +128,10 @@ def test_async_repr_masks_the_password() -> None:
     assert (
         asyncio.run(main()) == "AsyncSemaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
     )
+
+
+def test_take_place_is_the_one_way_to_take_a_place_without_asking() -> None:
+    # enqueue() returned take_place()'s ticket only: two names for one operation.
+    for cls in (Semaphore, AsyncSemaphore):
+        assert callable(cls.take_place)
+        assert not hasattr(cls, "enqueue")

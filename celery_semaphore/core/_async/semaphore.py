@@ -280,19 +280,16 @@ class AsyncSemaphore:
         if handovers and self.on_handover is not None:
             self.on_handover(handovers)
 
-    async def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
-        """Take a place in line for ``holder`` without asking for a permit; returns its ticket.
-
-        For a producer that wants its jobs served in submission order: the
-        place holds for ``wait_lease`` s; later the job presents the ticket.
-        """
-        return (await self.take_place(holder, wait_lease=wait_lease, info=info)).ticket
-
     async def take_place(
         self, holder: str, *, wait_lease: float | None = None, info: str = ""
     ) -> Place:
-        """Like `enqueue()`, but returns the whole `Place` (its position,
-        the holders and the limit), so a producer can tell a near turn from a far one."""
+        """Take a place in line for ``holder`` without asking for a permit.
+
+        For a producer that wants its jobs served in submission order: the
+        place holds for ``wait_lease`` s; later the job presents its
+        ``ticket``. The `Place` also tells its position, the holders and the
+        limit, so a producer can tell a near turn from a far one.
+        """
         args = self._spec.enqueue_args(holder, wait_lease, info)
         return self._spec.parse_enqueue(await self._call("enqueue", args))
 

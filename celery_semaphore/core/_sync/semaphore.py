@@ -280,17 +280,14 @@ class Semaphore:
         if handovers and self.on_handover is not None:
             self.on_handover(handovers)
 
-    def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
-        """Take a place in line for ``holder`` without asking for a permit; returns its ticket.
+    def take_place(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> Place:
+        """Take a place in line for ``holder`` without asking for a permit.
 
         For a producer that wants its jobs served in submission order: the
-        place holds for ``wait_lease`` s; later the job presents the ticket.
+        place holds for ``wait_lease`` s; later the job presents its
+        ``ticket``. The `Place` also tells its position, the holders and the
+        limit, so a producer can tell a near turn from a far one.
         """
-        return (self.take_place(holder, wait_lease=wait_lease, info=info)).ticket
-
-    def take_place(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> Place:
-        """Like `enqueue()`, but returns the whole `Place` (its position,
-        the holders and the limit), so a producer can tell a near turn from a far one."""
         args = self._spec.enqueue_args(holder, wait_lease, info)
         return self._spec.parse_enqueue(self._call("enqueue", args))
 
