@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .core import Semaphore
-from .core.connection import SyncClient, connect, mask_url
+from .core.connection import SyncClient, connect
 
 if TYPE_CHECKING:
     from .config import SemaphoreConfig
@@ -97,8 +97,8 @@ class Semaphores:
                     handover_window=config.max_block,
                     handover_deadline=config.handover_deadline,
                     family=family,
+                    url=config.redis_url,
                 )
-                semaphore.url = mask_url(config.redis_url)
                 self._semaphores[key] = semaphore
         return semaphore
 

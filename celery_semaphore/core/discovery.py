@@ -53,7 +53,4 @@ def open_semaphore(
     limit = declared if declared is not None or not override_only else override
     if limit is None:
         raise UnknownSemaphore(name, namespace)
-    semaphore = Semaphore(client, name, int(text(limit)), namespace=namespace, **kwargs)
-    if url:
-        semaphore.url = url
-    return semaphore
+    return Semaphore(client, name, int(text(limit)), namespace=namespace, url=url, **kwargs)

@@ -135,3 +135,26 @@ def test_take_place_is_the_one_way_to_take_a_place_without_asking() -> None:
     for cls in (Semaphore, AsyncSemaphore):
         assert callable(cls.take_place)
         assert not hasattr(cls, "enqueue")
+
+
+def test_a_client_is_shown_as_the_url_it_was_made_from_given_at_construction() -> None:
+    client = redis.Redis.from_url(URL)
+    semaphore = Semaphore(client, "jobs", 2, url=URL)
+    assert semaphore.url == "redis://app:***@db:6399/0"
+    assert repr(semaphore) == "Semaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
+    with pytest.raises(AttributeError):
+        semaphore.url = "redis://elsewhere/0"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="url= names the URL a client"):
+        Semaphore(URL, "jobs", 2, url=URL)
+
+
+def test_async_a_client_is_shown_as_the_url_it_was_made_from() -> None:
+    async def main() -> str:
+        client = redis.asyncio.Redis.from_url(URL)
+        semaphore = AsyncSemaphore(client, "jobs", 2, url=URL)
+        await client.aclose()
+        return repr(semaphore)
+
+    assert (
+        asyncio.run(main()) == "AsyncSemaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
+    )

@@ -104,7 +104,9 @@ class AsyncSemaphore:
     `redis+sentinel://`: see [Settings](settings.md#semaphore-constructor) for
     the forms) or a ready redis-py client of the matching kind (sync or asyncio).
     A client made from a URL is closed by `aclose()`; a client passed in is the
-    caller's to close.
+    caller's to close. ``url`` (the semaphore's ``url``, shown in error messages
+    and ``repr`` with any password masked): the URL a client passed in was made
+    from; by default, a description of the client.
 
     Guarantees (all arithmetic on the Redis server clock, one script call per
     operation):
@@ -148,6 +150,7 @@ class AsyncSemaphore:
         handover_window: float = 1.0,
         handover_deadline: float = 30.0,
         family: str = "",
+        url: str = "",
     ) -> None:
         if on_handover is not None and not callable(on_handover):
             raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
@@ -165,7 +168,7 @@ class AsyncSemaphore:
         )
         self.on_handover = on_handover
         self.client: AsyncClient
-        self.client, self.url = connect_async(redis)
+        self.client, self._url = connect_async(redis, url)
         self._owns_client = isinstance(redis, str)
         self._scripts = {n: self.client.register_script(source(n)) for n in NAMES}
         # Permits taken by ``async with semaphore:``, per thread and per asyncio task.
@@ -178,6 +181,7 @@ class AsyncSemaphore:
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
     family = property(lambda self: self._spec.family)
+    url = property(lambda self: self._url)
 
     def __repr__(self) -> str:
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
