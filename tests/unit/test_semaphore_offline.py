@@ -158,3 +158,17 @@ def test_async_a_client_is_shown_as_the_url_it_was_made_from() -> None:
     assert (
         asyncio.run(main()) == "AsyncSemaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
     )
+
+
+def test_the_sync_semaphore_refuses_an_on_handover_it_cannot_await() -> None:
+    async def publish(handovers: list[Any]) -> None:
+        pass
+
+    class Publisher:
+        async def __call__(self, handovers: list[Any]) -> None:
+            pass
+
+    for on_handover in (publish, Publisher()):
+        with pytest.raises(TypeError, match="Semaphore cannot await it"):
+            Semaphore(URL, "jobs", 2, on_handover=on_handover)
+        AsyncSemaphore(URL, "jobs", 2, on_handover=on_handover)  # awaits it

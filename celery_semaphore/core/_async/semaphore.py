@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,6 +35,11 @@ from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
+)
+from celery_semaphore.core.handover_calls import (
+    OnHandover,
+    call_on_handover_async,
+    check_on_handover_async,
 )
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import NAMES, source
@@ -125,10 +130,14 @@ class AsyncSemaphore:
     become due (each a [Handover][celery_semaphore.Handover]: publish its
     ``payload``; the waiter comes back with ``attempt(holder, handover=token)``)
     by whichever call of this client made them due: a release, a reclaim, a
-    raised limit, a resume, `dispatch()`. ``handover_window`` (seconds) keeps the waiters whose turn
-    is that near handed over ahead of time, so they already wait when a permit
-    frees; ``handover_deadline``: a handed-over waiter that has not arrived by
-    then is handed over again (and the late copy is refused as stale).
+    raised limit, a resume, `dispatch()`; that call returns after it. The
+    synchronous semaphore calls it inline; the asyncio one awaits a coroutine
+    function, and runs a plain function in a thread (``asyncio.to_thread``: it
+    must be thread-safe), so a blocking publish does not stall the event loop.
+    ``handover_window`` (seconds) keeps the waiters whose turn is that near
+    handed over ahead of time, so they already wait when a permit frees;
+    ``handover_deadline``: a handed-over waiter that has not arrived by then is
+    handed over again (and the late copy is refused as stale).
 
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
@@ -146,14 +155,13 @@ class AsyncSemaphore:
         waiter_lease: float = 20.0,
         recheck_interval: float = 2.0,
         idle_ttl: float = 604800.0,
-        on_handover: Callable[[list[Handover]], object] | None = None,
+        on_handover: OnHandover | None = None,
         handover_window: float = 1.0,
         handover_deadline: float = 30.0,
         family: str = "",
         url: str = "",
     ) -> None:
-        if on_handover is not None and not callable(on_handover):
-            raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
+        check_on_handover_async(on_handover)
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -239,7 +247,7 @@ class AsyncSemaphore:
             in_place=in_place,
         )
         result, handovers = self._spec.parse_acquire(await self._call("acquire", args))
-        self._hand_over(handovers)
+        await self._hand_over(handovers)
         if isinstance(result, Place):
             return result
         return AsyncPermit(self, holder, result.fencing_token, result.expires_at, result.waited)
@@ -263,7 +271,7 @@ class AsyncSemaphore:
             holder, ticket, payload, park_lease=park_lease, info=info, due=due
         )
         parked, handovers = self._spec.parse_park(await self._call("park", args))
-        self._hand_over(handovers)
+        await self._hand_over(handovers)
         return parked
 
     async def dispatch(self, drop: Iterable[str] = ()) -> int:
@@ -277,12 +285,12 @@ class AsyncSemaphore:
             raise ValueError("dispatch() needs on_handover= on the semaphore")
         _dropped, handovers = await self._call("dispatch", self._spec.dispatch_args(drop))
         parsed = protocol.parse_handovers(handovers)
-        self._hand_over(parsed)
+        await self._hand_over(parsed)
         return len(parsed)
 
-    def _hand_over(self, handovers: list[Handover]) -> None:
+    async def _hand_over(self, handovers: list[Handover]) -> None:
         if handovers and self.on_handover is not None:
-            self.on_handover(handovers)
+            await call_on_handover_async(self.on_handover, handovers)
 
     async def take_place(
         self, holder: str, *, wait_lease: float | None = None, info: str = ""
@@ -461,7 +469,7 @@ class AsyncSemaphore:
         released, _held_ms, handovers = await self._call(
             "release", self._spec.release_args(holder, token)
         )
-        self._hand_over(protocol.parse_handovers(handovers))
+        await self._hand_over(protocol.parse_handovers(handovers))
         return bool(released)
 
     async def renew_many(
@@ -525,7 +533,7 @@ class AsyncSemaphore:
 
     async def _configure(self, field: str, value: str) -> int | None:
         reply, handovers = await self._call("configure", self._spec.configure_args(field, value))
-        self._hand_over(protocol.parse_handovers(handovers))
+        await self._hand_over(protocol.parse_handovers(handovers))
         previous = protocol.text(reply)
         return int(previous) if previous else None
 

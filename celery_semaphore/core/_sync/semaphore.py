@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,6 +35,11 @@ from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
+)
+from celery_semaphore.core.handover_calls import (
+    OnHandover,
+    call_on_handover,
+    check_on_handover,
 )
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import NAMES, source
@@ -125,10 +130,14 @@ class Semaphore:
     become due (each a [Handover][celery_semaphore.Handover]: publish its
     ``payload``; the waiter comes back with ``attempt(holder, handover=token)``)
     by whichever call of this client made them due: a release, a reclaim, a
-    raised limit, a resume, `dispatch()`. ``handover_window`` (seconds) keeps the waiters whose turn
-    is that near handed over ahead of time, so they already wait when a permit
-    frees; ``handover_deadline``: a handed-over waiter that has not arrived by
-    then is handed over again (and the late copy is refused as stale).
+    raised limit, a resume, `dispatch()`; that call returns after it. The
+    synchronous semaphore calls it inline; the asyncio one awaits a coroutine
+    function, and runs a plain function in a thread (``asyncio.to_thread``: it
+    must be thread-safe), so a blocking publish does not stall the event loop.
+    ``handover_window`` (seconds) keeps the waiters whose turn is that near
+    handed over ahead of time, so they already wait when a permit frees;
+    ``handover_deadline``: a handed-over waiter that has not arrived by then is
+    handed over again (and the late copy is refused as stale).
 
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
@@ -146,14 +155,13 @@ class Semaphore:
         waiter_lease: float = 20.0,
         recheck_interval: float = 2.0,
         idle_ttl: float = 604800.0,
-        on_handover: Callable[[list[Handover]], object] | None = None,
+        on_handover: OnHandover | None = None,
         handover_window: float = 1.0,
         handover_deadline: float = 30.0,
         family: str = "",
         url: str = "",
     ) -> None:
-        if on_handover is not None and not callable(on_handover):
-            raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
+        check_on_handover(on_handover)
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -282,7 +290,7 @@ class Semaphore:
 
     def _hand_over(self, handovers: list[Handover]) -> None:
         if handovers and self.on_handover is not None:
-            self.on_handover(handovers)
+            call_on_handover(self.on_handover, handovers)
 
     def take_place(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
