@@ -17,6 +17,7 @@ where the publish handler looks the published task up.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -47,18 +48,27 @@ def _client(url: str, quick: bool) -> SyncClient:
 
 
 class Semaphores:
-    """One client per Redis URL and one `Semaphore` per gate, in this process.
+    """One client per Redis URL and one `Semaphore` per gate (the last
+    ``MOST_SEMAPHORES`` used), in this process.
 
     In handover mode each semaphore publishes the parked tasks it hands over
     (`celery_semaphore.handover`). redis-py connection pools notice a fork
     and reconnect in the child.
     """
 
+    #: Semaphores kept, the least recently used dropped past it. A key function
+    #: makes one per key (customer, tenant, ...), which would otherwise pile up
+    #: for the life of a worker or publisher. A process uses at once only the gates
+    #: of the tasks it runs or publishes (a few per task, times the pool's
+    #: concurrency); a dropped one is made again on its next use without asking
+    #: Redis (its client, and the client's scripts, are kept).
+    MOST_SEMAPHORES = 1024
+
     def __init__(self, app: Any = None) -> None:
         self.app = app
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool], SyncClient] = {}
-        self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
+        self._semaphores: OrderedDict[tuple[Any, ...], Semaphore] = OrderedDict()
 
     def get(
         self,
@@ -74,33 +84,34 @@ class Semaphores:
         handover = config.wait_mode == "handover" and self.app is not None
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
                handover, config.max_block, config.handover_deadline, family)  # fmt: skip
-        semaphore = self._semaphores.get(key)
-        if semaphore is None:
-            with self._lock:
-                client = self._clients.get((config.redis_url, quick))
-                if client is None:
-                    client = self._clients[(config.redis_url, quick)] = _client(
-                        config.redis_url, quick
-                    )
-                on_handover = None
-                if handover:
-                    from .handover import publisher  # noqa: PLC0415 (imports Celery)
+        with self._lock:
+            semaphore = self._semaphores.get(key)
+            if semaphore is not None:
+                self._semaphores.move_to_end(key)
+                return semaphore
+            client = self._clients.get((config.redis_url, quick))
+            if client is None:
+                client = self._clients[(config.redis_url, quick)] = _client(config.redis_url, quick)
+            on_handover = None
+            if handover:
+                from .handover import publisher  # noqa: PLC0415 (imports Celery)
 
-                    on_handover = publisher(self.app, name)
-                semaphore = Semaphore(
-                    client,
-                    name,
-                    limit,
-                    lease_timeout=config.lease_timeout,
-                    namespace=config.namespace,
-                    on_handover=on_handover,
-                    handover_window=config.max_block,
-                    handover_deadline=config.handover_deadline,
-                    family=family,
-                    url=config.redis_url,
-                )
-                self._semaphores[key] = semaphore
-        return semaphore
+                on_handover = publisher(self.app, name)
+            semaphore = self._semaphores[key] = Semaphore(
+                client,
+                name,
+                limit,
+                lease_timeout=config.lease_timeout,
+                namespace=config.namespace,
+                on_handover=on_handover,
+                handover_window=config.max_block,
+                handover_deadline=config.handover_deadline,
+                family=family,
+                url=config.redis_url,
+            )
+            if len(self._semaphores) > self.MOST_SEMAPHORES:
+                self._semaphores.popitem(last=False)
+            return semaphore
 
     def client(self, url: str) -> SyncClient:
         """This process's client of ``url``."""

@@ -42,7 +42,7 @@ from celery_semaphore.core.handover_calls import (
     check_on_handover_async,
 )
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
-from celery_semaphore.core.scripts import NAMES, source
+from celery_semaphore.core.scripts import registered
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -178,7 +178,7 @@ class AsyncSemaphore:
         self.client: AsyncClient
         self.client, self._url = connect_async(redis, url)
         self._owns_client = isinstance(redis, str)
-        self._scripts = {n: self.client.register_script(source(n)) for n in NAMES}
+        self._scripts = registered(self.client)
         # Permits taken by ``async with semaphore:``, per thread and per asyncio task.
         self._held: contextvars.ContextVar[tuple[AsyncPermit, ...]] = contextvars.ContextVar(
             f"celery_semaphore_held_{id(self)}", default=()
@@ -196,7 +196,9 @@ class AsyncSemaphore:
 
     async def _call(self, script: str, args: list[Any]) -> Any:
         try:
-            return await self._scripts[script](keys=self._spec.keys.script_keys, args=args)
+            return await self._scripts[script](
+                keys=self._spec.keys.script_keys, args=args, client=self.client
+            )
         except redis.ResponseError as error:
             if "WRONGTYPE" in str(error):
                 raise await self._wrong_type() from error
