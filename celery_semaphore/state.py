@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -66,6 +67,8 @@ class Semaphores:
 
     def __init__(self, app: Any = None) -> None:
         self.app = app
+        # Taken only to make a client or a semaphore: a worker forks its pool while
+        # its heartbeat thread runs, and a child that inherits it held would hang.
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool], SyncClient] = {}
         self._semaphores: OrderedDict[tuple[Any, ...], Semaphore] = OrderedDict()
@@ -84,11 +87,12 @@ class Semaphores:
         handover = config.wait_mode == "handover" and self.app is not None
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
                handover, config.max_block, config.handover_deadline, family)  # fmt: skip
-        with self._lock:
-            semaphore = self._semaphores.get(key)
-            if semaphore is not None:
+        semaphore = self._semaphores.get(key)
+        if semaphore is not None:  # no lock: see _lock
+            with suppress(KeyError):  # dropped by another thread meanwhile
                 self._semaphores.move_to_end(key)
-                return semaphore
+            return semaphore
+        with self._lock:
             client = self._clients.get((config.redis_url, quick))
             if client is None:
                 client = self._clients[(config.redis_url, quick)] = _client(config.redis_url, quick)

@@ -5,6 +5,8 @@ ever connects: building one from a URL does not."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -137,3 +139,16 @@ def test_the_scripts_of_a_client_do_not_keep_it_alive() -> None:
     del client, semaphore
     gc.collect()
     assert gone() is None
+
+
+def test_no_lua_file_is_read_after_import() -> None:
+    """A pool child forked while the heartbeat thread read a script (under an import
+    lock of importlib.resources) hung at its own first read: they are read at import."""
+    code = (
+        "import importlib.resources, redis\n"
+        "from celery_semaphore.core import scripts\n"
+        "def refuse(*args, **kwargs): raise AssertionError('a Lua file read after import')\n"
+        "importlib.resources.files = scripts.files = refuse\n"
+        "assert len(scripts.registered(redis.Redis())) == len(scripts.SOURCES)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
