@@ -1,9 +1,11 @@
 """The Lua scripts, read from the package's ``lua/`` folder when this module is
 imported, and registered once per client.
 
-Each script is ``common.lua`` followed by the script's own file, so the helpers
-(clock, reclaim, wake-up) are written once. redis-py's ``Script`` objects send
-EVALSHA and fall back to loading the script on NOSCRIPT (after a Redis restart).
+Each script of a semaphore is ``common.lua`` followed by the script's own file,
+so the helpers (clock, reclaim, wake-up) are written once; the scripts of
+``lua/parked_index/`` touch the namespace's parked index alone and stand by
+themselves. redis-py's ``Script`` objects send EVALSHA and fall back to loading
+the script on NOSCRIPT (after a Redis restart).
 
 Read at import, not on first use: a worker forks its pool while its heartbeat
 thread runs, and a child forked while that thread held an import lock (which
@@ -17,6 +19,7 @@ from importlib.resources import files
 from typing import Any
 
 NAMES = ("acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure")
+PARKED_INDEX_NAMES = ("register", "read", "forget")
 
 
 def _read(folder: Any, name: str) -> str:
@@ -25,8 +28,11 @@ def _read(folder: Any, name: str) -> str:
 
 _LUA = files("celery_semaphore.core").joinpath("lua")
 _COMMON = _read(_LUA, "common")
-#: Each script's name: its source.
-SOURCES = {name: _COMMON + "\n" + _read(_LUA, name) for name in NAMES}
+#: Each script's name (``parked_index/<name>`` for those of the parked index): its source.
+SOURCES = {
+    **{name: _COMMON + "\n" + _read(_LUA, name) for name in NAMES},
+    **{f"parked_index/{n}": _read(_LUA.joinpath("parked_index"), n) for n in PARKED_INDEX_NAMES},
+}
 
 _registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -36,8 +42,9 @@ def source(name: str) -> str:
 
 
 def registered(client: Any) -> dict[str, Any]:
-    """Each script's name: its redis-py ``Script`` (``AsyncScript``) on ``client``,
-    made on first use and shared by every semaphore of that client.
+    """Each script's name (as in `SOURCES`): its redis-py ``Script``
+    (``AsyncScript``) on ``client``, made on first use and shared by every
+    semaphore of that client.
 
     The scripts hold the client weakly (they are called with ``client=``), so
     this registry does not keep a client alive that nobody else uses. No lock,

@@ -18,7 +18,7 @@ from celery import Celery
 import celery_semaphore
 from celery_semaphore.config import SemaphoreConfig, get_config
 from celery_semaphore.core import Semaphore
-from celery_semaphore.core.scripts import NAMES
+from celery_semaphore.core.scripts import NAMES, PARKED_INDEX_NAMES
 from celery_semaphore.state import QUICK_TIMEOUT, AppState, Semaphores, reset, state_of
 
 MakeApp = Callable[..., Celery]
@@ -127,9 +127,10 @@ def test_the_scripts_are_registered_once_per_client(
     semaphores = state_of(make_app()).semaphores
     for i in range(50):
         semaphores.get(f"customer-{i}", 2, CONFIG)
-    assert len(registered) == len(NAMES) == 8
+    per_client = len(NAMES) + len(PARKED_INDEX_NAMES)
+    assert len(registered) == per_client == 11
     semaphores.get("s", 2, SemaphoreConfig(redis_url="redis://elsewhere/0"))  # another client
-    assert len(registered) == 2 * len(NAMES)
+    assert len(registered) == 2 * per_client
 
 
 def test_the_scripts_of_a_client_do_not_keep_it_alive() -> None:

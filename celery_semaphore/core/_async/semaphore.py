@@ -29,7 +29,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from celery_semaphore.core import protocol, validation
+from celery_semaphore.core import parked_index, protocol, validation
 from celery_semaphore.core.connection import AsyncClient, connect_async, translate
 from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
@@ -268,13 +268,33 @@ class AsyncSemaphore:
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
         freed since it was refused), or ``due`` seconds from now at the latest (by
         the next call that hands over: its wait budget runs out then). The place
-        holds ``park_lease`` seconds."""
+        holds ``park_lease`` seconds.
+
+        The semaphore is listed in its namespace's parked index first, where
+        workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due
         )
+        await self._list_parked()
         parked, handovers = self._spec.parse_park(await self._call("park", args))
         await self._hand_over(handovers)
         return parked
+
+    async def _list_parked(self) -> None:
+        """List this semaphore in the parked index, at most every
+        ``parked_index.REGISTER_EVERY`` s per client in this process."""
+        namespace, listings = self._spec.namespace, parked_index.listings(self.client)
+        if not listings.due(namespace, self.name):
+            return
+        started = parked_index.clock()
+        register = self._scripts["parked_index/register"]
+        try:
+            await register(
+                keys=[parked_index.index_key(namespace)], args=[self.name], client=self.client
+            )
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        listings.done(namespace, self.name, started)
 
     async def dispatch(self, drop: Iterable[str] = ()) -> int:
         """Hand over the parked waiters that are due (after reclaiming run-out
