@@ -93,9 +93,7 @@ class Operator:
 
     def open_new(self, name: str, limit: int) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""
-        semaphore = Semaphore(self.client, name, limit, namespace=self.namespace)
-        semaphore.url = self.url
-        return semaphore
+        return Semaphore(self.client, name, limit, namespace=self.namespace, url=self.url)
 
     def unknown(self, name: str) -> str:
         """One line on a name with no state in Redis: what the app declares

@@ -17,6 +17,8 @@ where the publish handler looks the published task up.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from weakref import WeakSet
@@ -26,7 +28,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .core import Semaphore
-from .core.connection import SyncClient, connect, mask_url
+from .core.connection import SyncClient, connect
 from .handover import publisher
 
 if TYPE_CHECKING:
@@ -48,7 +50,8 @@ def _client(url: str, quick: bool) -> SyncClient:
 
 
 class Semaphores:
-    """One client per Redis URL and one `Semaphore` per gate, in this process.
+    """One client per Redis URL and one `Semaphore` per gate (the last
+    ``MOST_SEMAPHORES`` used), in this process.
 
     With an app, each semaphore publishes the parked tasks it hands over
     (`celery_semaphore.handover`), whatever the wait mode: a task of its own
@@ -57,11 +60,21 @@ class Semaphores:
     and reconnect in the child.
     """
 
+    #: Semaphores kept, the least recently used dropped past it. A key function
+    #: makes one per key (customer, tenant, ...), which would otherwise pile up
+    #: for the life of a worker or publisher. A process uses at once only the gates
+    #: of the tasks it runs or publishes (a few per task, times the pool's
+    #: concurrency); a dropped one is made again on its next use without asking
+    #: Redis (its client, and the client's scripts, are kept).
+    MOST_SEMAPHORES = 1024
+
     def __init__(self, app: Any = None) -> None:
         self.app = app
+        # Taken only to make a client or a semaphore: a worker forks its pool while
+        # its heartbeat thread runs, and a child that inherits it held would hang.
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool], SyncClient] = {}
-        self._semaphores: dict[tuple[Any, ...], Semaphore] = {}
+        self._semaphores: OrderedDict[tuple[Any, ...], Semaphore] = OrderedDict()
 
     def get(
         self,
@@ -77,28 +90,30 @@ class Semaphores:
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
                config.max_block, config.handover_deadline, family)  # fmt: skip
         semaphore = self._semaphores.get(key)
-        if semaphore is None:
-            with self._lock:
-                client = self._clients.get((config.redis_url, quick))
-                if client is None:
-                    client = self._clients[(config.redis_url, quick)] = _client(
-                        config.redis_url, quick
-                    )
-                on_handover = None if self.app is None else publisher(self.app, name)
-                semaphore = Semaphore(
-                    client,
-                    name,
-                    limit,
-                    lease_timeout=config.lease_timeout,
-                    namespace=config.namespace,
-                    on_handover=on_handover,
-                    handover_window=config.max_block,
-                    handover_deadline=config.handover_deadline,
-                    family=family,
-                )
-                semaphore.url = mask_url(config.redis_url)
-                self._semaphores[key] = semaphore
-        return semaphore
+        if semaphore is not None:  # no lock: see _lock
+            with suppress(KeyError):  # dropped by another thread meanwhile
+                self._semaphores.move_to_end(key)
+            return semaphore
+        with self._lock:
+            client = self._clients.get((config.redis_url, quick))
+            if client is None:
+                client = self._clients[(config.redis_url, quick)] = _client(config.redis_url, quick)
+            on_handover = None if self.app is None else publisher(self.app, name)
+            semaphore = self._semaphores[key] = Semaphore(
+                client,
+                name,
+                limit,
+                lease_timeout=config.lease_timeout,
+                namespace=config.namespace,
+                on_handover=on_handover,
+                handover_window=config.max_block,
+                handover_deadline=config.handover_deadline,
+                family=family,
+                url=config.redis_url,
+            )
+            if len(self._semaphores) > self.MOST_SEMAPHORES:
+                self._semaphores.popitem(last=False)
+            return semaphore
 
     def client(self, url: str) -> SyncClient:
         """This process's client of ``url``."""

@@ -43,7 +43,8 @@ out = Path(sys.argv[1])
 (wheel,) = out.glob("celery_semaphore-*.whl")
 version = wheel.name.split("-")[1]
 (sdist,) = out.glob(f"celery_semaphore-{version}.tar.gz")
-lua = sorted(p.name for p in Path("celery_semaphore/core/lua").glob("*.lua"))
+LUA = "celery_semaphore/core/lua/"
+lua = sorted(str(p.relative_to(LUA)) for p in Path(LUA).rglob("*.lua"))
 forbidden = ("tests/", "devkit/", "benchmarks/", "example_project/", "docs/", "scripts/")
 problems = []
 
@@ -52,7 +53,7 @@ with zipfile.ZipFile(wheel) as zf:
     info = f"celery_semaphore-{version}.dist-info"
     entry_points = zf.read(f"{info}/entry_points.txt").decode()
     metadata = zf.read(f"{info}/METADATA").decode()
-shipped_lua = sorted(n.rsplit("/", 1)[1] for n in names if n.endswith(".lua"))
+shipped_lua = sorted(n.split(LUA, 1)[1] for n in names if n.endswith(".lua"))
 if shipped_lua != lua or not lua:
     problems.append(f"wheel: Lua scripts {shipped_lua}, the source has {lua}")
 if "celery_semaphore/py.typed" not in names:
@@ -71,7 +72,7 @@ with tarfile.open(sdist) as tf:
 for needed in ("LICENSE", "README.md", "pyproject.toml", "celery_semaphore/py.typed"):
     if needed not in members:
         problems.append(f"sdist: no {needed}")
-if sorted(m.rsplit("/", 1)[1] for m in members if m.endswith(".lua")) != lua:
+if sorted(m.split(LUA, 1)[1] for m in members if m.endswith(".lua")) != lua:
     problems.append("sdist: not the source's Lua scripts")
 if [m for m in members if m.startswith(forbidden)]:
     problems.append("sdist: holds tests, devkit, benchmarks, example, docs or scripts")

@@ -38,6 +38,8 @@ RENAMES = [
     (r"\bAsyncPermit\b", "Permit"),
     (r"\bAsyncClient\b", "SyncClient"),
     (r"\bconnect_async\b", "connect"),
+    (r"\bcall_on_handover_async\b", "call_on_handover"),
+    (r"\bcheck_on_handover_async\b", "check_on_handover"),
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\baclose\b", "close"),

@@ -119,7 +119,7 @@ class BlockingSemaphore:
         return self._loop.run(self.async_semaphore.renew_many(unwrapped, lease_timeout))
 
     def __getattr__(self, name: str) -> Any:
-        """enqueue, release, status, set_limit, clear_limit, set_draining: awaited as they are."""
+        """take_place, release, status, set_limit, set_draining, ...: awaited as they are."""
         method = getattr(self.async_semaphore, name)
         return lambda *args, **kwargs: self._loop.run(method(*args, **kwargs))
 

@@ -92,15 +92,17 @@ class _AsyncSentinelMaster(redis.asyncio.Redis):
             await sentinel.aclose()
 
 
-def connect(target: Any) -> tuple[SyncClient, str]:
-    """A sync client for ``target`` (URL or client) and a masked description of it."""
+def connect(target: Any, url: str = "") -> tuple[SyncClient, str]:
+    """A sync client for ``target`` (URL or client) and a masked description of it:
+    for a client, ``url`` (the URL it was made from) if given, else `describe()`'s."""
     if isinstance(target, redis.Redis | redis.cluster.RedisCluster):
-        return target, describe(target)
+        return target, _shown(target, url)
     if not isinstance(target, str):
         raise TypeError(
             "redis must be a URL string or a redis.Redis / RedisCluster client, "
             f"got {type(target).__name__}"
         )
+    _no_second_url(url)
     base, kind, tls = _split(target)
     plain = target.replace(f"{base}+{kind}://", f"{base}://", 1)
     if kind == "cluster":
@@ -113,15 +115,16 @@ def connect(target: Any) -> tuple[SyncClient, str]:
     return redis.Redis.from_url(target), mask_url(target)
 
 
-def connect_async(target: Any) -> tuple[AsyncClient, str]:
+def connect_async(target: Any, url: str = "") -> tuple[AsyncClient, str]:
     """Like `connect()`, for ``redis.asyncio``."""
     if isinstance(target, redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster):
-        return target, describe(target)
+        return target, _shown(target, url)
     if not isinstance(target, str):
         raise TypeError(
             "redis must be a URL string or a redis.asyncio.Redis / RedisCluster client, "
             f"got {type(target).__name__}"
         )
+    _no_second_url(url)
     base, kind, tls = _split(target)
     plain = target.replace(f"{base}+{kind}://", f"{base}://", 1)
     if kind == "cluster":
@@ -131,6 +134,17 @@ def connect_async(target: Any) -> tuple[AsyncClient, str]:
         sentinel = redis.asyncio.sentinel.Sentinel(addresses, ssl=tls, **options)  # type: ignore[no-untyped-call]
         return sentinel.master_for(service, redis_class=_AsyncSentinelMaster), mask_url(target)
     return redis.asyncio.Redis.from_url(target), mask_url(target)
+
+
+def _shown(client: Any, url: str) -> str:
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, got {type(url).__name__}")
+    return mask_url(url) if url else describe(client)
+
+
+def _no_second_url(url: str) -> None:
+    if url:
+        raise TypeError("url= names the URL a client passed as redis was made from; got a URL")
 
 
 def describe(client: Any) -> str:

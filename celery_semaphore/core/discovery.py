@@ -1,7 +1,9 @@
 """Finding the semaphores that exist in Redis, for operators (CLI, metrics).
 
 Listing uses SCAN over the ``meta`` keys: fine for an operator's command or a
-metrics scrape, never used on a task's path.
+metrics scrape, never used on a task's path. A worker's heartbeat finds the
+semaphores with parked waiters in their index (`parked_index`), and SCANs
+only once, when it starts (`index_parked()`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 import redis
 
+from . import parked_index
 from ._sync.semaphore import Semaphore
 from .connection import SyncClient, translate
 from .errors import UnknownSemaphore
@@ -53,7 +56,19 @@ def open_semaphore(
     limit = declared if declared is not None or not override_only else override
     if limit is None:
         raise UnknownSemaphore(name, namespace)
-    semaphore = Semaphore(client, name, int(text(limit)), namespace=namespace, **kwargs)
-    if url:
-        semaphore.url = url
-    return semaphore
+    return Semaphore(client, name, int(text(limit)), namespace=namespace, url=url, **kwargs)
+
+
+def index_parked(client: SyncClient, namespace: str, url: str = "") -> list[str]:
+    """List in the parked index every semaphore of ``namespace`` with a parked
+    hash (found with SCAN): those parked before the index existed, or an index
+    lost alone. Only the first call for this client and namespace in this
+    process does it; the names listed."""
+    listings = parked_index.listings(client)
+    if namespace in listings.scanned:
+        return []
+    names = semaphore_names(client, namespace, url, role="parked")
+    for name in names:
+        parked_index.register(client, namespace, name, url)
+    listings.scanned.add(namespace)
+    return names

@@ -1,20 +1,60 @@
-"""The Lua scripts, read once from the package's ``lua/`` folder.
+"""The Lua scripts, read from the package's ``lua/`` folder when this module is
+imported, and registered once per client.
 
-Each script is ``common.lua`` followed by the script's own file, so the helpers
-(clock, reclaim, wake-up) are written once. redis-py's ``Script`` objects send
-EVALSHA and fall back to loading the script on NOSCRIPT (after a Redis restart).
+Each script of a semaphore is ``common.lua`` followed by the script's own file,
+so the helpers (clock, reclaim, wake-up) are written once; the scripts of
+``lua/parked_index/`` touch the namespace's parked index alone and stand by
+themselves. redis-py's ``Script`` objects send EVALSHA and fall back to loading
+the script on NOSCRIPT (after a Redis restart).
+
+Read at import, not on first use: a worker forks its pool while its heartbeat
+thread runs, and a child forked while that thread held an import lock (which
+``importlib.resources`` takes) would hang at its own first read.
 """
 
 from __future__ import annotations
 
-from functools import cache
+import weakref
 from importlib.resources import files
+from typing import Any
 
 NAMES = ("acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure")
+PARKED_INDEX_NAMES = ("register", "read", "forget")
 
 
-@cache
+def _read(folder: Any, name: str) -> str:
+    return str(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"))
+
+
+_LUA = files("celery_semaphore.core").joinpath("lua")
+_COMMON = _read(_LUA, "common")
+#: Each script's name (``parked_index/<name>`` for those of the parked index): its source.
+SOURCES = {
+    **{name: _COMMON + "\n" + _read(_LUA, name) for name in NAMES},
+    **{f"parked_index/{n}": _read(_LUA.joinpath("parked_index"), n) for n in PARKED_INDEX_NAMES},
+}
+
+_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
 def source(name: str) -> str:
-    folder = files("celery_semaphore.core").joinpath("lua")
-    common = folder.joinpath("common.lua").read_text(encoding="utf-8")
-    return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return SOURCES[name]
+
+
+def registered(client: Any) -> dict[str, Any]:
+    """Each script's name (as in `SOURCES`): its redis-py ``Script``
+    (``AsyncScript``) on ``client``, made on first use and shared by every
+    semaphore of that client.
+
+    The scripts hold the client weakly (they are called with ``client=``), so
+    this registry does not keep a client alive that nobody else uses. No lock,
+    for the same reason as above (two threads registering at once only make
+    one set too many, which is dropped).
+    """
+    scripts = _registered.get(client)
+    if scripts is None:
+        proxy = weakref.proxy(client)
+        register = type(client).register_script
+        made = {name: register(proxy, text) for name, text in SOURCES.items()}
+        scripts = _registered.setdefault(client, made)
+    return scripts

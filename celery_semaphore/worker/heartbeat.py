@@ -26,8 +26,9 @@ from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
+from celery_semaphore.core import parked_index
 from celery_semaphore.core.connection import mask_url
-from celery_semaphore.core.discovery import semaphore_names
+from celery_semaphore.core.discovery import index_parked
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
@@ -159,13 +160,19 @@ class Heartbeat:
             self.look_after_parked()
 
     def look_after_parked(self) -> None:
-        """One dispatch call per semaphore with parked tasks (see the module doc)."""
+        """One dispatch call per semaphore in the parked index (see the module doc
+        and `celery_semaphore.core.parked_index`; the first look also lists the
+        semaphores parked in before the index, with one SCAN); then the names
+        whose parked tasks are gone leave the index."""
         config = get_config(self.app)
         client = state_of(self.app).semaphores.client(config.redis_url)
+        url = mask_url(config.redis_url)
         revoked = set(self.revoked())
         self._dropped &= revoked
         drop = sorted(revoked - self._dropped)
-        names = semaphore_names(client, config.namespace, mask_url(config.redis_url), role="parked")
+        index_parked(client, config.namespace, url)
+        now_ms, entries = parked_index.read(client, config.namespace, url)
+        names = [name for name, _ in entries]
         self._notice_data_loss(client, set(names), config.redis_url)
         for name in names:
             try:
@@ -174,6 +181,7 @@ class Heartbeat:
                 logger.warning("could not hand over parked tasks of %s: %s", name, error)
                 return
         self._dropped.update(drop)
+        parked_index.forget_idle(client, config.namespace, now_ms, entries, url)
 
     def _notice_data_loss(self, client: Any, names: set[str], url: str) -> None:
         """A marker key (one per namespace, no expiry) changes only when Redis lost

@@ -17,7 +17,9 @@ from celery import Celery
 
 import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Semaphore
+from celery_semaphore.core import parked_index
 from celery_semaphore.signals import permit_lost
+from celery_semaphore.state import state_of
 from celery_semaphore.wire import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.worker.dead_children import DeadChildren, reaped_by_signal
 from celery_semaphore.worker.heartbeat import Heartbeat
@@ -277,3 +279,47 @@ def test_a_killed_child_listed_until_it_is_reaped_is_not_reported_lost(
         child.kill()
         child.wait()
         sem.close()
+
+
+def scans(client: Any) -> int:
+    """How many SCAN commands this Redis served (INFO commandstats)."""
+    return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+
+def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
+    app: Celery, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task parked by another process whose holder's lease then runs out (nobody
+    calls) is handed over by the next beat, found in the parked index: the beats
+    send no SCAN (the first look scans once, for tasks parked before the index).
+    Once it is gone, its semaphore leaves the index."""
+    from celery_semaphore.handover import encode
+
+    @app.task(name="hb.plain", shared=False)
+    def plain() -> None: ...
+
+    heartbeat = Heartbeat(app, list, interval=LEASE / 4)
+    heartbeat.look_after_parked()  # the first look, before anything parked
+    client = state_of(app).semaphores.client(redis_url)
+    before = scans(client)
+
+    elsewhere = Semaphore(redis_url, "hb-parked", 1, lease_timeout=LEASE, on_handover=list)
+    assert isinstance(elsewhere.attempt("holder"), Permit)
+    place = elsewhere.attempt("parked")
+    assert not isinstance(place, Permit)
+    elsewhere.park("parked", encode(app, plain.s(), 10**6), place.ticket)
+    heartbeat.look_after_parked()
+    assert [(w.holder, w.state) for w in elsewhere.status().waiters] == [("parked", "parked")]
+    time.sleep(LEASE * 1.5)  # the holder's lease runs out; nobody calls
+
+    heartbeat.look_after_parked()
+    waiters = elsewhere.status().waiters
+    assert [(w.holder, w.state) for w in waiters] == [("parked", "handed over")]
+    assert scans(client) == before
+
+    assert elsewhere.release("parked") is False  # gone (revoked, say)
+    monkeypatch.setattr(parked_index, "FORGET_AFTER", 0.0)
+    heartbeat.look_after_parked()
+    assert parked_index.read(client, "celery_semaphore")[1] == []
+    assert scans(client) == before
+    elsewhere.close()

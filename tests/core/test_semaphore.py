@@ -457,7 +457,7 @@ def test_a_place_taken_without_asking_says_where_it_stands_and_records_the_limit
     assert [(p.position, p.holders) for p in later] == [(1, 1), (2, 1), (3, 1)]
     again = sem.take_place("w1", wait_lease=30)
     assert (again.ticket, again.position) == (later[1].ticket, 2)
-    assert sem.enqueue("w2", wait_lease=30) == later[2].ticket
+    assert sem.take_place("w2", wait_lease=30).ticket == later[2].ticket
     sem.set_limit(5)
     assert sem.take_place("w3", wait_lease=30).limit == 5
     sem.set_draining(True)

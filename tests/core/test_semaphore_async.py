@@ -6,6 +6,7 @@ with ``asyncio.run`` (no pytest plugin needed).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +18,7 @@ import pytest
 from celery_semaphore import (
     AsyncPermit,
     AsyncSemaphore,
+    Handover,
     Place,
     SemaphoreConnectionError,
     SemaphoreKeyTypeError,
@@ -270,5 +272,53 @@ def test_errors(url: str) -> None:
             assert "127.0.0.1" in str(conn.value)
             assert "***" in str(conn.value)
             assert "hunter2" not in str(conn.value)
+
+    asyncio.run(main())
+
+
+def test_a_plain_on_handover_runs_off_the_event_loop(url: str) -> None:
+    """A blocking on_handover (a synchronous publish) must not stall the other
+    coroutines: this one waits for what only another coroutine of the loop does
+    after it started. Run inline on the loop, it would wait in vain."""
+    seen: list[object] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        started, loop_ran = asyncio.Event(), threading.Event()
+
+        def blocking_publish(handovers: list[Handover]) -> None:
+            loop.call_soon_threadsafe(started.set)
+            seen.append(loop_ran.wait(5))
+            seen.extend(h.holder for h in handovers)
+
+        async def another_coroutine() -> None:
+            await started.wait()
+            loop_ran.set()
+
+        async with semaphore(url, 1, on_handover=blocking_publish) as sem:
+            holder = granted(await sem.attempt("holder"))
+            await sem.park("parked", "payload", refused(await sem.attempt("parked")).ticket)
+            other = asyncio.create_task(another_coroutine())
+            assert await holder.release() is True
+            assert seen == [True, "parked"]  # handed over before release() returned
+            await asyncio.wait_for(other, 1)
+
+    asyncio.run(main())
+
+
+def test_a_coroutine_on_handover_is_awaited_with_the_handovers(url: str) -> None:
+    published: list[tuple[str, str]] = []
+
+    async def publish(handovers: list[Handover]) -> None:
+        await asyncio.sleep(0.01)
+        published.extend((h.holder, h.payload) for h in handovers)
+
+    async def main() -> None:
+        async with semaphore(url, 1, on_handover=publish) as sem:
+            holder = granted(await sem.attempt("holder"))
+            await sem.park("parked", "payload", refused(await sem.attempt("parked")).ticket)
+            assert published == []
+            assert await holder.release() is True
+            assert published == [("parked", "payload")]
 
     asyncio.run(main())

@@ -80,8 +80,8 @@ CALL_CASES: list[Case] = [
     ("acquire", (), {"holder": 5}, TypeError, "holder must be a str"),
     ("acquire", (), {"ticket": True}, ValueError, "ticket must be"),
     ("wait_for_turn", (-1, "h"), {}, ValueError, "timeout must be"),
-    ("enqueue", ("h",), {"wait_lease": math.nan}, ValueError, "wait_lease must be"),
-    ("enqueue", ("h",), {"info": None}, TypeError, "info must be a str"),
+    ("take_place", ("h",), {"wait_lease": math.nan}, ValueError, "wait_lease must be"),
+    ("take_place", ("h",), {"info": None}, TypeError, "info must be a str"),
     ("release", ("",), {}, ValueError, "holder must be"),
     ("renew_many", (["a", ""],), {}, ValueError, "holder must be"),
     ("renew_many", (["a"],), {"lease_timeout": 0}, ValueError, "lease_timeout must be"),
@@ -128,3 +128,47 @@ def test_async_repr_masks_the_password() -> None:
     assert (
         asyncio.run(main()) == "AsyncSemaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
     )
+
+
+def test_take_place_is_the_one_way_to_take_a_place_without_asking() -> None:
+    # enqueue() returned take_place()'s ticket only: two names for one operation.
+    for cls in (Semaphore, AsyncSemaphore):
+        assert callable(cls.take_place)
+        assert not hasattr(cls, "enqueue")
+
+
+def test_a_client_is_shown_as_the_url_it_was_made_from_given_at_construction() -> None:
+    client = redis.Redis.from_url(URL)
+    semaphore = Semaphore(client, "jobs", 2, url=URL)
+    assert semaphore.url == "redis://app:***@db:6399/0"
+    assert repr(semaphore) == "Semaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
+    with pytest.raises(AttributeError):
+        semaphore.url = "redis://elsewhere/0"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="url= names the URL a client"):
+        Semaphore(URL, "jobs", 2, url=URL)
+
+
+def test_async_a_client_is_shown_as_the_url_it_was_made_from() -> None:
+    async def main() -> str:
+        client = redis.asyncio.Redis.from_url(URL)
+        semaphore = AsyncSemaphore(client, "jobs", 2, url=URL)
+        await client.aclose()
+        return repr(semaphore)
+
+    assert (
+        asyncio.run(main()) == "AsyncSemaphore('redis://app:***@db:6399/0', name='jobs', limit=2)"
+    )
+
+
+def test_the_sync_semaphore_refuses_an_on_handover_it_cannot_await() -> None:
+    async def publish(handovers: list[Any]) -> None:
+        pass
+
+    class Publisher:
+        async def __call__(self, handovers: list[Any]) -> None:
+            pass
+
+    for on_handover in (publish, Publisher()):
+        with pytest.raises(TypeError, match="Semaphore cannot await it"):
+            Semaphore(URL, "jobs", 2, on_handover=on_handover)
+        AsyncSemaphore(URL, "jobs", 2, on_handover=on_handover)  # awaits it

@@ -4,14 +4,22 @@ ever connects: building one from a URL does not."""
 
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 import celery_semaphore
 from celery_semaphore.config import SemaphoreConfig, get_config
-from celery_semaphore.state import QUICK_TIMEOUT, AppState, reset, state_of
+from celery_semaphore.core import Semaphore
+from celery_semaphore.core.scripts import NAMES, PARKED_INDEX_NAMES
+from celery_semaphore.state import QUICK_TIMEOUT, AppState, Semaphores, reset, state_of
 
 MakeApp = Callable[..., Celery]
 CONFIG = SemaphoreConfig(redis_url="redis://:secret@db:6390/0", namespace="ns", lease_timeout=20)
@@ -84,3 +92,64 @@ def test_quick_semaphores_give_up_fast(make_app: MakeApp) -> None:
     assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == QUICK_TIMEOUT
     assert (kwargs["host"], kwargs["password"]) == ("db", "secret")  # the same Redis
     assert normal.client.connection_pool.connection_kwargs.get("socket_timeout") != QUICK_TIMEOUT
+
+
+def test_many_keys_keep_the_cache_at_its_bound_dropping_the_least_recently_used(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key function makes a semaphore per key: a worker that saw a million
+    customers must not keep a million semaphores."""
+    monkeypatch.setattr(Semaphores, "MOST_SEMAPHORES", 4)
+    semaphores = state_of(make_app()).semaphores
+    first = {f"customer-{i}": semaphores.get(f"customer-{i}", 2, CONFIG) for i in range(4)}
+    assert semaphores.get("customer-0", 2, CONFIG) is first["customer-0"]  # used again
+    for i in range(4, 100):
+        semaphores.get(f"customer-{i}", 2, CONFIG)
+        semaphores.get("customer-0", 2, CONFIG)
+        assert len(semaphores._semaphores) <= 4
+    assert semaphores.get("customer-0", 2, CONFIG) is first["customer-0"]
+    assert semaphores.get("customer-99", 2, CONFIG).name == "customer-99"
+    again = semaphores.get("customer-1", 2, CONFIG)  # dropped: made again, same client
+    assert again is not first["customer-1"] and again.client is first["customer-1"].client
+
+
+def test_the_scripts_are_registered_once_per_client(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registered: list[Any] = []
+    register = redis.Redis.register_script
+
+    def counting(self: Any, script: Any) -> Any:
+        registered.append(script)
+        return register(self, script)
+
+    monkeypatch.setattr(redis.Redis, "register_script", counting)
+    semaphores = state_of(make_app()).semaphores
+    for i in range(50):
+        semaphores.get(f"customer-{i}", 2, CONFIG)
+    per_client = len(NAMES) + len(PARKED_INDEX_NAMES)
+    assert len(registered) == per_client == 11
+    semaphores.get("s", 2, SemaphoreConfig(redis_url="redis://elsewhere/0"))  # another client
+    assert len(registered) == 2 * per_client
+
+
+def test_the_scripts_of_a_client_do_not_keep_it_alive() -> None:
+    client = redis.Redis(host="db")
+    semaphore = Semaphore(client, "s", 1)
+    gone = weakref.ref(client)
+    del client, semaphore
+    gc.collect()
+    assert gone() is None
+
+
+def test_no_lua_file_is_read_after_import() -> None:
+    """A pool child forked while the heartbeat thread read a script (under an import
+    lock of importlib.resources) hung at its own first read: they are read at import."""
+    code = (
+        "import importlib.resources, redis\n"
+        "from celery_semaphore.core import scripts\n"
+        "def refuse(*args, **kwargs): raise AssertionError('a Lua file read after import')\n"
+        "importlib.resources.files = scripts.files = refuse\n"
+        "assert len(scripts.registered(redis.Redis())) == len(scripts.SOURCES)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -23,21 +23,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
 import redis
 
-from celery_semaphore.core import protocol, validation
+from celery_semaphore.core import parked_index, protocol, validation
 from celery_semaphore.core.connection import SyncClient, connect, translate
 from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
 )
+from celery_semaphore.core.handover_calls import (
+    OnHandover,
+    call_on_handover,
+    check_on_handover,
+)
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
-from celery_semaphore.core.scripts import NAMES, source
+from celery_semaphore.core.scripts import registered
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -104,7 +109,9 @@ class Semaphore:
     `redis+sentinel://`: see [Settings](settings.md#semaphore-constructor) for
     the forms) or a ready redis-py client of the matching kind (sync or asyncio).
     A client made from a URL is closed by `close()`; a client passed in is the
-    caller's to close.
+    caller's to close. ``url`` (the semaphore's ``url``, shown in error messages
+    and ``repr`` with any password masked): the URL a client passed in was made
+    from; by default, a description of the client.
 
     Guarantees (all arithmetic on the Redis server clock, one script call per
     operation):
@@ -123,10 +130,14 @@ class Semaphore:
     become due (each a [Handover][celery_semaphore.Handover]: publish its
     ``payload``; the waiter comes back with ``attempt(holder, handover=token)``)
     by whichever call of this client made them due: a release, a reclaim, a
-    raised limit, a resume, `dispatch()`. ``handover_window`` (seconds) keeps the waiters whose turn
-    is that near handed over ahead of time, so they already wait when a permit
-    frees; ``handover_deadline``: a handed-over waiter that has not arrived by
-    then is handed over again (and the late copy is refused as stale).
+    raised limit, a resume, `dispatch()`; that call returns after it. The
+    synchronous semaphore calls it inline; the asyncio one awaits a coroutine
+    function, and runs a plain function in a thread (``asyncio.to_thread``: it
+    must be thread-safe), so a blocking publish does not stall the event loop.
+    ``handover_window`` (seconds) keeps the waiters whose turn is that near
+    handed over ahead of time, so they already wait when a permit frees;
+    ``handover_deadline``: a handed-over waiter that has not arrived by then is
+    handed over again (and the late copy is refused as stale).
 
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
@@ -144,13 +155,13 @@ class Semaphore:
         waiter_lease: float = 20.0,
         recheck_interval: float = 2.0,
         idle_ttl: float = 604800.0,
-        on_handover: Callable[[list[Handover]], object] | None = None,
+        on_handover: OnHandover | None = None,
         handover_window: float = 1.0,
         handover_deadline: float = 30.0,
         family: str = "",
+        url: str = "",
     ) -> None:
-        if on_handover is not None and not callable(on_handover):
-            raise TypeError(f"on_handover must be callable or None, got {on_handover!r}")
+        check_on_handover(on_handover)
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -165,9 +176,9 @@ class Semaphore:
         )
         self.on_handover = on_handover
         self.client: SyncClient
-        self.client, self.url = connect(redis)
+        self.client, self._url = connect(redis, url)
         self._owns_client = isinstance(redis, str)
-        self._scripts = {n: self.client.register_script(source(n)) for n in NAMES}
+        self._scripts = registered(self.client)
         # Permits taken by ``with semaphore:``, per thread and per asyncio task.
         self._held: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
             f"celery_semaphore_held_{id(self)}", default=()
@@ -178,13 +189,16 @@ class Semaphore:
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
     family = property(lambda self: self._spec.family)
+    url = property(lambda self: self._url)
 
     def __repr__(self) -> str:
         return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
 
     def _call(self, script: str, args: list[Any]) -> Any:
         try:
-            return self._scripts[script](keys=self._spec.keys.script_keys, args=args)
+            return self._scripts[script](
+                keys=self._spec.keys.script_keys, args=args, client=self.client
+            )
         except redis.ResponseError as error:
             if "WRONGTYPE" in str(error):
                 raise self._wrong_type() from error
@@ -254,13 +268,31 @@ class Semaphore:
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
         freed since it was refused), or ``due`` seconds from now at the latest (by
         the next call that hands over: its wait budget runs out then). The place
-        holds ``park_lease`` seconds."""
+        holds ``park_lease`` seconds.
+
+        The semaphore is listed in its namespace's parked index first, where
+        workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due
         )
+        self._list_parked()
         parked, handovers = self._spec.parse_park(self._call("park", args))
         self._hand_over(handovers)
         return parked
+
+    def _list_parked(self) -> None:
+        """List this semaphore in the parked index, at most every
+        ``parked_index.REGISTER_EVERY`` s per client in this process."""
+        namespace, listings = self._spec.namespace, parked_index.listings(self.client)
+        if not listings.due(namespace, self.name):
+            return
+        started = parked_index.clock()
+        register = self._scripts["parked_index/register"]
+        try:
+            register(keys=[parked_index.index_key(namespace)], args=[self.name], client=self.client)
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        listings.done(namespace, self.name, started)
 
     def dispatch(self, drop: Iterable[str] = ()) -> int:
         """Hand over the parked waiters that are due (after reclaiming run-out
@@ -278,19 +310,16 @@ class Semaphore:
 
     def _hand_over(self, handovers: list[Handover]) -> None:
         if handovers and self.on_handover is not None:
-            self.on_handover(handovers)
-
-    def enqueue(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> int:
-        """Take a place in line for ``holder`` without asking for a permit; returns its ticket.
-
-        For a producer that wants its jobs served in submission order: the
-        place holds for ``wait_lease`` s; later the job presents the ticket.
-        """
-        return (self.take_place(holder, wait_lease=wait_lease, info=info)).ticket
+            call_on_handover(self.on_handover, handovers)
 
     def take_place(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> Place:
-        """Like `enqueue()`, but returns the whole `Place` (its position,
-        the holders and the limit), so a producer can tell a near turn from a far one."""
+        """Take a place in line for ``holder`` without asking for a permit.
+
+        For a producer that wants its jobs served in submission order: the
+        place holds for ``wait_lease`` s; later the job presents its
+        ``ticket``. The `Place` also tells its position, the holders and the
+        limit, so a producer can tell a near turn from a far one.
+        """
         args = self._spec.enqueue_args(holder, wait_lease, info)
         return self._spec.parse_enqueue(self._call("enqueue", args))
 
