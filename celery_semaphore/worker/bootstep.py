@@ -78,9 +78,8 @@ def check_parking(app: Any) -> None:
         if getattr(type(task), "semaphore_options", None)
     ]
     state = state_of(app)
-    for config in configs:
-        client = state.semaphores.client(config.redis_url)
-        if config.parks and not state.parking.allows(app, config, client):
+    for config in (c for c in configs if c.parks):
+        if not state.parking.allows(app, config, state.semaphores.client(config.redis_url)):
             return
 
 
