@@ -23,6 +23,11 @@
   reached a worker by then is published again (its late copy is dropped).
 - ``semaphore_park_max_bytes`` (262144): a task whose message is larger is not
   parked but retried with a countdown.
+- ``semaphore_park_without_persistence`` (False): park in handover mode even in a
+  Redis that is not the broker's server and does not persist every write
+  (``appendonly no``, or ``CONFIG`` refused): parked tasks are then lost with its
+  data. Without it such a Redis gets countdown waits and one warning
+  (`celery_semaphore.durability`).
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
   with `SemaphoreTimeout`.
@@ -73,6 +78,7 @@ class SemaphoreConfig:
     max_block: float = 1.0
     handover_deadline: float = 30.0
     park_max_bytes: int = 262144
+    park_without_persistence: bool = False
     max_waits: int | None = None
     max_wait_time: float | None = None
     on_redis_error: str = "retry"
@@ -103,6 +109,11 @@ class SemaphoreConfig:
             raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")
         if not isinstance(self.metrics_per_key, bool):
             raise TypeError(f"metrics_per_key must be True or False, got {self.metrics_per_key!r}")
+        if not isinstance(self.park_without_persistence, bool):
+            raise TypeError(
+                "park_without_persistence must be True or False, "
+                f"got {self.park_without_persistence!r}"
+            )
         if not isinstance(self.backoff_jitter, bool):
             raise TypeError(f"backoff_jitter must be True or False, got {self.backoff_jitter!r}")
         if self.max_waits is not None:

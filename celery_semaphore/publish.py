@@ -12,7 +12,8 @@ with an ETA always does).
 
 In handover mode a `LimitedTask` publishes through a
 `ParkingProducer`: a new task whose place is far back in line is parked
-there and then, instead of being sent to a worker that would only park it::
+there and then (where that is safe: `celery_semaphore.durability`), instead of
+being sent to a worker that would only park it::
 
     apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
     apply_async -> take_place -> position 900        -> parked beside its place
@@ -183,13 +184,16 @@ class ParkingProducer:
         if turn_is_near(place):
             return False
         config = task_config(task)
+        semaphore = semaphore_of(app, gate, config, quick=True)
+        if not state_of(app).parking.allows(app, config, semaphore.client):
+            return False
         sent_state = headers[WAIT_HEADER]
         parked_state = WaitState.in_headers(headers)
         parked_state.first_ask = time.time()  # its wait budget starts now
         headers[WAIT_HEADER] = parked_state.encode()
         try:
             payload = encode_message(app, body, options, queue, config.park_max_bytes)
-            semaphore_of(app, gate, config, quick=True).park(
+            semaphore.park(
                 headers["id"], payload, place.ticket, info=task.name, due=config.max_wait_time
             )
         except (TypeError, ValueError, SemaphoreError) as error:

@@ -3,8 +3,10 @@
 `celery_semaphore.waiting` decides what a refused task does; this module
 carries it out in Celery's terms:
 
-- park: the retry's message is left beside the place in line (handover mode)
-  and the execution ends as a ``Retry`` that publishes nothing;
+- park: the retry's message is left beside the place in line (handover mode,
+  where that Redis keeps it at least as safely as the broker:
+  `celery_semaphore.durability`), and the execution ends as a ``Retry`` that
+  publishes nothing;
 - countdown: the retry is published with a countdown aimed at the turn;
 - give up: `SemaphoreTimeout`.
 
@@ -26,6 +28,7 @@ from . import signals
 from .config import SemaphoreConfig
 from .core import Place, SemaphoreError, SemaphoreTimeout, WaitingForPermit
 from .gates import semaphore_of
+from .state import state_of
 from .waiting import Decision, GiveUp, WaitInPlace, decide
 from .wire import (
     GATES_HEADER,
@@ -65,6 +68,12 @@ class Waits:
     def decide(
         self, place: Place | None, *, may_wait_in_place: bool = True, may_park: bool = True
     ) -> Decision:
+        """The next wait; it parks only where its message is at least as safe as in
+        the broker (`celery_semaphore.durability`)."""
+        if may_park and place is not None and self.config.parks:
+            app, config = self.task.app, self.config
+            state = state_of(app)
+            may_park = state.parking.allows(app, config, state.semaphores.client(config.redis_url))
         return decide(
             place,
             waits=self.state.period_waits,
@@ -76,7 +85,7 @@ class Waits:
 
     def in_place_for(self, place: Place) -> float | None:
         """Seconds to wait in place at ``place``, or None: not in place."""
-        decision = self.decide(place)
+        decision = self.decide(place, may_park=False)
         return decision.seconds if isinstance(decision, WaitInPlace) else None
 
     def park(self, gate: Gate, place: Place, due: float | None) -> Retry | None:

@@ -6,10 +6,12 @@
 - ``task_configs``: each task's settings with its own options applied;
 - ``semaphores``: this process's Redis clients and semaphores (one per URL / gate);
 - ``publish_paused_until``: after a failed place-taking at publish, none are
-  taken until then (publishing never stalls on Redis).
+  taken until then (publishing never stalls on Redis);
+- ``parking``: whether tasks may park in that Redis (its persistence, read
+  once a minute) and whether the process warned that they may not.
 
 `reset()` drops all of it, for a test (or a program) that changes the
-app's settings after first use. The one thing kept across apps is
+app's settings, or its Redis, after first use. The one thing kept across apps is
 `installed_apps`: the apps `celery_semaphore.install()` was called on,
 where the publish handler looks the published task up.
 """
@@ -29,6 +31,7 @@ from redis.retry import Retry
 
 from .core import Semaphore
 from .core.connection import SyncClient, connect
+from .durability import ParkingSafety
 from .handover import publisher
 
 if TYPE_CHECKING:
@@ -140,6 +143,9 @@ class AppState:
     #: Whether this process is a worker started with ``-E`` (task events): what
     #: ``semaphore_send_events = None`` follows. Set by the worker bootstep.
     worker_events: bool = False
+    #: Whether tasks may park in the semaphores' Redis: its persistence as read, and
+    #: whether this process warned that they may not (`celery_semaphore.durability`).
+    parking: ParkingSafety = field(default_factory=ParkingSafety)
 
 
 _create_lock = threading.Lock()

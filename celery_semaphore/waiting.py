@@ -129,7 +129,8 @@ def decide(
     ``waits``: its waits in this wait period; ``waited``: seconds since its first
     ask in it. ``may_wait_in_place``: False once it waited in place in this
     attempt; ``may_park``: False when its message cannot be parked (too large,
-    not serializable, Redis refused it).
+    not serializable, Redis refused it) or may not be (that Redis would keep it
+    less safely than the broker: `celery_semaphore.durability`).
     """
     if may_wait_in_place and place is not None and should_wait_in_place(place, config.max_block):
         return WaitInPlace(config.max_block)

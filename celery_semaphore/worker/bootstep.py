@@ -12,7 +12,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
-from celery_semaphore.config import check_shared_redis, get_config, uses_handover
+from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
@@ -67,20 +67,20 @@ def revoked_ids() -> list[str]:
     return _read(worker_state.revoked)
 
 
-def warn_without_persistence(client: Any, url: str) -> None:
-    """Parked tasks live in the semaphore's Redis: say so if it keeps nothing on disk."""
-    try:
-        appendonly = client.config_get("appendonly").get("appendonly")
-        save = client.config_get("save").get("save")
-    except Exception:  # CONFIG may be disabled (managed Redis): nothing to say
-        return
-    if appendonly != "yes" and not save:
-        logger.warning(
-            "celery-semaphore: the Redis at %s persists nothing (appendonly no, save ''): "
-            "tasks parked there while they wait are lost if it restarts. Set appendonly "
-            "yes, or semaphore_wait_mode = 'countdown' to keep waiting tasks in the broker",
-            url,
-        )
+def check_parking(app: Any) -> None:
+    """Whether the app's handover tasks may park in the semaphores' Redis, read
+    before the pool forks: the children inherit the reading, and the warning (if
+    they may not) comes once, at start."""
+    configs = [get_config(app)]
+    configs += [
+        task_config(task)
+        for task in list(app.tasks.values())
+        if getattr(type(task), "semaphore_options", None)
+    ]
+    state = state_of(app)
+    for config in (c for c in configs if c.parks):
+        if not state.parking.allows(app, config, state.semaphores.client(config.redis_url)):
+            return
 
 
 def warn_if_evicting(client: Any, url: str) -> None:
@@ -131,7 +131,9 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def create(self, worker: Any) -> None:
         """Celery calls this for every step before it starts any, so before the pool
         forks: the settings and Celery's internals are checked here (a problem is one
-        line and exit 1), and with queue caps every task class gets admission."""
+        line and exit 1), whether tasks may park in the semaphores' Redis is read
+        (and a warning logged if not), and with queue caps every task class gets
+        admission."""
         state_of(worker.app).worker_events = bool(getattr(worker, "task_events", False))
         gone = internals.missing()
         if gone:
@@ -142,6 +144,8 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         try:
             check_shared_redis(worker.app)
             config = get_config(worker.app)
+            if uses_handover(worker.app):
+                check_parking(worker.app)
         except (TypeError, ValueError) as error:
             # The worker's command line prints a ClickException as one line and exits 1.
             raise click.ClickException(f"celery-semaphore: {error}") from None
@@ -158,8 +162,6 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         config = get_config(worker.app)
         client = state_of(worker.app).semaphores.client(config.redis_url)
         warn_if_evicting(client, mask_url(config.redis_url))
-        if uses_handover(worker.app):
-            warn_without_persistence(client, mask_url(config.redis_url))
         if self.metrics_port:
             self.metrics_server = self._serve_metrics(config, self.metrics_port)
 

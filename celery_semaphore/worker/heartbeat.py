@@ -9,8 +9,9 @@ In handover mode it also looks after parked tasks, once per interval, in every
 semaphore that has some: it publishes those whose turn came while nobody called
 (a lease ran out), publishes again those whose publisher died before publishing
 (past ``semaphore_handover_deadline``), and drops revoked ones from the line.
-When Redis restarts without the parked tasks it had (no persistence), it says
-so in an ERROR: those tasks are lost.
+When Redis restarts without the parked tasks it had (no persistence, with
+``semaphore_park_without_persistence``), it says so in an ERROR: those tasks
+are lost.
 """
 
 from __future__ import annotations
@@ -30,12 +31,17 @@ from celery_semaphore.core import parked_index
 from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import index_parked
 from celery_semaphore.core.errors import SemaphoreError
+from celery_semaphore.core.keys import semaphore_keys
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import Gate, recorded_gates
 from celery_semaphore.worker.dead_children import killed
 
 logger = logging.getLogger(__name__)
+
+#: The field of a semaphore's meta hash the scripts keep the number of parked
+#: (not yet handed over) tasks in (common.lua); status() reads it too.
+PARKED_COUNT = "n_parked"
 
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
 
@@ -91,7 +97,7 @@ class Heartbeat:
         self.running = running
         self.revoked = revoked
         self._dropped: set[str] = set()
-        self._parked_in: set[str] = set()  # semaphores with parked tasks at the last look
+        self._parked_in: set[str] = set()  # semaphores with parked messages at the last look
         self._marker: bytes | None = None
         self.interval = renew_interval(app) if interval is None else interval
         self._stop = threading.Event()
@@ -185,23 +191,39 @@ class Heartbeat:
 
     def _notice_data_loss(self, client: Any, names: set[str], url: str) -> None:
         """A marker key (one per namespace, no expiry) changes only when Redis lost
-        its data: then the tasks parked there are gone, which deserves an ERROR."""
+        its data: then the tasks parked there at the last look are gone, which
+        deserves an ERROR; with none parked, a WARNING (nothing was lost to wait for)."""
         marker = f"{get_config(self.app).namespace}:alive"
         token = client.get(marker)
         if token is None:
             client.set(marker, uuid.uuid4().hex, nx=True)
             token = client.get(marker)
-        if self._marker is not None and token != self._marker:
-            known = sorted(self._parked_in - names)
+        if self._marker is not None and token != self._marker and self._parked_in:
             logger.error(
-                "Redis at %s lost its data: the tasks parked there are lost%s; they will "
-                "not run. Give that Redis persistence (appendonly yes) or set "
-                "semaphore_wait_mode = 'countdown'",
+                "Redis at %s lost its data: the tasks parked there are lost (semaphores %s); "
+                "they will not run. Give that Redis persistence (appendonly yes), or drop "
+                "semaphore_park_without_persistence so tasks wait in the broker instead",
                 mask_url(url),
-                f" (semaphores {', '.join(known)})" if known else "",
+                ", ".join(sorted(self._parked_in)),
+            )
+        elif self._marker is not None and token != self._marker:
+            logger.warning(
+                "Redis at %s lost its data: no task was parked there at the last look; "
+                "the permits held there are gone (more tasks than the limit may run "
+                "until their holders end)",
+                mask_url(url),
             )
         self._marker = token
-        self._parked_in = names
+        self._parked_in = self._with_parked_tasks(client, names)
+
+    def _with_parked_tasks(self, client: Any, names: set[str]) -> set[str]:
+        """The semaphores among ``names`` (those with a ``parked`` hash) that hold
+        parked messages: the hash also keeps tasks waiting in place and arrived
+        hand-overs, which a loss does not lose (their messages are with a worker or in
+        the broker)."""
+        namespace = get_config(self.app).namespace
+        counts = {n: client.hget(semaphore_keys(namespace, n).meta, PARKED_COUNT) for n in names}
+        return {name for name, count in counts.items() if count and int(count) > 0}
 
     def _missing_now(self, gate: Gate, request: Any, key: Key, max_block: float) -> None:
         """A request seen holding holds nothing now: lost once that lasts."""

@@ -108,6 +108,19 @@ def hold_late(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
+@app.task(bind=True, base=LimitedTask, semaphore="wide", limit=3)
+def wide(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Like ``hold``, with a limit of 3 whatever ``CS_LIMIT`` says."""
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="wide", limit=3, acks_late=True,
+          reject_on_worker_lost=True)  # fmt: skip
+def wide_late(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Like ``hold_late``, with a limit of 3 whatever ``CS_LIMIT`` says."""
+    return _held(self, seconds, tag)
+
+
 @app.task(
     bind=True,
     base=LimitedTask,

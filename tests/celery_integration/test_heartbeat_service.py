@@ -3,6 +3,7 @@ app on the in-memory broker, and a list of running requests the test controls.""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -16,13 +17,14 @@ import pytest
 from celery import Celery
 
 import celery_semaphore
-from celery_semaphore import LimitedTask, Permit, Semaphore
+from celery_semaphore import LimitedTask, Permit, Place, Semaphore
 from celery_semaphore.core import parked_index
 from celery_semaphore.signals import permit_lost
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.worker.dead_children import DeadChildren, reaped_by_signal
 from celery_semaphore.worker.heartbeat import Heartbeat
+from devkit.redis_servers import RedisServer
 
 LEASE = 0.6
 
@@ -323,3 +325,51 @@ def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
     assert parked_index.read(client, "celery_semaphore")[1] == []
     assert scans(client) == before
     elsewhere.close()
+
+
+def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
+    app: Celery, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parked hash also keeps tasks waiting in place, whose messages a loss does
+    not take: a loss is reported as parked tasks lost only for a semaphore with
+    parked ones, and as a WARNING when there were none."""
+    define_task(app)
+    parked, in_place = (
+        Semaphore(redis_server.url, name, 1, on_handover=lambda handovers: None)
+        for name in ("parked", "in-place")
+    )
+    heartbeat = Heartbeat(app, list, interval=60)
+
+    def block_and_wait(park: bool) -> None:
+        for sem in (parked, in_place):
+            assert isinstance(sem.attempt("test-blocker"), Permit)
+        place = parked.attempt("a")
+        assert isinstance(place, Place)
+        if park:
+            parked.park("a", "payload-a", place.ticket)
+        assert isinstance(in_place.attempt("b", in_place=True), Place)
+
+    def reports() -> list[tuple[int, str]]:
+        records = [r for r in caplog.records if "lost its data" in r.getMessage()]
+        caplog.clear()
+        return [(r.levelno, r.getMessage()) for r in records]
+
+    try:
+        block_and_wait(park=True)
+        heartbeat.look_after_parked()
+        redis_server.restart()
+        heartbeat.look_after_parked()
+        ((level, message),) = reports()
+        assert level == logging.ERROR
+        assert "the tasks parked there are lost (semaphores parked);" in message
+
+        block_and_wait(park=False)  # "a" only asks; "b" waits in place
+        heartbeat.look_after_parked()
+        redis_server.restart()
+        heartbeat.look_after_parked()
+        ((level, message),) = reports()
+        assert level == logging.WARNING
+        assert "no task was parked there at the last look" in message
+    finally:
+        parked.close()
+        in_place.close()

@@ -44,6 +44,7 @@ def test_defaults_are_the_documented_ones() -> None:
         on_redis_error="retry",
         queue_limits={},
         send_events=None,
+        park_without_persistence=False,
     )
     assert config.renew_every == 15.0  # a quarter of the lease
 
@@ -77,6 +78,8 @@ BAD_VALUES = [
     ({"on_redis_error": "ignore"}, ValueError,
      "on_redis_error must be one of retry, fail, run, got 'ignore'"),
     ({"backoff_jitter": "yes"}, TypeError, "backoff_jitter must be True or False, got 'yes'"),
+    ({"park_without_persistence": 1}, TypeError,
+     "park_without_persistence must be True or False, got 1"),
     ({"send_events": 1}, TypeError, "send_events must be True, False or None, got 1"),
     ({"queue_limits": [("q", 1)]}, TypeError, "queue_limits must be a dict of queue name -> limit"),
     ({"queue_limits": {"": 1}}, ValueError, "queue_limits key must be 1 to 200 characters"),

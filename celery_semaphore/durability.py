@@ -1,0 +1,211 @@
+"""Where a waiting task's message may be parked: only where it is at least as safe
+as in the broker.
+
+Parking takes a task's message out of the broker and keeps it beside its place
+in line, in the semaphores' Redis, until its turn. A message we take out of the
+broker must be at least as safe where we put it, so a task parks (at the worker,
+`celery_semaphore.retry.Waits`, or at publish,
+`celery_semaphore.publish.ParkingProducer`) only when one of these holds:
+
+- that Redis is the broker's own server (same host and port, or the same unix
+  socket; the database may differ): a loss there takes the broker's messages
+  too, so parking changes nothing;
+- it persists every write (``appendonly yes``, read with ``CONFIG GET`` and
+  re-read every `RECHECK_EVERY` s; on Redis Cluster, on every primary);
+- the task's settings opt in: ``semaphore_park_without_persistence = True``.
+
+Otherwise the task waits as a countdown retry, its message in the broker, and
+the process logs one WARNING per Redis URL saying so (the worker at start,
+before its pool forks, so its children do not say it again). What a process has
+read is kept per app (``state_of(app).parking``), so `celery_semaphore.reset()`
+forgets it.
+
+A loss of the broker itself is the broker's business: what it keeps (a Redis
+broker with or without AOF, RabbitMQ durable queues) is what waiting tasks keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import redis
+from redis.cluster import RedisCluster
+
+from .core.connection import mask_url
+
+if TYPE_CHECKING:
+    from .config import SemaphoreConfig
+
+logger = logging.getLogger(__name__)
+
+RECHECK_EVERY = 60.0
+OPT_IN = "semaphore_park_without_persistence"
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+SOCKET_SCHEMES = ("unix", "redis+socket", "socket")
+TCP_SCHEMES = ("redis", "rediss")
+#: Errors that say nothing about the Redis's persistence: it cannot answer now.
+UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,
+)
+
+
+def server_of(url: str) -> tuple[str, ...] | None:
+    """The server a single-server Redis URL names: ``("unix", path)`` or ``("tcp",
+    host, port)`` (loopback names as one); None for anything else (Cluster,
+    Sentinel, another broker, a URL that does not parse)."""
+    scheme = url.partition("://")[0].lower()
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if scheme in SOCKET_SCHEMES:
+        return ("unix", os.path.realpath(parts.path)) if parts.path else None
+    if scheme in TCP_SCHEMES:
+        host = (parts.hostname or "localhost").lower()
+        return ("tcp", "localhost" if host in LOOPBACK else host, str(port or 6379))
+    return None
+
+
+def broker_urls(app: Any) -> list[str]:
+    """Every URL the app's broker messages may live at: the read and write URLs
+    (both the broker URL unless set), each possibly a ``;``-separated or a list
+    of failover URLs."""
+    urls: list[str] = []
+    for value in (app.conf.broker_write_url, app.conf.broker_read_url):
+        items = value.split(";") if isinstance(value, str) else value or []
+        urls.extend(item.strip() for item in items if isinstance(item, str) and item.strip())
+    return urls
+
+
+def is_the_brokers_server(app: Any, redis_url: str) -> bool:
+    """Whether ``redis_url`` is the server every broker URL of ``app`` names."""
+    server = server_of(redis_url)
+    urls = broker_urls(app)
+    return server is not None and bool(urls) and all(server_of(url) == server for url in urls)
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """What ``CONFIG GET appendonly`` said: ``every_write`` True (``yes`` on every
+    node asked), False (``no`` somewhere), None (refused: ``detail`` says why)."""
+
+    every_write: bool | None
+    detail: str
+
+
+def read_persistence(client: Any) -> Persistence:
+    """Ask ``client``'s Redis (every primary of a Cluster) whether it appends every
+    write to its AOF. Raises one of `UNREACHABLE` when it cannot answer now:
+    nothing is known then."""
+    try:
+        if isinstance(client, RedisCluster):
+            reply = client.config_get("appendonly", target_nodes=RedisCluster.PRIMARIES)
+        else:
+            reply = client.config_get("appendonly")
+    except UNREACHABLE:
+        raise
+    except redis.RedisError as error:
+        return Persistence(None, f"CONFIG GET appendonly failed: {error}")
+    per_node = isinstance(reply, dict) and all(isinstance(v, dict) for v in reply.values())
+    values = [_appendonly(node) for node in (reply.values() if per_node and reply else [reply])]
+    if any(value is None for value in values):
+        return Persistence(None, f"CONFIG GET appendonly answered {reply!r}")
+    if all(value == "yes" for value in values):
+        return Persistence(True, "appendonly yes")
+    return Persistence(False, "appendonly no")
+
+
+def _appendonly(reply: Any) -> str | None:
+    """The ``appendonly`` value of one server's CONFIG GET reply."""
+    if not isinstance(reply, dict):
+        return None
+    value = reply.get("appendonly", reply.get(b"appendonly"))
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return value.lower() if isinstance(value, str) else None
+
+
+class ParkingSafety:
+    """What a process knows of the Redis its app's tasks would park in: each URL's
+    persistence (re-read every ``recheck`` s) and the URLs already warned about.
+    One per app (`celery_semaphore.state.AppState.parking`)."""
+
+    def __init__(
+        self, recheck: float = RECHECK_EVERY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.recheck = recheck
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._readings: dict[str, tuple[float, Persistence]] = {}
+        self._warned: set[str] = set()
+
+    def allows(self, app: Any, config: SemaphoreConfig, client: Any) -> bool:
+        """Whether a task with settings ``config`` may park in ``config.redis_url``
+        (``client`` reaches it). Logs the WARNING once per URL when not."""
+        if config.park_without_persistence or is_the_brokers_server(app, config.redis_url):
+            return True
+        persistence = self.persistence(client, config.redis_url)
+        if persistence is None:
+            return False  # unreachable now: parking would fail as well
+        if persistence.every_write:
+            return True
+        self._warn(config.redis_url, persistence)
+        return False
+
+    def persistence(self, client: Any, url: str) -> Persistence | None:
+        """The cached reading of ``url``'s persistence, read again when older than
+        ``recheck``; None when the Redis cannot be reached (nothing cached)."""
+        now = self.clock()
+        cached = self._readings.get(url)
+        if cached is not None and now - cached[0] < self.recheck:
+            return cached[1]
+        try:
+            persistence = read_persistence(client)
+        except UNREACHABLE:
+            return None
+        with self._lock:
+            self._readings[url] = (now, persistence)
+        return persistence
+
+    def _warn(self, url: str, persistence: Persistence) -> None:
+        with self._lock:
+            if url in self._warned:
+                return
+            self._warned.add(url)
+        if persistence.every_write is None:
+            why = (
+                f"whether it persists is unknown ({persistence.detail}; managed Redis "
+                "services often disable CONFIG)"
+            )
+            fixes = (
+                "If it persists every write (appendonly yes), set "
+                f"{OPT_IN} = True; or let this Redis user run CONFIG GET"
+            )
+        else:
+            why = (
+                f"it does not write every change to disk ({persistence.detail}): a restart "
+                "would lose the tasks parked there"
+            )
+            fixes = (
+                f"Set appendonly yes on that Redis, or {OPT_IN} = True to park there "
+                "anyway and lose the parked tasks with its data"
+            )
+        logger.warning(
+            "celery-semaphore: waiting tasks do not park in the Redis at %s: it is not the "
+            "broker's server and %s. They wait as countdown retries instead, their messages "
+            "in the broker. %s",
+            mask_url(url),
+            why,
+            fixes,
+        )

@@ -1,0 +1,235 @@
+"""Where tasks may park (celery_semaphore/durability.py), with fake CONFIG answers:
+the broker's own server, a Redis that appends every write, the opt-in, and the one
+warning otherwise. The same against real servers: tests/celery_integration/
+test_parking_safety.py."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_semaphore.config import SemaphoreConfig
+from celery_semaphore.durability import (
+    RECHECK_EVERY,
+    ParkingSafety,
+    is_the_brokers_server,
+    read_persistence,
+    server_of,
+)
+
+MakeApp = Callable[..., Celery]
+SEMAPHORES = "redis://semaphores.internal:6379/1"
+WARNING = "waiting tasks do not park in the Redis at"
+
+
+class FakeRedis:
+    """Answers CONFIG GET with ``answers`` in turn (the last one again and again);
+    an exception in them is raised."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def config_get(self, pattern: str) -> Any:
+        assert pattern == "appendonly"
+        answer = self.answers[min(self.asked, len(self.answers) - 1)]
+        self.asked += 1
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+YES, NO = {"appendonly": "yes"}, {"appendonly": "no"}
+
+
+@pytest.mark.parametrize(
+    ("url", "server"),
+    [
+        ("redis://cache.internal:6380/2", ("tcp", "cache.internal", "6380")),
+        ("redis://:secret@Cache.Internal/0", ("tcp", "cache.internal", "6379")),
+        ("rediss://user:pw@cache.internal:6390", ("tcp", "cache.internal", "6390")),
+        ("redis://127.0.0.1:6379/0", ("tcp", "localhost", "6379")),
+        ("redis://localhost", ("tcp", "localhost", "6379")),
+        ("redis://[::1]:6379", ("tcp", "localhost", "6379")),
+        ("unix:///run/redis/redis.sock?db=3", ("unix", "/run/redis/redis.sock")),
+        ("redis+socket:///run/redis/redis.sock", ("unix", "/run/redis/redis.sock")),
+        ("redis+cluster://node:7000", None),
+        ("redis+sentinel://sentinel:26379/mymaster", None),
+        ("sentinel://sentinel:26379", None),
+        ("amqp://guest:guest@rabbit:5672//", None),
+        ("redis://host:notaport/0", None),
+        ("unix://", None),
+    ],
+)
+def test_the_server_a_url_names(url: str, server: tuple[str, ...] | None) -> None:
+    assert server_of(url) == server
+
+
+@pytest.mark.parametrize(
+    ("broker", "semaphores", "same"),
+    [
+        ("redis://cache.internal:6379/0", "redis://cache.internal:6379/1", True),  # another db
+        ("redis://cache.internal:6379/0", "redis://:pw@cache.internal/5", True),
+        ("redis://localhost:6379/0", "redis://127.0.0.1:6379/1", True),
+        ("redis://cache.internal:6379/0", "redis://cache.internal:6380/0", False),
+        ("redis://cache.internal:6379/0", "redis://other.internal:6379/0", False),
+        ("unix:///run/redis.sock?db=0", "unix:///run/redis.sock?db=1", True),
+        ("redis+socket:///run/redis.sock", "unix:///run/redis.sock", True),
+        ("unix:///run/redis.sock", "unix:///run/other.sock", False),
+        ("unix:///run/redis.sock", "redis://localhost:6379/0", False),
+        ("redis://a:6379/0;redis://a:6379/1", "redis://a:6379/2", True),
+        ("redis://a:6379/0;redis://b:6379/0", "redis://a:6379/2", False),  # failover elsewhere
+        ("amqp://guest:guest@localhost:5672//", "redis://localhost:6379/0", False),
+        ("sentinel://localhost:26379", "redis://localhost:26379/0", False),
+        ("redis://a:7000/0", "redis+cluster://a:7000", False),
+    ],
+)
+def test_the_brokers_server_is_recognised_by_address_whatever_the_database(
+    make_app: MakeApp, broker: str, semaphores: str, same: bool
+) -> None:
+    assert is_the_brokers_server(make_app(broker_url=broker), semaphores) is same
+
+
+def test_a_broker_read_or_write_url_elsewhere_is_not_the_same_server(make_app: MakeApp) -> None:
+    app = make_app(broker_url="redis://a:6379/0", broker_read_url="redis://b:6379/0")
+    assert not is_the_brokers_server(app, "redis://a:6379/1")
+    app = make_app(broker_url="redis://a:6379/0", broker_write_url="redis://a:6379/3")
+    assert is_the_brokers_server(app, "redis://a:6379/1")
+
+
+@pytest.mark.parametrize(
+    ("reply", "every_write"),
+    [
+        (YES, True),
+        (NO, False),
+        ({"appendonly": "YES"}, True),
+        ({b"appendonly": b"yes"}, True),
+        ({"n1:7000": YES, "n2:7001": YES}, True),  # a Cluster: one reply per primary
+        ({"n1:7000": YES, "n2:7001": NO}, False),
+        ({}, None),
+        ({"n1:7000": YES, "n2:7001": {}}, None),
+    ],
+)
+def test_what_config_get_appendonly_says(reply: Any, every_write: bool | None) -> None:
+    assert read_persistence(FakeRedis(reply)).every_write is every_write
+
+
+def safety_and_app(make_app: MakeApp) -> tuple[ParkingSafety, Celery, Clock]:
+    clock = Clock()
+    return ParkingSafety(clock=clock), make_app(broker_url="redis://broker.internal/0"), clock
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "celery_semaphore.durability"]
+
+
+def test_a_redis_that_appends_every_write_takes_parked_tasks(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    safety, app, _ = safety_and_app(make_app)
+    assert safety.allows(app, SemaphoreConfig(redis_url=SEMAPHORES), FakeRedis(YES))
+    assert warnings_of(caplog) == []
+
+
+def test_a_redis_that_persists_nothing_takes_none_and_says_so_once(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    safety, app, clock = safety_and_app(make_app)
+    config = SemaphoreConfig(redis_url="redis://:secret@semaphores.internal:6379/1")
+    client = FakeRedis(NO)
+    for _ in range(5):
+        assert not safety.allows(app, config, client)
+        clock.now += RECHECK_EVERY  # read again each time: still one warning
+    assert client.asked == 5
+    (warning,) = warnings_of(caplog)
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert "the Redis at redis://:***@semaphores.internal:6379/1" in warning
+    assert "secret" not in warning
+    assert "not the broker's server" in warning
+    assert "appendonly no" in warning
+    assert "countdown retries instead, their messages in the broker" in warning
+    assert "Set appendonly yes on that Redis" in warning
+    assert "semaphore_park_without_persistence = True" in warning
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        redis.ResponseError("unknown command 'CONFIG', with args beginning with: 'GET'"),
+        redis.exceptions.NoPermissionError("this user has no permissions to run 'config|get'"),
+    ],
+)
+def test_a_redis_that_refuses_config_takes_none_and_says_to_opt_in_if_it_persists(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture, refusal: Exception
+) -> None:
+    safety, app, _ = safety_and_app(make_app)
+    client = FakeRedis(refusal)
+    config = SemaphoreConfig(redis_url=SEMAPHORES)
+    assert not safety.allows(app, config, client)
+    assert not safety.allows(app, config, client)
+    assert client.asked == 1  # the refusal is an answer, kept for a while
+    (warning,) = warnings_of(caplog)
+    assert "whether it persists is unknown" in warning
+    assert str(refusal) in warning
+    assert "If it persists every write (appendonly yes), set " in warning
+    assert "semaphore_park_without_persistence = True" in warning
+
+
+def test_an_unreachable_redis_takes_none_says_nothing_and_is_asked_again(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    safety, app, _ = safety_and_app(make_app)
+    client = FakeRedis(redis.ConnectionError("refused"), redis.TimeoutError("slow"), YES)
+    config = SemaphoreConfig(redis_url=SEMAPHORES)
+    assert not safety.allows(app, config, client)
+    assert not safety.allows(app, config, client)
+    assert safety.allows(app, config, client)
+    assert client.asked == 3
+    assert warnings_of(caplog) == []
+
+
+def test_the_reading_is_kept_a_minute_then_read_again(make_app: MakeApp) -> None:
+    safety, app, clock = safety_and_app(make_app)
+    client = FakeRedis(NO, YES)
+    config = SemaphoreConfig(redis_url=SEMAPHORES)
+    assert not safety.allows(app, config, client)
+    clock.now += RECHECK_EVERY - 1
+    assert not safety.allows(app, config, client)
+    assert client.asked == 1
+    clock.now += 1
+    assert safety.allows(app, config, client)  # appendonly turned on meanwhile
+    assert client.asked == 2
+
+
+def test_the_brokers_own_server_takes_parked_tasks_without_asking(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    safety, app, _ = safety_and_app(make_app)
+    client = FakeRedis(NO)
+    assert safety.allows(app, SemaphoreConfig(redis_url="redis://broker.internal/1"), client)
+    assert client.asked == 0
+    assert warnings_of(caplog) == []
+
+
+def test_the_opt_in_parks_anywhere_without_asking(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    safety, app, _ = safety_and_app(make_app)
+    client = FakeRedis(NO)
+    config = SemaphoreConfig(redis_url=SEMAPHORES, park_without_persistence=True)
+    assert safety.allows(app, config, client)
+    assert client.asked == 0
+    assert warnings_of(caplog) == []
