@@ -10,6 +10,7 @@ records to the Redis list ``events``, so a test sees from outside who ran when.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -220,3 +221,13 @@ def request_seen(self: Any, tag: Any = None) -> dict[str, Any]:
 def spawn_request_seen(self: Any, tag: Any) -> str:
     """Publishes ``request_seen`` from inside a task (its parent and root ids are ours)."""
     return str(request_seen.delay(tag).id)
+
+
+def declare_limit(limit: int) -> None:
+    """The limit the "hold" tasks declare in this process. The test process imports
+    this module once per session (celery_harness.py), with the first cluster's
+    CS_LIMIT; each cluster sets its own here, as its workers declare it: a publisher
+    declaring another limit is judged by its own (effective_limit() in common.lua)."""
+    for task in app.tasks.values():
+        if inspect.getattr_static(task, "semaphore", None) == "hold":
+            task.limit = limit
