@@ -192,6 +192,7 @@ class Cluster:
         app.conf.broker_url = self.broker_url
         app.conf.result_backend = self.state_url
         self.app_module._log = redis.Redis.from_url(self.state_url)
+        self.app_module.declare_limit(self.limit)
         app.conf.update(self.app_module.extra_conf(self.env["CS_EXTRA_CONF"]))
         repoint_client(self)
 

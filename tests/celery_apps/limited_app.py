@@ -10,6 +10,7 @@ records to the Redis list ``events``, so a test sees from outside who ran when.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -250,3 +251,13 @@ def parks_in_any_app(self: Any, seconds: float, tag: Any = None) -> Any:
 def counts_down_in_any_app(self: Any, seconds: float, tag: Any = None) -> Any:
     """Waits in countdown mode whatever the app's ``semaphore_wait_mode``."""
     return _held(self, seconds, tag)
+
+
+def declare_limit(limit: int) -> None:
+    """The limit the "hold" tasks declare in this process. The test process imports
+    this module once per session (celery_harness.py), with the first cluster's
+    CS_LIMIT; each cluster sets its own here, as its workers declare it: a publisher
+    declaring another limit is judged by its own (effective_limit() in common.lua)."""
+    for task in app.tasks.values():
+        if inspect.getattr_static(task, "semaphore", None) == "hold":
+            task.limit = limit
