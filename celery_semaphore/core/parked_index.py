@@ -29,7 +29,10 @@ REGISTER_EVERY`` between deciding not to list and parking could slip through.
 Names parked before this index existed (or an index lost alone, say evicted)
 are listed by `celery_semaphore.core.discovery.index_parked()`, one SCAN per
 client and namespace in a process: a worker's heartbeat calls it at its first
-look, never per beat.
+look, never per beat. Known gap: when Redis loses its data (the index with
+it), a process that listed S less than `REGISTER_EVERY` before does not list
+it again for its next parks in that time; until some process does, only the
+calls on S (not the heartbeat) hand those parked waiters over.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ REGISTER_EVERY = 60.0
 #: Seconds a name stays listed after its last listing, at least: then it goes once
 #: its semaphore has no parked waiter. Well above REGISTER_EVERY (see the timeline).
 FORGET_AFTER = 300.0
-#: Listing times this process keeps before it drops the ones past REGISTER_EVERY.
+#: Listing times this process keeps before it drops the ones past REGISTER_EVERY
+#: (more if that many are recent: then twice as many as it kept).
 PRUNE_ABOVE = 1024
 
 clock = time.monotonic
@@ -70,6 +74,7 @@ class Listings:
 
     def __init__(self) -> None:
         self._at: dict[tuple[str, str], float] = {}
+        self._prune_above = PRUNE_ABOVE
         self.scanned: set[str] = set()  # namespaces index_parked() listed
 
     def due(self, namespace: str, name: str) -> bool:
@@ -79,9 +84,10 @@ class Listings:
     def done(self, namespace: str, name: str, started: float) -> None:
         """Listed by a call sent at ``started`` (`clock()`, taken before sending)."""
         self._at[(namespace, name)] = started
-        if len(self._at) > PRUNE_ABOVE:
+        if len(self._at) > self._prune_above:
             now = clock()
             self._at = {k: at for k, at in list(self._at.items()) if now - at < REGISTER_EVERY}
+            self._prune_above = max(PRUNE_ABOVE, 2 * len(self._at))  # amortized
 
 
 _listings: weakref.WeakKeyDictionary[Any, Listings] = weakref.WeakKeyDictionary()

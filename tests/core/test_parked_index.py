@@ -130,3 +130,18 @@ def test_names_parked_before_the_index_are_listed_by_one_scan_per_client(
     assert sem.name in listed(sem)
     sem.client.delete(parked_index.index_key(namespace))
     assert index_parked(sem.client, namespace) == [], "scanned again"
+
+
+def test_the_listing_times_a_process_keeps_are_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(parked_index, "clock", lambda: now[0])
+    monkeypatch.setattr(parked_index, "PRUNE_ABOVE", 10)
+    listings = parked_index.Listings()
+    for i in range(25):  # all recent: kept, pruned only now and then
+        listings.done("ns", f"n{i}", now[0])
+    assert not any(listings.due("ns", f"n{i}") for i in range(25))
+    now[0] += parked_index.REGISTER_EVERY
+    for i in range(100):
+        listings.done("ns", f"m{i}", now[0])
+    assert {name[0] for _ns, name in listings._at} == {"m"}  # the old ones went
+    assert listings.due("ns", "n0") and not listings.due("ns", "m0")
