@@ -295,7 +295,7 @@ def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
     calls) is handed over by the next beat, found in the parked index: the beats
     send no SCAN (the first look scans once, for tasks parked before the index).
     Once it is gone, its semaphore leaves the index."""
-    from celery_semaphore.handover import encode
+    from celery_semaphore.wire import encode_signature
 
     @app.task(name="hb.plain", shared=False)
     def plain() -> None: ...
@@ -309,7 +309,7 @@ def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
     assert isinstance(elsewhere.attempt("holder"), Permit)
     place = elsewhere.attempt("parked")
     assert not isinstance(place, Permit)
-    elsewhere.park("parked", encode(app, plain.s(), 10**6), place.ticket)
+    elsewhere.park("parked", encode_signature(app, plain.s(), 10**6), place.ticket)
     heartbeat.look_after_parked()
     assert [(w.holder, w.state) for w in elsewhere.status().waiters] == [("parked", "parked")]
     time.sleep(LEASE * 1.5)  # the holder's lease runs out; nobody calls
