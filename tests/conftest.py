@@ -16,6 +16,7 @@ import pytest
 from async_as_sync import BlockingSemaphore, EventLoopThread
 from celery_harness import Cluster, forget_closed_pools
 
+from celery_semaphore.core import epochs
 from devkit.redis_servers import (
     AclRedisServer,
     RedisClusterServers,
@@ -33,6 +34,14 @@ def _no_closed_kombu_pool_outlives_its_test() -> Iterator[None]:
     process-wide registry, where a later test on the same port would get it."""
     yield
     forget_closed_pools()
+
+
+@pytest.fixture(autouse=True)
+def _each_test_starts_without_seen_data() -> None:
+    """This process remembers the data epoch of every Redis it talked to; a later
+    test's fresh server on a port used before, or the shared cluster emptied for
+    it, would look like a data loss (a pause of the admissions)."""
+    epochs.forget()
 
 
 @pytest.fixture

@@ -92,6 +92,10 @@ class _AsyncSentinelMaster(redis.asyncio.Redis):
             await sentinel.aclose()
 
 
+def is_cluster(client: SyncClient | AsyncClient) -> bool:
+    return isinstance(client, redis.cluster.RedisCluster | redis.asyncio.cluster.RedisCluster)
+
+
 def connect(target: Any, url: str = "") -> tuple[SyncClient, str]:
     """A sync client for ``target`` (URL or client) and a masked description of it:
     for a client, ``url`` (the URL it was made from) if given, else `describe()`'s."""

@@ -8,14 +8,21 @@ another name.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import count
 from typing import NamedTuple
 
+from redis.crc import key_slot
+
+SLOTS = 16384
 ROLES = ("holders", "hinfo", "waiters", "wexp", "winfo", "meta", "parked", "handed", "sent")
 ROLE_TYPES = ("zset", "hash", "zset", "zset", "hash", "hash", "hash", "zset", "zset")
 
 
 class SemaphoreKeys(NamedTuple):
-    """The nine keys every script takes (in this order) and the wake-up channel.
+    """The semaphore's nine keys, the wake-up channel, and the epoch hash it
+    shares with the other semaphores of its Redis (its Cluster slot): every
+    script takes the nine and the epoch (`call_keys`).
 
     ``parked`` and ``handed`` exist only while waiters are parked (see park.lua);
     ``sent`` only while tasks published with a place have not reached a worker.
@@ -31,24 +38,51 @@ class SemaphoreKeys(NamedTuple):
     handed: str
     sent: str
     channel: str
+    epoch: str
 
     @property
     def script_keys(self) -> list[str]:
+        """The semaphore's own keys (the epoch hash is not one of them)."""
         return list(self[: len(ROLES)])
+
+    @property
+    def call_keys(self) -> list[str]:
+        return [*self.script_keys, self.epoch]
 
 
 def _escape(text: str) -> str:
     return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
-def semaphore_keys(namespace: str, name: str) -> SemaphoreKeys:
+def semaphore_keys(namespace: str, name: str, *, cluster: bool = False) -> SemaphoreKeys:
+    """``cluster``: the epoch hash is one per slot (a script touches one slot),
+    else one per Redis."""
     base = f"{namespace}:{{{_escape(name)}}}"
     holders, hinfo, waiters, wexp, winfo, meta, parked, handed, sent = (
         f"{base}:{r}" for r in ROLES
     )
+    epoch = f"{namespace}:epoch"
+    if cluster:
+        epoch = f"{epoch}:{{{_slot_tag(key_slot(base.encode()))}}}"
     return SemaphoreKeys(
-        holders, hinfo, waiters, wexp, winfo, meta, parked, handed, sent, f"{base}:wake"
+        holders, hinfo, waiters, wexp, winfo, meta, parked, handed, sent, f"{base}:wake", epoch
     )
+
+
+def _slot_tag(slot: int) -> str:
+    return _slot_tags()[slot]
+
+
+@lru_cache(maxsize=1)
+def _slot_tags() -> list[str]:
+    """For each Cluster slot, the first of "0", "1", ... whose hash tag lands in it
+    (made once, in about 0.2 s)."""
+    tags: dict[int, str] = {}
+    for tag in map(str, count()):
+        tags.setdefault(key_slot(tag.encode()), tag)
+        if len(tags) == SLOTS:
+            return [tags[slot] for slot in range(SLOTS)]
+    raise AssertionError("unreachable")
 
 
 def unescape(tag: str) -> str:

@@ -26,6 +26,9 @@ STATUS_MOST = 1000
 #: while it has not reached a worker; then it is presumed lost (a purged queue,
 #: an expired message, a failed publish) and no longer counted.
 SENT_HORIZON = 3600.0
+#: How long admissions stay paused after a data loss beyond the renewal interval:
+#: time for a worker that notices the loss at its next beat to write its permits back.
+PAUSE_MARGIN = 0.5
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,9 @@ class Place:
     moving average of how long permits of this semaphore were held (None before
     the first release); ``grant_interval`` a moving average of the time between
     two grants while others waited (None before there was a line): the pace at
-    which the line moves, measured on the server.
+    which the line moves, measured on the server. ``resumes_in``: while no
+    permit is granted after Redis lost its data, the time until admissions
+    resume (None otherwise).
     """
 
     ticket: int
@@ -50,6 +55,7 @@ class Place:
     next_expiry_in: float | None
     hold_estimate: float | None = None
     grant_interval: float | None = None
+    resumes_in: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,9 @@ class SemaphoreStatus:
     sent_without_place: list[WaiterInfo] = field(default_factory=list)
     #: How many of them there are (counted among the oldest 10,000 sent).
     sent_without_place_count: int = 0
+    #: While no permit is granted after Redis lost its data: when admissions resume
+    #: (server time); None otherwise.
+    resumes_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,7 @@ class Refused(NamedTuple):
     now_ms: int
     hold_ms: int  # 0: none yet
     grant_gap_ms: int  # 0: none yet
+    resumes_ms: int  # 0: not paused after a data loss
     handovers: list[Handover]
 
 
@@ -287,6 +297,7 @@ class RenewReply(NamedTuple):
     expires_ms: int
     lost: list[str]
     handovers: list[Handover]
+    restored: int
 
 
 @reply_shape
@@ -337,6 +348,7 @@ class StatusReply(NamedTuple):
     sent_count: int
     sent_without_place: list[SentRow]
     sent_without_place_count: int
+    resumes_ms: int
 
 
 def new_holder_id() -> str:
@@ -359,6 +371,8 @@ class SemaphoreSpec:
         handover_window: float | None = None,
         handover_deadline: float = DEFAULT_HANDOVER_DEADLINE,
         family: str = "",
+        pause_after_loss: float | None = None,
+        cluster: bool = False,
     ) -> None:
         self.name = validation.check_name(name)
         self.family = validation.check_name(family, "family") if family != "" else ""
@@ -368,7 +382,12 @@ class SemaphoreSpec:
         self.waiter_lease = validation.check_seconds(waiter_lease, "waiter_lease")
         self.recheck_interval = validation.check_seconds(recheck_interval, "recheck_interval")
         idle = validation.check_seconds(idle_ttl, "idle_ttl")
-        self.keys: SemaphoreKeys = semaphore_keys(self.namespace, self.name)
+        self.keys: SemaphoreKeys = semaphore_keys(self.namespace, self.name, cluster=cluster)
+        self.pause_after_loss = (
+            self.lease_timeout / 4 + PAUSE_MARGIN
+            if pause_after_loss is None
+            else validation.check_seconds(pause_after_loss, "pause_after_loss")
+        )
         self.idle_ms = int(1000 * max(idle, 2 * self.lease_timeout, 2 * self.waiter_lease))
         self.sent_horizon_ms = min(self.idle_ms, int(1000 * SENT_HORIZON))
         # What the scripts need to hand parked waiters over ('': this client publishes none).
@@ -486,6 +505,8 @@ class SemaphoreSpec:
         pause = min(self.recheck_interval, self.waiter_lease / 3)
         if place.next_expiry_in is not None:
             pause = min(pause, place.next_expiry_in + 0.002)
+        if place.resumes_in is not None:
+            pause = min(pause, place.resumes_in + 0.002)
         if remaining is not None:
             pause = min(pause, remaining)
         return max(pause, 0.001)
@@ -537,6 +558,9 @@ class SemaphoreSpec:
                 next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
                 hold_estimate=refused.hold_ms / 1000 if refused.hold_ms else None,
                 grant_interval=refused.grant_gap_ms / 1000 if refused.grant_gap_ms else None,
+                resumes_in=max(0.0, (refused.resumes_ms - now) / 1000)
+                if refused.resumes_ms
+                else None,
             ), refused.handovers
         if code == 2:
             raise StaleHandover(self.name, read(StaleCopy, values).token)
@@ -614,7 +638,8 @@ class SemaphoreSpec:
                 for sent in status.sent_without_place
             ],
             sent_without_place_count=status.sent_without_place_count,
+            resumes_at=status.resumes_ms / 1000 if status.resumes_ms else None,
         )
 
     def expected_types(self) -> Iterable[tuple[str, str]]:
-        return zip(self.keys.script_keys, ROLE_TYPES, strict=True)
+        return zip(self.keys.call_keys, (*ROLE_TYPES, "hash"), strict=True)

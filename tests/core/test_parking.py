@@ -407,7 +407,7 @@ def keys_on_slot(node: redis.Redis, slot: int, keys: list[str]) -> set[str]:
 def test_parking_and_handover_on_redis_cluster_on_every_master(
     make_semaphore: MakeSemaphore, outbox: Outbox, redis_cluster: RedisClusterServers
 ) -> None:
-    """All eight keys of a semaphore (the parking ones too) share one hash tag, so
+    """All keys of a semaphore (the parking ones too) and its epoch hash are on one slot, so
     park, a release by another client that hands parked waiters over, dispatch (a
     deadline passed, a waiter dropped) and a stale copy work on Redis Cluster, for a
     semaphore on each of the three masters."""
@@ -429,16 +429,16 @@ def test_parking_and_handover_on_redis_cluster_on_every_master(
             for waiter in ("a", "b", "c"):
                 sem.park(waiter, f"payload-{waiter}", refused(sem.attempt(waiter)).ticket)
             assert outbox.take() == {}
-            parking = keys_on_slot(node, slot, keys.script_keys)
-            assert parking == set(keys.script_keys) - {keys.handed, keys.sent}
+            parking = keys_on_slot(node, slot, keys.call_keys)
+            assert parking == set(keys.call_keys) - {keys.handed, keys.sent}
 
             assert other.release(holder.holder) is True  # another client's release
             first = outbox.take()
             assert list(first) == ["a", "b"]  # the free permit, and the window behind it
             assert first["a"].payload == "payload-a"
             assert states(sem) == {"a": "handed over", "b": "handed over", "c": "parked"}
-            handing = keys_on_slot(node, slot, keys.script_keys)
-            assert handing == set(keys.script_keys) - {keys.holders, keys.hinfo, keys.sent}
+            handing = keys_on_slot(node, slot, keys.call_keys)
+            assert handing == set(keys.call_keys) - {keys.holders, keys.hinfo, keys.sent}
 
         time.sleep(0.3)  # past their deadline, and they never came
         assert sem.dispatch(drop=["b"]) == 2

@@ -153,7 +153,10 @@ def test_fencing_tokens_strictly_increase_even_after_flushall(
     with redis_server.client() as client:
         client.delete(*sem.keys.script_keys)
         tokens.append(granted(sem.attempt("after-del")).fencing_token)
-        client.flushall()
+        client.flushall()  # a data loss: no grant until the pause after it ends
+        place = refused(sem.attempt("after-flush"))
+        assert place.resumes_in is not None
+        time.sleep(place.resumes_in + 0.05)
         tokens.append(granted(sem.attempt("after-flush")).fencing_token)
     assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
 
@@ -588,7 +591,7 @@ def test_all_keys_of_a_semaphore_share_one_hash_tag(
 ) -> None:
     name += uuid.uuid4().hex  # unique on the shared server; braces stay where they are
     sem = make_semaphore(1, name=name)
-    keys = sem.keys
+    keys = [*sem.keys.script_keys, sem.keys.channel]
     assert len(set(keys)) == len(ROLES) + 1  # and the wake-up channel
     tags = {hash_tag(key) for key in keys}
     assert len(tags) == 1, keys
@@ -596,7 +599,8 @@ def test_all_keys_of_a_semaphore_share_one_hash_tag(
     assert all(tag != key for key in keys), "the keys must have a real hash tag"
     assert len({slot(key) for key in keys}) == 1
     assert all(key.startswith("celery_semaphore:") for key in keys)
-    assert [key.rsplit(":", 1)[1] for key in keys.script_keys] == list(ROLES)
+    assert [key.rsplit(":", 1)[1] for key in sem.keys.script_keys] == list(ROLES)
+    assert sem.keys.epoch == "celery_semaphore:epoch"  # one per Redis
     # The semaphore works under that name, and status() reports the name as given.
     granted(sem.attempt("a"))
     assert sem.status().name == name
@@ -608,7 +612,7 @@ def test_names_differing_only_by_braces_do_not_collide(make_semaphore: MakeSemap
     unique = uuid.uuid4().hex
     names = [unique + name for name in names]
     sems = [make_semaphore(1, name=name) for name in names]
-    all_keys = [key for sem in sems for key in sem.keys]
+    all_keys = [key for sem in sems for key in (*sem.keys.script_keys, sem.keys.channel)]
     assert len(set(all_keys)) == len(all_keys)
     assert len({hash_tag(sem.keys.holders) for sem in sems}) == len(names)
     # Each is its own semaphore: every one of them (limit 1) can be held at once.
@@ -682,7 +686,8 @@ def test_namespace_is_honoured(make_semaphore: MakeSemaphore) -> None:
     name = f"ns-{uuid.uuid4().hex}"
     mine = make_semaphore(1, name=name, namespace="myapp")
     theirs = make_semaphore(1, name=name, namespace="otherapp")
-    assert all(key.startswith("myapp:{") for key in mine.keys)
+    assert all(key.startswith("myapp:{") for key in (*mine.keys.script_keys, mine.keys.channel))
+    assert mine.keys.epoch == "myapp:epoch"
     granted(mine.attempt("a"))
     granted(theirs.attempt("b"))  # same name, other namespace: another semaphore
     client = mine.client

@@ -21,12 +21,18 @@ from celery_semaphore import (
     SemaphoreError,
     SemaphoreKeyTypeError,
 )
+from celery_semaphore.core import epochs
 from celery_semaphore.core.keys import ROLE_TYPES, ROLES
 from devkit.redis_servers import AclRedisServer, RedisServer, free_port
 
 
 def granted(result: Permit | Place) -> Permit:
     assert isinstance(result, Permit), f"expected a permit, got {result!r}"
+    return result
+
+
+def refused(result: Permit | Place) -> Place:
+    assert isinstance(result, Place), f"expected a place, got {result!r}"
     return result
 
 
@@ -274,22 +280,69 @@ def test_refused_credentials_raise_a_connection_error_without_the_password(
 # ---------------------------------------------------------- Redis restarts, data lost
 
 
-def test_after_a_restart_that_lost_the_data_permits_are_lost_and_new_ones_work(
+def test_after_a_restart_that_lost_the_data_nobody_is_admitted_until_the_holders_renewed(
     redis_server: RedisServer,
 ) -> None:
-    sem = Semaphore(redis_server.url, "restart", 1, lease_timeout=60)
+    sem = Semaphore(redis_server.url, "restart", 1, lease_timeout=60, pause_after_loss=1.0)
     try:
         before = granted(sem.attempt("a"))
         redis_server.restart()
-        assert before.renew() is False, "the permit was lost with the data"
-        assert before.release() is False
-        assert sem.status().holder_count == 0
+        # The first call notices the loss: no grant during the pause, though the
+        # holder is gone with the data.
+        place = refused(sem.attempt("b"))
+        assert place.resumes_in is not None and 0.5 < place.resumes_in <= 1.0
+        assert place.holders == 0
+        assert before.renew() is True, "a renewal during the pause writes the permit back"
+        status = sem.status()
+        assert [h.holder for h in status.holders] == ["a"]
+        assert status.resumes_at is not None
+        time.sleep(place.resumes_in + 0.05)
+        refused(sem.attempt("b"))  # after the pause: still under the limit, b waits its turn
+        assert sem.status().resumes_at is None
+        assert before.release() is True
         after = granted(sem.attempt("b"))
         assert after.fencing_token > before.fencing_token
-        assert sem.attempt("a", queue=False) != before
         assert after.release() is True
     finally:
         sem.close()
+
+
+def test_after_a_data_loss_with_no_renewal_admissions_resume_when_the_pause_ends(
+    redis_server: RedisServer,
+) -> None:
+    sem = Semaphore(redis_server.url, "nobody-renews", 1, pause_after_loss=0.5)
+    try:
+        before = granted(sem.attempt("a"))
+        redis_server.restart()
+        place = refused(sem.attempt("b"))
+        assert place.resumes_in is not None
+        time.sleep(place.resumes_in + 0.05)
+        granted(sem.attempt("b"))
+        assert before.renew() is False, "after the pause a renewal restores nothing"
+    finally:
+        sem.close()
+
+
+def test_a_client_that_never_saw_the_data_takes_a_first_use_and_one_that_did_notices(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a process that never saw the data cannot tell (see the guarantees page),
+    one that saw it notices at its next call, and pauses admissions from then."""
+    seen = Semaphore(redis_server.url, "first-use", 1, pause_after_loss=5.0)
+    try:
+        granted(seen.attempt("a"))
+        redis_server.restart()
+        with monkeypatch.context() as patch:
+            patch.setattr(epochs, "_known", {})  # a process that never saw the data
+            fresh = Semaphore(redis_server.url, "first-use", 1)
+            try:
+                granted(fresh.attempt("b"))  # a first use, as far as it can tell
+            finally:
+                fresh.close()
+        place = refused(seen.attempt("c"))
+        assert place.resumes_in is not None and place.resumes_in > 4
+    finally:
+        seen.close()
 
 
 def test_while_redis_is_down_only_connection_errors_escape(redis_server: RedisServer) -> None:
@@ -308,8 +361,8 @@ def test_while_redis_is_down_only_connection_errors_escape(redis_server: RedisSe
             with pytest.raises(SemaphoreConnectionError):
                 operation()
         redis_server.start()  # same port, empty
-        assert permit.renew() is False
-        granted(sem.attempt("b"))
+        assert permit.renew() is True, "written back: admissions are paused after the loss"
+        refused(sem.attempt("b"))
     finally:
         sem.close()
 
@@ -317,7 +370,14 @@ def test_while_redis_is_down_only_connection_errors_escape(redis_server: RedisSe
 def test_a_restart_under_a_blocked_acquire_raises_nothing_unexpected(
     redis_server: RedisServer,
 ) -> None:
-    sem = Semaphore(redis_server.url, "blocked", 1, lease_timeout=60, recheck_interval=0.3)
+    sem = Semaphore(
+        redis_server.url,
+        "blocked",
+        1,
+        lease_timeout=60,
+        recheck_interval=0.3,
+        pause_after_loss=1.0,
+    )
     try:
         granted(sem.attempt("holder"))
         outcome: list[object] = []
@@ -335,7 +395,7 @@ def test_a_restart_under_a_blocked_acquire_raises_nothing_unexpected(
             assert time.monotonic() < deadline
             time.sleep(0.01)
         time.sleep(0.1)
-        redis_server.restart()  # the holder's permit is gone with the data
+        redis_server.restart()  # the holder's permit is gone with the data, never renewed
         thread.join(15)
         assert not thread.is_alive()
         (result,) = outcome

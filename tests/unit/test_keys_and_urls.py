@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis.crc import key_slot
 
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.core.keys import ROLES, name_from_meta_key, semaphore_keys
@@ -11,13 +12,23 @@ from celery_semaphore.core.keys import ROLES, name_from_meta_key, semaphore_keys
 @pytest.mark.parametrize("name", ["plain", "a}b", "{x}", "100%", "%7D", "a:b"])
 def test_every_key_shares_one_hash_tag_and_the_name_comes_back(name: str) -> None:
     keys = semaphore_keys("ns", name)
-    tags = {k[k.index("{") + 1 : k.index("}")] for k in keys}
+    tags = {k[k.index("{") + 1 : k.index("}")] for k in keys[:-1]}
     assert len(tags) == 1
     assert "{" not in tags.pop()
     assert [k.rsplit(":", 1)[1] for k in keys.script_keys] == list(ROLES)
     assert name_from_meta_key("ns", keys.meta) == name
     assert name_from_meta_key("ns", keys.parked, role="parked") == name
     assert name_from_meta_key("other", keys.meta) is None
+
+
+@pytest.mark.parametrize("name", ["plain", "a}b", "customer-17", "x" * 200])
+def test_the_epoch_hash_is_one_per_redis_or_on_the_semaphores_own_cluster_slot(
+    name: str,
+) -> None:
+    assert semaphore_keys("ns", name).epoch == "ns:epoch"
+    keys = semaphore_keys("ns", name, cluster=True)
+    assert key_slot(keys.epoch.encode()) == key_slot(keys.holders.encode())
+    assert keys.epoch.startswith("ns:epoch:{")
 
 
 def test_names_that_differ_only_in_escaped_characters_do_not_collide() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_semaphore import Handover, Place, StaleHandover
+from celery_semaphore.core import epochs
 from celery_semaphore.core.protocol import (
     WAITER_STATES,
     Grant,
@@ -31,14 +32,24 @@ def test_a_granted_reply() -> None:
 
 
 def test_a_refused_reply() -> None:
-    reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, []]
+    reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, []]
     place, handovers = spec().parse_acquire(reply)
     assert place == Place(9, 2, 3, 3, False, 0.5, 0.3, 0.08)
     assert handovers == []
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, []])
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, []])
     assert isinstance(place, Place)
     assert (place.draining, place.next_expiry_in, place.hold_estimate) == (True, None, None)
-    assert place.grant_interval is None
+    assert (place.grant_interval, place.resumes_in) == (None, None)
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, []])
+    assert isinstance(place, Place)
+    assert place.resumes_in == 2.5  # paused after a data loss
+
+
+def test_an_epoch_reply_is_told_apart_from_every_other_reply() -> None:
+    assert epochs.is_epoch_reply([b"celery_semaphore:epoch", b"17", 0, 0, 1000])
+    assert not epochs.is_epoch_reply([0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, []])
+    assert not epochs.is_epoch_reply([b"3", []])
+    assert not epochs.is_epoch_reply(5)
 
 
 def test_a_stale_copy_and_an_unknown_code() -> None:
@@ -56,7 +67,7 @@ def test_handovers_come_in_triples() -> None:
 
 
 def test_a_reply_of_another_length_is_refused_naming_its_shape() -> None:
-    with pytest.raises(ValueError, match="a Refused reply has 10 values, got 9"):
+    with pytest.raises(ValueError, match="a Refused reply has 11 values, got 9"):
         read(Refused, [9, 2, 3, 3, 0, 1500, 1000, 300, 80])
     with pytest.raises(ValueError, match="a Granted reply has 5 values, got 4"):
         spec().parse_acquire([1, 42, 5000, 4000, 250])
@@ -68,7 +79,7 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
     handover = [b"h", b"7", b"p"]
     assert spec().parse_release([1, 250, handover]) == (True, [Handover("h", 7, "p")])
     assert spec().parse_release([0, 0, []]) == (False, [])
-    assert spec().parse_renew([5000, [b"a", b"b"], []]) == (5.0, {"a", "b"}, [])
+    assert spec().parse_renew([5000, [b"a", b"b"], [], 0]) == (5.0, {"a", "b"}, [])
     assert spec().parse_configure([b"3", handover]) == (3, [Handover("h", 7, "p")])
     assert spec().parse_configure([b"", []]) == (None, [])
     assert spec().parse_dispatch([2, handover]) == [Handover("h", 7, "p")]
@@ -81,7 +92,7 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
 def test_waiter_states_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p",
                                               b"w2", b"6", b"9000", b"", b""], 1, 0,
-             3, [b"t9", b"800"], 1]  # fmt: skip
+             3, [b"t9", b"800"], 1, 0]  # fmt: skip
     status = spec().parse_status(reply)
     assert (status.declared_limit, status.override, status.effective_limit) == (3, None, 5)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
@@ -92,6 +103,7 @@ def test_waiter_states_in_status() -> None:
     assert [(w.holder, w.state, w.since) for w in status.sent_without_place] == [
         ("t9", "in broker", 0.8)
     ]
+    assert status.resumes_at is None
     assert set(WAITER_STATES.values()) == {"parked", "handed over", "waiting in place", "asking"}
 
 

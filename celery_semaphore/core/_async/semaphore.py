@@ -29,10 +29,11 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from celery_semaphore.core import parked_index, protocol, validation
-from celery_semaphore.core.connection import AsyncClient, connect_async, translate
+from celery_semaphore.core import epochs, parked_index, protocol, validation
+from celery_semaphore.core.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
+    SemaphoreError,
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
 )
@@ -142,6 +143,14 @@ class AsyncSemaphore:
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
     Redis with the semaphore; the metrics show a family as one series.
+
+    When Redis loses its data (a restart without persistence, a failover to a
+    replica that lagged), the first call of a client that had seen the data
+    notices (see `celery_semaphore.core.epochs`), and no permit is granted for
+    ``pause_after_loss`` seconds (default: a quarter of ``lease_timeout``, the
+    worker's renewal interval, plus 0.5 s), while the holders still running are
+    written back by their renewals (`renew_many()`); then the line resumes in
+    order. Waiters refused meanwhile learn when (``Place.resumes_in``).
     """
 
     def __init__(
@@ -160,8 +169,11 @@ class AsyncSemaphore:
         handover_deadline: float = 30.0,
         family: str = "",
         url: str = "",
+        pause_after_loss: float | None = None,
     ) -> None:
         check_on_handover_async(on_handover)
+        self.client: AsyncClient
+        self.client, self._url = connect_async(redis, url)
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -173,10 +185,10 @@ class AsyncSemaphore:
             handover_window=None if on_handover is None else handover_window,
             handover_deadline=handover_deadline,
             family=family,
+            pause_after_loss=pause_after_loss,
+            cluster=is_cluster(self.client),
         )
         self.on_handover = on_handover
-        self.client: AsyncClient
-        self.client, self._url = connect_async(redis, url)
         self._owns_client = isinstance(redis, str)
         self._scripts = registered(self.client)
         # Permits taken by ``async with semaphore:``, per thread and per asyncio task.
@@ -195,9 +207,21 @@ class AsyncSemaphore:
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
 
     async def _call(self, script: str, args: list[Any]) -> Any:
+        """Run ``script``; a script that answers with another epoch than this process
+        knows (a data loss, or the first call) is run again with that one."""
+        keys = self._spec.keys
+        for _ in range(3):
+            epoch = epochs.argument(self.url, keys.epoch, self._spec.pause_after_loss)
+            reply = await self._run(script, [*args, epoch])
+            if not epochs.is_epoch_reply(reply):
+                return reply
+            epochs.learn(self.url, keys.epoch, reply)
+        raise SemaphoreError(f"Redis at {self.url} changed its data epoch three times in one call")
+
+    async def _run(self, script: str, args: list[Any]) -> Any:
         try:
             return await self._scripts[script](
-                keys=self._spec.keys.script_keys, args=args, client=self.client
+                keys=self._spec.keys.call_keys, args=args, client=self.client
             )
         except redis.ResponseError as error:
             if "WRONGTYPE" in str(error):

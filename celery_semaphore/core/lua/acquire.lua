@@ -1,6 +1,6 @@
 -- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] holder           id of the contender
 -- ARGV[2] declared limit   the caller's (see effective_limit()); recorded in meta.limit
 -- ARGV[3] lease ms         lease of a granted permit
@@ -20,11 +20,14 @@
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
 -- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
 -- earliest lease expiry ms or 0, now ms, average hold ms or 0, average ms
--- between grants while others wait or 0, handovers} when refused (ticket 0:
+-- between grants while others wait or 0, when admissions resume after a data
+-- loss (ms) or 0, handovers} when refused (ticket 0:
 -- not queued), {2, current handover token} when this is a
 -- stale copy of a handed-over waiter (changes nothing). ``handovers``:
 -- {holder, token, payload, ...} due after reclaiming (see dispatch()).
--- A holder that already holds a live permit is granted again: same slot, new token.
+-- A holder that already holds a live permit is granted again: same slot, new token;
+-- but one restored by id after a data loss (token 0) asks because it held nothing
+-- (it was waiting): that entry is dropped and it asks like anyone else.
 
 local holder, declared = ARGV[1], ARGV[2]
 local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -53,6 +56,12 @@ if family ~= '' and m.family ~= family then
 end
 
 local held = redis.call('ZSCORE', holders, holder)
+if held and token_of(redis.call('HGET', hinfo, holder)) == '0' then
+  redis.call('ZREM', holders, holder)
+  redis.call('HDEL', hinfo, holder)
+  redis.call('HINCRBY', epoch_key, 'restored', -1)
+  held = nil
+end
 local ticket
 if waiting > 0 then
   ticket = tonumber(redis.call('ZSCORE', waiters, holder))
@@ -72,7 +81,7 @@ if ticket and waiting > 0 then
 end
 local count = redis.call('ZCARD', holders)
 local free = limit - count
-if draining then free = 0 end
+if paused(m) then free = 0 end
 
 local result
 if held or (free > 0 and ahead < free) then
@@ -123,7 +132,7 @@ else
   end
   bump('m_refused', 1)
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms,
-    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0}
+    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0, resumes_ms}
 end
 if #meta_writes > 0 then
   write_meta(m, meta_writes)

@@ -1,6 +1,6 @@
 -- common.lua: prepended to every script of this folder (see celery_semaphore/core/scripts.py).
 --
--- KEYS (the same nine, in this order, for every script; one hash tag per semaphore):
+-- KEYS (the same ten, in this order, for every script; one hash tag per semaphore):
 --   KEYS[1] holders  ZSET  holder -> lease expiry, ms of server time
 --   KEYS[2] hinfo    HASH  holder -> "<fencing token>|<acquired ms>|<info>"
 --   KEYS[3] waiters  ZSET  holder -> ticket (place in line; lower goes first)
@@ -20,6 +20,10 @@
 --                          still seen (status.lua); entries older than the sent horizon
 --                          (an hour, at most the idle time) are dropped: a message the
 --                          broker lost is not counted forever
+--   KEYS[10] epoch HASH    one per Redis (per slot on a Cluster), no expiry: epoch,
+--                          lost_ms, resumes_ms, restored (see "Data loss" below)
+--
+-- ARGV[#ARGV] (every script): "<epoch the caller knows, or ''>|<pause ms>" (see below).
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.
@@ -72,13 +76,38 @@
 -- p: parked, h: handed over, d: arrived (tombstone), x: served by another copy of its
 -- task (tombstone: that copy is stale), w: waiting in place ("<token>|w|<lease ms>|").
 -- n_parked and n_handed in meta count the p and h records.
+--
+-- Data loss ----------------------------------------------------------------------
+--
+-- The epoch hash names the data a Redis holds: made by the first script that finds
+-- it absent, it goes only with the data (a restart without persistence, a failover to
+-- a replica that lagged, a flush). Each client remembers the epoch it last saw and
+-- presents it; a script runs only for a client that presents the current one, and
+-- answers any other with {'celery_semaphore:epoch', epoch, lost ms, resumes ms, now ms}
+-- (the client remembers that epoch and calls again). A client that presents an
+-- epoch which is gone has seen the data lost:
+--
+--   epoch absent, the caller knew none       first use: a new epoch, no pause
+--   epoch absent, the caller knew one        lost: a new epoch, lost_ms = now,
+--                                            resumes_ms = now + the caller's pause ms
+--   another epoch, made by a first use       lost, noticed only now (its maker knew
+--   (lost_ms 0), the caller knew one         no epoch): the same pause, from now
+--
+-- Until resumes_ms nothing is granted or handed over (paused(): like a drain); the
+-- workers write back the permits of the tasks they run (renew.lua restores missing
+-- holders while paused; restored counts them), so the line resumes in order after
+-- the pause, under the limit, however many holders came back. A holder restored
+-- by id alone (token 0) may have been a waiter: its own next ask drops it
+-- (acquire.lua).
 
 local holders, hinfo, waiters, wexp, winfo, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local parked, handed, sent = KEYS[7], KEYS[8], KEYS[9]
+local parked, handed, sent, epoch_key = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now_ms = math.floor(now_us / 1000)
 local BATCH = 1000
+local EPOCH_ARG = #ARGV  -- the last argument of every script; the others come before it
+local resumes_ms = 0  -- while admissions are paused after a data loss: when they resume
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -128,6 +157,12 @@ local function count_released(m, n)
   if n == 0 then return end
   local released = redis.call('HINCRBY', meta, 'released', n)
   if m then m.released = fmt(released) end
+end
+
+-- Whether nothing may be granted or handed over now: draining, or paused after a
+-- data loss (see the header).
+local function paused(m)
+  return m.draining == '1' or resumes_ms > 0
 end
 
 -- The one rule (see the header). ``declared``: the caller's limit, or '' for none.
@@ -322,7 +357,7 @@ end
 -- may now be admitted ('inf': any), so waiters further back sleep on.
 -- Publishes nothing when nobody waits or no permit is free.
 local function wake(m, declared, channel)
-  if m.draining == '1' or redis.call('ZCARD', waiters) == 0 then return end
+  if paused(m) or redis.call('ZCARD', waiters) == 0 then return end
   local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
   if free <= 0 then return end
   local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
@@ -343,7 +378,7 @@ end
 -- "g|<holder>|<fencing token>|<lease expiry ms>|<waited ms>", so the next owner
 -- starts without another round trip.
 local function grant_in_place(m, declared, channel)
-  if m.draining == '1' then return end
+  if paused(m) then return end
   local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
   if free <= 0 then return end
   local fence, last_at, average, granted = m.fence, m.grant_at, m.grant_gap_ms, 0
@@ -401,9 +436,9 @@ local function dispatch(m, declared, cfg)
   if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
   local max_block_ms, deadline_ms = string.match(cfg, '^(%d+)|(%d+)$')
   max_block_ms, deadline_ms = tonumber(max_block_ms), tonumber(deadline_ms)
-  local limit, draining = effective_limit(m, declared), m.draining == '1'
+  local limit = effective_limit(m, declared)
   local free, window = 0, 0
-  if not draining then
+  if not paused(m) then
     free = math.max(0, limit - redis.call('ZCARD', holders))
     window = limit
   end
@@ -445,3 +480,31 @@ local function after_free(m, declared, channel, cfg)
   wake(m, declared, channel)
   return dispatch(m, declared, cfg)
 end
+
+-- Data loss (see the header) -------------------------------------------------------
+
+-- nil if the caller presents the current epoch (and resumes_ms is set while paused);
+-- else the reply that tells it the current one.
+local function settle_epoch()
+  local known, pause_ms = string.match(ARGV[EPOCH_ARG] or '', '^(%d*)|(%d+)$')
+  if not known then return redis.error_reply('ERR celery_semaphore: no epoch argument') end
+  local e = redis.call('HMGET', epoch_key, 'epoch', 'lost_ms', 'resumes_ms')
+  local epoch, lost_ms, resumes = e[1], tonumber(e[2]) or 0, tonumber(e[3]) or 0
+  if epoch and epoch == known then
+    if resumes > now_ms then resumes_ms = resumes end
+    return nil
+  end
+  if not epoch or (known ~= '' and lost_ms == 0) then
+    epoch = epoch or fmt(now_us)
+    if known ~= '' then
+      lost_ms, resumes = now_ms, now_ms + tonumber(pause_ms)
+    end
+    redis.call('HSET', epoch_key, 'epoch', epoch, 'lost_ms', fmt(lost_ms),
+      'resumes_ms', fmt(resumes))
+    redis.call('HSETNX', epoch_key, 'restored', 0)
+  end
+  return {'celery_semaphore:epoch', epoch, lost_ms, resumes, now_ms}
+end
+
+local epoch_reply = settle_epoch()
+if epoch_reply then return epoch_reply end

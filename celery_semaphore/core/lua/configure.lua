@@ -1,6 +1,6 @@
 -- configure.lua: set or clear a runtime setting of a live semaphore.
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] field     'override' (the runtime limit) or 'draining' ('1': admit nobody)
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms

@@ -6,7 +6,7 @@
 -- waiters whose publisher died before publishing, and revoked parked tasks. What
 -- follows a reclaim or a drop is after_free() (the caller declares no limit).
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] idle ms
 -- ARGV[2] wake channel
 -- ARGV[3] dispatch         "<max block ms>|<deadline ms>"
@@ -22,7 +22,7 @@ local found = false
 for _, value in pairs(m) do found = found or value end
 if not found then return {0, {}} end
 local dropped = 0
-for i = 4, #ARGV do
+for i = 4, EPOCH_ARG - 1 do
   local holder = ARGV[i]
   local state = state_in(redis.call('HGET', parked, holder))
   if state == 'p' or state == 'h' then

@@ -1,6 +1,6 @@
 -- enqueue.lua: take a place in line without asking for a permit (at publish time).
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] holder           id of the future contender (the task id)
 -- ARGV[2] waiter lease ms  how long the place holds while nobody asks
 -- ARGV[3] info             free text stored with the waiter

@@ -1,6 +1,6 @@
 -- park.lua: stay in line without asking: leave a payload to be handed over when due.
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] holder           id of the waiter (the task id)
 -- ARGV[2] ticket           its ticket, or '' (keeps the one it has, or takes a new one)
 -- ARGV[3] payload          opaque text handed back to whoever publishes it when due

@@ -1,6 +1,6 @@
 -- release.lua: give a permit back; without a token, also leave the line.
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] holder
 -- ARGV[2] fencing token, or '' to release whatever this holder holds and drop
 --         its place in line (the by-id release of a worker that lost the child)
@@ -14,7 +14,8 @@
 -- and counts m_abandoned: places in line given up (timeout, revoke).
 -- Returns {released 0/1, held ms (0 if nothing released), handovers}: the
 -- parked waiters now due (see dispatch()). Idempotent: a second release, an
--- unknown or expired holder, or a stale token releases nothing.
+-- unknown or expired holder, or a stale token releases nothing (a holder restored
+-- by id after a data loss has token 0: any token releases it).
 
 local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local declared = ARGV[6]
@@ -25,7 +26,9 @@ if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 local m = load_meta({'hold_ms'}, waiting > 0)
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
-if (token == '' or token_of(record) == token) and redis.call('ZREM', holders, holder) == 1 then
+local current = token_of(record)
+if (token == '' or current == token or current == '0')
+    and redis.call('ZREM', holders, holder) == 1 then
   redis.call('HDEL', hinfo, holder)
   released = 1
   held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)

@@ -1,38 +1,46 @@
 -- renew.lua: compare-and-extend the leases of any number of holders.
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] lease ms    new lease, counted from now
 -- ARGV[2] idle ms
 -- ARGV[3] wake channel
 -- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>" (common.lua)
 -- ARGV[5..] pairs: holder, fencing token ('' = any token of this holder)
 --
--- Returns {new lease expiry ms, {lost holder, ...}, handovers}. A holder whose
+-- Returns {new lease expiry ms, {lost holder, ...}, handovers, restored}. A holder whose
 -- lease already ran out is reclaimed first and so reported lost: a renew never
 -- resurrects an evicted holder; what follows the reclaim is after_free() (the
 -- caller declares no limit). m_lost counts the lost pairs that came with a
 -- token (the caller held that permit); a holder id alone may never have held
 -- one (a worker renews its requests by id; it counts real losses itself).
 -- Reads meta only if something was reclaimed.
+-- While admissions are paused after a data loss (common.lua), a missing holder is
+-- written back instead (its token, or 0 if given none), and counted in ``restored``.
 
 local lease_ms, idle_ms, channel, cfg = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
 local reclaimed = reclaim(nil)
 local expires = now_ms + lease_ms
-local lost, lost_permits = {}, 0
-for i = 5, #ARGV, 2 do
+local lost, lost_permits, restored = {}, 0, 0
+for i = 5, EPOCH_ARG - 1, 2 do
   local holder, token = ARGV[i], ARGV[i + 1]
   local live = redis.call('ZSCORE', holders, holder)
-  if live and (token == '' or token_of(redis.call('HGET', hinfo, holder)) == token) then
+  local current = live and token_of(redis.call('HGET', hinfo, holder))
+  if live and (token == '' or current == token or current == '0') then
     redis.call('ZADD', holders, 'XX', expires, holder)
+  elseif not live and resumes_ms > 0 then
+    redis.call('ZADD', holders, expires, holder)
+    redis.call('HSET', hinfo, holder, (token == '' and '0' or token) .. '|' .. fmt(now_ms) .. '|')
+    restored = restored + 1
   else
     lost[#lost + 1] = holder
     if token ~= '' then lost_permits = lost_permits + 1 end
   end
 end
-bump('m_renewed', (#ARGV - 4) / 2 - #lost)
+bump('m_renewed', (EPOCH_ARG - 5) / 2 - #lost - restored)
+if restored > 0 then redis.call('HINCRBY', epoch_key, 'restored', restored) end
 bump('m_lost', lost_permits)
 local out = {}
 if reclaimed > 0 then out = after_free(load_meta({}, true), '', channel, cfg) end
 touch(idle_ms)
-return {expires, lost, out}
+return {expires, lost, out, restored}

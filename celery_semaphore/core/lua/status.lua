@@ -1,6 +1,6 @@
 -- status.lua: read the state of one semaphore; changes nothing.
 --
--- KEYS: the nine of common.lua.
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] most   at most this many holders and waiters are listed
 -- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
 -- ARGV[3] declared limit   the caller's (see effective_limit())
@@ -16,7 +16,8 @@
 -- not), {holder, published ms, ...} of the first ``most`` of them whose place
 -- lapsed (their message waits in the broker, outside the line), oldest first,
 -- and how many of them lapsed among the oldest 10 x ``most`` (a count that
--- stops there; the newer ones most likely still hold their places).
+-- stops there; the newer ones most likely still hold their places), and when
+-- admissions resume after a data loss (ms; 0: not paused).
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
 local most, horizon_ms, declared = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
@@ -69,5 +70,5 @@ return {
   redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
   listed_holders, listed_waiters, math.max(0, tonumber(m.n_parked) or 0),
-  math.max(0, tonumber(m.n_handed) or 0), sent_count, listed_sent, lapsed_count,
+  math.max(0, tonumber(m.n_handed) or 0), sent_count, listed_sent, lapsed_count, resumes_ms,
 }
