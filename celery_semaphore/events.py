@@ -1,4 +1,4 @@
-"""Celery events for permit waits, grants and losses.
+"""Celery events for permit waits, grants and losses, and for a loss of Redis's data.
 
 Their types do not start with ``task-``: Flower would take a custom ``task-*``
 event as the task's new state. Event consumers count them (Flower's
@@ -44,7 +44,13 @@ def _from_task(type_: str) -> Any:
     return handler
 
 
+def _data_lost(sender: Any = None, **fields: Any) -> None:
+    fields.pop("signal", None)
+    send(sender, fields.pop("hostname", None), "semaphore-data-lost", "", **fields)
+
+
 _handlers = {
+    signals.data_lost: _data_lost,
     signals.permit_waiting: _from_task("semaphore-waiting"),
     signals.permit_granted: _from_task("semaphore-granted"),
     signals.permit_lost: _from_task("semaphore-lost"),

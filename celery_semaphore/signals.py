@@ -27,6 +27,15 @@ permit_granted = Signal(name="semaphore_permit_granted")
 ``task_name``, ``waited`` (seconds since the task's first attempt in this wait
 period)."""
 
+data_lost = Signal(name="semaphore_data_lost")
+"""The semaphores' Redis lost its data (see the guarantees page), as the worker's
+heartbeat found: sent once per loss by each worker that noticed it, in its main
+process, after its renewals wrote back the permits of its running tasks. Sender:
+the app. Arguments: ``url`` (password masked), ``hostname``, ``restored`` (permits
+this worker wrote back), ``paused_for`` (seconds no permit is granted from when a
+client noticed; 0 if none had seen the data), ``resumes_at`` (server time),
+``parked_lost`` (names of the semaphores whose parked tasks were lost with it)."""
+
 permit_released = Signal(name="semaphore_permit_released")
 """A task gave a permit back. Arguments: ``semaphore``, ``task_id``,
 ``task_name``, ``released`` (False if it was already lost)."""

@@ -31,6 +31,7 @@ from redis.retry import Retry
 
 from .core import Semaphore
 from .core.connection import SyncClient, connect
+from .core.protocol import PAUSE_MARGIN
 from .durability import ParkingSafety
 from .handover import publisher
 
@@ -91,7 +92,7 @@ class Semaphores:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
-               config.max_block, config.handover_deadline, family)  # fmt: skip
+               config.max_block, config.handover_deadline, family, config.renew_every)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is not None:  # no lock: see _lock
             with suppress(KeyError):  # dropped by another thread meanwhile
@@ -113,6 +114,9 @@ class Semaphores:
                 handover_deadline=config.handover_deadline,
                 family=family,
                 url=config.redis_url,
+                # a worker whose heartbeat noticed a loss only at its next beat
+                # still writes its permits back in time
+                pause_after_loss=config.renew_every + PAUSE_MARGIN,
             )
             if len(self._semaphores) > self.MOST_SEMAPHORES:
                 self._semaphores.popitem(last=False)

@@ -71,7 +71,8 @@ def estimate_turn(place: Place) -> float | None:
     line, the time between grants measured on the server while others waited (slower
     than hold / limit when hand-overs are slow), at most twice hold / limit: when
     tasks come back late the permits idle and the measured pace slows down, which
-    would send them back later still."""
+    would send them back later still. While admissions are paused after a data
+    loss, the turn comes after the pause."""
     if place.draining:
         return None
     capacity = place.hold_estimate / max(place.limit, 1) if place.hold_estimate else None
@@ -80,12 +81,14 @@ def estimate_turn(place: Place) -> float | None:
         return None
     if capacity is not None:
         pace = min(pace, 2 * capacity)
-    return place.position * pace
+    return (place.resumes_in or 0.0) + place.position * pace
 
 
 def should_wait_in_place(place: Place, max_block: float) -> bool:
     """Only the next ``limit`` in line wait in place, and only for a turn due soon."""
     if max_block <= 0 or place.draining or place.position > place.limit:
+        return False
+    if place.resumes_in is not None and place.resumes_in > max_block:
         return False
     turn = estimate_turn(place)
     return turn is None or turn <= max_block
@@ -96,7 +99,8 @@ def countdown(
 ) -> float:
     """When to ask again: half a hold before the estimated turn (so the request
     arrives among the next ``limit`` and waits in place briefly), else
-    exponential backoff with full jitter when the semaphore can't estimate."""
+    exponential backoff with full jitter when the semaphore can't estimate; never
+    before admissions resume after a data loss."""
     turn = estimate_turn(place) if place is not None else None
     if turn is not None and place is not None and place.hold_estimate is not None:
         early = turn - place.hold_estimate / 2
@@ -104,6 +108,9 @@ def countdown(
     else:
         cap = min(config.backoff_max, config.backoff_base * 2.0 ** min(waits, 64))
         delay = rng.uniform(0.0, cap) if config.backoff_jitter else cap
+    if place is not None and place.resumes_in is not None:
+        spread = rng.uniform(1.0, 1.1) if config.backoff_jitter else 1.0
+        delay = max(delay, place.resumes_in * spread)
     return min(max(delay, MIN_COUNTDOWN), config.backoff_max)
 
 

@@ -581,9 +581,9 @@ class SemaphoreSpec:
         return released.released, released.handovers
 
     @staticmethod
-    def parse_renew(reply: Sequence[Any]) -> tuple[float, set[str], list[Handover]]:
+    def parse_renew(reply: Sequence[Any]) -> tuple[float, set[str], list[Handover], int]:
         renewed = read(RenewReply, reply)
-        return renewed.expires_ms / 1000, set(renewed.lost), renewed.handovers
+        return renewed.expires_ms / 1000, set(renewed.lost), renewed.handovers, renewed.restored
 
     @staticmethod
     def parse_configure(reply: Sequence[Any]) -> tuple[int | None, list[Handover]]:

@@ -153,7 +153,9 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             admit_every_task(worker.app)
 
     def start(self, worker: Any) -> None:
-        self.heartbeat = Heartbeat(worker.app, running_requests, revoked=revoked_ids)
+        self.heartbeat = Heartbeat(
+            worker.app, running_requests, revoked=revoked_ids, hostname=worker.hostname
+        )
         self.heartbeat.start()
         self.dead_children = DeadChildren(
             running_requests, reaped=lambda: reaped_by_signal(worker.pool)

@@ -9,9 +9,13 @@ In handover mode it also looks after parked tasks, once per interval, in every
 semaphore that has some: it publishes those whose turn came while nobody called
 (a lease ran out), publishes again those whose publisher died before publishing
 (past ``semaphore_handover_deadline``), and drops revoked ones from the line.
-When Redis restarts without the parked tasks it had (no persistence, with
-``semaphore_park_without_persistence``), it says so in an ERROR: those tasks
-are lost.
+When Redis loses its data (see `celery_semaphore.core.epochs`), the worker
+notices through its own connection at once (a watch connection that breaks with
+the restart starts a beat), not at its next beat: that beat writes the permits
+of its running tasks back while admissions are paused, and the worker reports
+the loss (a WARNING, the `celery_semaphore.signals.data_lost` signal and its
+``semaphore-data-lost`` event); an ERROR if tasks were parked there (no
+persistence, with ``semaphore_park_without_persistence``): they are lost.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
+
+import redis
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
-from celery_semaphore.core import parked_index
+from celery_semaphore.core import epochs, parked_index
 from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import index_parked
 from celery_semaphore.core.errors import SemaphoreError
@@ -44,6 +50,11 @@ logger = logging.getLogger(__name__)
 PARKED_COUNT = "n_parked"
 
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
+WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again
+
+
+def _clock(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%H:%M:%S.%f")[:-3]
 
 
 def child_killed(request: Any) -> bool:
@@ -89,28 +100,37 @@ class Heartbeat:
         app: Any,
         running: Callable[[], Iterable[Any]],
         interval: float | None = None,
+        *,
         revoked: Callable[[], Iterable[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
+        hostname: str | None = None,
     ) -> None:
         self.app = app
+        self.hostname = hostname
         self.clock = clock
         self.running = running
         self.revoked = revoked
         self._dropped: set[str] = set()
         self._parked_in: set[str] = set()  # semaphores with parked messages at the last look
-        self._marker: bytes | None = None
         self.interval = renew_interval(app) if interval is None else interval
         self._stop = threading.Event()
         self._draining = threading.Event()
+        self._beat_now = threading.Event()
+        self._losses: list[epochs.DataLoss] = []  # noticed by this process, not yet reported
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
+        )
+        self._watch_thread = threading.Thread(
+            target=self._watch, name="celery-semaphore-watch", daemon=True
         )
         self._held: set[Key] = set()  # seen holding at a beat, still running
         self._missing: dict[Key, float] = {}  # seen holding, then not: since when
         self._reported: set[Key] = set()
 
     def start(self) -> None:
+        epochs.listen(self._noticed)
         self._thread.start()
+        self._watch_thread.start()
 
     @property
     def alive(self) -> bool:
@@ -124,17 +144,55 @@ class Heartbeat:
             self._draining.set()
             return
         self._stop.set()
+        self._beat_now.set()
+        epochs.unlisten(self._noticed)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._beat_now.wait(self.interval)
+            self._beat_now.clear()
+            if self._stop.is_set():
+                return
             if self._draining.is_set() and not list(self.running()):
+                epochs.unlisten(self._noticed)
                 return
             try:
                 self.beat()
             except Exception:  # the heartbeat must survive anything; the lease is the backstop
                 logger.exception("semaphore heartbeat failed")
+
+    def _noticed(self, loss: epochs.DataLoss) -> None:
+        """A call of this process found that Redis lost its data: beat now (its
+        renewals write the permits back while admissions are paused)."""
+        self._losses.append(loss)
+        self._beat_now.set()
+
+    def _watch(self) -> None:
+        """Holds a connection to the semaphores' Redis that carries nothing: it breaks
+        when Redis restarts or fails over, and once it connects again a beat runs at
+        once (whose calls notice a loss of the data, if there was one)."""
+        config = get_config(self.app)
+        client = state_of(self.app).semaphores.client(config.redis_url)
+        pubsub, broken = None, False
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    pubsub.subscribe(f"{config.namespace}:watch")
+                    if broken:
+                        broken = False
+                        self._beat_now.set()
+                pubsub.get_message(timeout=1.0)
+            except (redis.RedisError, OSError):
+                with contextlib.suppress(Exception):
+                    pubsub.close()  # type: ignore[union-attr]
+                pubsub, broken = None, True
+                self._stop.wait(WATCH_RETRY)
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
     def beat(self) -> None:
         """One round: renew every running request's permits, report the lost ones."""
@@ -143,14 +201,19 @@ class Heartbeat:
             for gate in recorded_gates(request):
                 by_gate[gate].append(request)
         live = set()
+        restored = 0
         for gate, requests in by_gate.items():
             task = requests[0].task
             config = task_config(task)
+            semaphore = semaphore_of(self.app, gate, config)
+            before = semaphore.restored
             try:
-                lost = semaphore_of(self.app, gate, config).renew_many([r.id for r in requests])
+                lost = semaphore.renew_many([r.id for r in requests])
             except SemaphoreError as error:
                 logger.warning("could not renew leases of %s: %s", gate.name, error)
                 continue
+            finally:
+                restored += semaphore.restored - before
             for request in requests:
                 key = (gate.name, request.id, getattr(request, "time_start", None))
                 live.add(key)
@@ -162,8 +225,50 @@ class Heartbeat:
         self._held &= live
         self._reported &= live
         self._missing = {k: v for k, v in self._missing.items() if k in live}
+        losses, self._losses = self._losses, []
+        for loss in losses:
+            self._report(loss, restored)
+            restored = 0  # counted once, with the first loss reported
         if uses_handover(self.app):
             self.look_after_parked()
+
+    def _report(self, loss: epochs.DataLoss, restored: int) -> None:
+        """The log line, signal and event of a data loss this process noticed."""
+        parked_lost = sorted(self._parked_in)
+        self._parked_in = set()
+        if loss.lost_at:
+            paused = (
+                f"no permit is granted until {_clock(loss.resumes_at)} "
+                f"(a pause of {loss.pause:.1f} s from {_clock(loss.lost_at)}, when a client "
+                "noticed the loss)"
+            )
+        else:
+            paused = "admissions were not paused (no client that had seen the data noticed)"
+        logger.warning(
+            "Redis at %s lost its data; %s; this worker wrote back the permits of %d "
+            "running limited task(s) (one that was still waiting for its permit gives "
+            "back what it got at its next ask)",
+            mask_url(loss.url),
+            paused,
+            restored,
+        )
+        if parked_lost:
+            logger.error(
+                "Redis at %s lost its data: the tasks parked there are lost (semaphores %s); "
+                "they will not run. Give that Redis persistence (appendonly yes), or drop "
+                "semaphore_park_without_persistence so tasks wait in the broker instead",
+                mask_url(loss.url),
+                ", ".join(parked_lost),
+            )
+        signals.data_lost.send(
+            sender=self.app,
+            url=mask_url(loss.url),
+            hostname=self.hostname,
+            restored=restored,
+            paused_for=loss.pause,
+            resumes_at=loss.resumes_at,
+            parked_lost=parked_lost,
+        )
 
     def look_after_parked(self) -> None:
         """One dispatch call per semaphore in the parked index (see the module doc
@@ -179,7 +284,7 @@ class Heartbeat:
         index_parked(client, config.namespace, url)
         now_ms, entries = parked_index.read(client, config.namespace, url)
         names = [name for name, _ in entries]
-        self._notice_data_loss(client, set(names), config.redis_url)
+        self._parked_in = self._with_parked_tasks(client, set(names))
         for name in names:
             try:
                 semaphore_of(self.app, Gate(name, 1), config).dispatch(drop)
@@ -188,33 +293,6 @@ class Heartbeat:
                 return
         self._dropped.update(drop)
         parked_index.forget_idle(client, config.namespace, now_ms, entries, url)
-
-    def _notice_data_loss(self, client: Any, names: set[str], url: str) -> None:
-        """A marker key (one per namespace, no expiry) changes only when Redis lost
-        its data: then the tasks parked there at the last look are gone, which
-        deserves an ERROR; with none parked, a WARNING (nothing was lost to wait for)."""
-        marker = f"{get_config(self.app).namespace}:alive"
-        token = client.get(marker)
-        if token is None:
-            client.set(marker, uuid.uuid4().hex, nx=True)
-            token = client.get(marker)
-        if self._marker is not None and token != self._marker and self._parked_in:
-            logger.error(
-                "Redis at %s lost its data: the tasks parked there are lost (semaphores %s); "
-                "they will not run. Give that Redis persistence (appendonly yes), or drop "
-                "semaphore_park_without_persistence so tasks wait in the broker instead",
-                mask_url(url),
-                ", ".join(sorted(self._parked_in)),
-            )
-        elif self._marker is not None and token != self._marker:
-            logger.warning(
-                "Redis at %s lost its data: no task was parked there at the last look; "
-                "the permits held there are gone (more tasks than the limit may run "
-                "until their holders end)",
-                mask_url(url),
-            )
-        self._marker = token
-        self._parked_in = self._with_parked_tasks(client, names)
 
     def _with_parked_tasks(self, client: Any, names: set[str]) -> set[str]:
         """The semaphores among ``names`` (those with a ``parked`` hash) that hold

@@ -79,7 +79,7 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
     handover = [b"h", b"7", b"p"]
     assert spec().parse_release([1, 250, handover]) == (True, [Handover("h", 7, "p")])
     assert spec().parse_release([0, 0, []]) == (False, [])
-    assert spec().parse_renew([5000, [b"a", b"b"], [], 0]) == (5.0, {"a", "b"}, [])
+    assert spec().parse_renew([5000, [b"a", b"b"], [], 2]) == (5.0, {"a", "b"}, [], 2)
     assert spec().parse_configure([b"3", handover]) == (3, [Handover("h", 7, "p")])
     assert spec().parse_configure([b"", []]) == (None, [])
     assert spec().parse_dispatch([2, handover]) == [Handover("h", 7, "p")]

@@ -24,8 +24,8 @@ class Fixed:
 
 
 def place(position: int, *, hold: float | None = 0.4, limit: int = 4,
-          draining: bool = False) -> Place:  # fmt: skip
-    return Place(1, position, limit, limit, draining, None, hold, None)
+          draining: bool = False, resumes_in: float | None = None) -> Place:  # fmt: skip
+    return Place(1, position, limit, limit, draining, None, hold, None, resumes_in)
 
 
 HANDOVER = SemaphoreConfig()
@@ -52,6 +52,17 @@ def test_countdown_mode_retries_half_a_hold_before_the_turn() -> None:
     decision = decide(place(8), waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
     # turn in 8 x 0.4 / 4 = 0.8 s; half a hold earlier = 0.6 s; jitter 0.9
     assert decision == Countdown(pytest.approx(0.54), None)
+
+
+def test_after_a_data_loss_the_turn_comes_after_the_pause() -> None:
+    paused = place(2, resumes_in=3.0)
+    delay = decide(paused, waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
+    assert isinstance(delay, Countdown) and delay.delay == pytest.approx(3.0 * 1.05)
+    short = place(1, resumes_in=0.5)  # a pause shorter than max_block: wait in place
+    assert decide(short, waits=0, waited=0.0, config=COUNTDOWN) == WaitInPlace(1.0)
+    unknown = Place(1, 1, 1, 1, False, None, None, None, 4.0)  # no hold measured yet
+    delay = decide(unknown, waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
+    assert isinstance(delay, Countdown) and delay.delay >= 4.0
 
 
 def test_a_message_that_cannot_park_counts_down_instead() -> None:

@@ -189,6 +189,8 @@ class AsyncSemaphore:
             cluster=is_cluster(self.client),
         )
         self.on_handover = on_handover
+        #: Permits this client's renewals wrote back after Redis lost its data.
+        self.restored = 0
         self._owns_client = isinstance(redis, str)
         self._scripts = registered(self.client)
         # Permits taken by ``async with semaphore:``, per thread and per asyncio task.
@@ -538,7 +540,8 @@ class AsyncSemaphore:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
         reply = await self._call("renew", self._spec.renew_args(pairs, lease_ms))
-        expires_at, lost, handovers = self._spec.parse_renew(reply)
+        expires_at, lost, handovers, restored = self._spec.parse_renew(reply)
+        self.restored += restored
         await self._hand_over(handovers)
         for permit in permits:
             if permit.holder not in lost:

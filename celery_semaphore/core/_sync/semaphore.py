@@ -189,6 +189,8 @@ class Semaphore:
             cluster=is_cluster(self.client),
         )
         self.on_handover = on_handover
+        #: Permits this client's renewals wrote back after Redis lost its data.
+        self.restored = 0
         self._owns_client = isinstance(redis, str)
         self._scripts = registered(self.client)
         # Permits taken by ``with semaphore:``, per thread and per asyncio task.
@@ -528,7 +530,8 @@ class Semaphore:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
         reply = self._call("renew", self._spec.renew_args(pairs, lease_ms))
-        expires_at, lost, handovers = self._spec.parse_renew(reply)
+        expires_at, lost, handovers, restored = self._spec.parse_renew(reply)
+        self.restored += restored
         self._hand_over(handovers)
         for permit in permits:
             if permit.holder not in lost:
