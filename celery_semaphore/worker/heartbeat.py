@@ -29,8 +29,6 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-import redis
-
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
 from celery_semaphore.core import epochs, parked_index
@@ -116,7 +114,9 @@ class Heartbeat:
         self._stop = threading.Event()
         self._draining = threading.Event()
         self._beat_now = threading.Event()
-        self._losses: list[epochs.DataLoss] = []  # noticed by this process, not yet reported
+        # noticed by this process, not yet reported; with the semaphores that had
+        # parked tasks at the last look before
+        self._losses: list[tuple[epochs.DataLoss, set[str]]] = []
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
         )
@@ -128,7 +128,7 @@ class Heartbeat:
         self._reported: set[Key] = set()
 
     def start(self) -> None:
-        epochs.listen(self._noticed)
+        epochs.listen(self.notice)
         self._thread.start()
         self._watch_thread.start()
 
@@ -145,7 +145,7 @@ class Heartbeat:
             return
         self._stop.set()
         self._beat_now.set()
-        epochs.unlisten(self._noticed)
+        epochs.unlisten(self.notice)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
@@ -156,17 +156,19 @@ class Heartbeat:
             if self._stop.is_set():
                 return
             if self._draining.is_set() and not list(self.running()):
-                epochs.unlisten(self._noticed)
+                self._stop.set()
+                epochs.unlisten(self.notice)
                 return
             try:
                 self.beat()
             except Exception:  # the heartbeat must survive anything; the lease is the backstop
                 logger.exception("semaphore heartbeat failed")
 
-    def _noticed(self, loss: epochs.DataLoss) -> None:
-        """A call of this process found that Redis lost its data: beat now (its
-        renewals write the permits back while admissions are paused)."""
-        self._losses.append(loss)
+    def notice(self, loss: epochs.DataLoss) -> None:
+        """A call of this process found that Redis lost its data (`start()` has
+        `celery_semaphore.core.epochs` call this): beat now, and its renewals write
+        the permits back while admissions are paused."""
+        self._losses.append((loss, set(self._parked_in)))
         self._beat_now.set()
 
     def _watch(self) -> None:
@@ -185,7 +187,7 @@ class Heartbeat:
                         broken = False
                         self._beat_now.set()
                 pubsub.get_message(timeout=1.0)
-            except (redis.RedisError, OSError):
+            except Exception:  # broken, or its client closed under it: connect again
                 with contextlib.suppress(Exception):
                     pubsub.close()  # type: ignore[union-attr]
                 pubsub, broken = None, True
@@ -226,16 +228,15 @@ class Heartbeat:
         self._reported &= live
         self._missing = {k: v for k, v in self._missing.items() if k in live}
         losses, self._losses = self._losses, []
-        for loss in losses:
-            self._report(loss, restored)
+        for loss, parked_in in losses:
+            self._report(loss, restored, parked_in)
             restored = 0  # counted once, with the first loss reported
         if uses_handover(self.app):
             self.look_after_parked()
 
-    def _report(self, loss: epochs.DataLoss, restored: int) -> None:
+    def _report(self, loss: epochs.DataLoss, restored: int, parked_in: set[str]) -> None:
         """The log line, signal and event of a data loss this process noticed."""
-        parked_lost = sorted(self._parked_in)
-        self._parked_in = set()
+        parked_lost = sorted(parked_in)
         if loss.lost_at:
             paused = (
                 f"no permit is granted until {_clock(loss.resumes_at)} "
@@ -284,13 +285,14 @@ class Heartbeat:
         index_parked(client, config.namespace, url)
         now_ms, entries = parked_index.read(client, config.namespace, url)
         names = [name for name, _ in entries]
-        self._parked_in = self._with_parked_tasks(client, set(names))
-        for name in names:
+        # those parked in at the last look too: the first call after a loss notices it
+        for name in sorted(set(names) | self._parked_in):
             try:
                 semaphore_of(self.app, Gate(name, 1), config).dispatch(drop)
             except SemaphoreError as error:
                 logger.warning("could not hand over parked tasks of %s: %s", name, error)
                 return
+        self._parked_in = self._with_parked_tasks(client, set(names))
         self._dropped.update(drop)
         parked_index.forget_idle(client, config.namespace, now_ms, entries, url)
 

@@ -17,8 +17,8 @@ import pytest
 from celery import Celery
 
 import celery_semaphore
-from celery_semaphore import LimitedTask, Permit, Place, Semaphore
-from celery_semaphore.core import parked_index
+from celery_semaphore import LimitedTask, Permit, Place, Semaphore, signals
+from celery_semaphore.core import epochs, parked_index
 from celery_semaphore.signals import permit_lost
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import GATES_HEADER, Gate, encode_gates
@@ -331,14 +331,19 @@ def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
     app: Celery, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The parked hash also keeps tasks waiting in place, whose messages a loss does
-    not take: a loss is reported as parked tasks lost only for a semaphore with
-    parked ones, and as a WARNING when there were none."""
+    not take: a loss is reported as parked tasks lost (an ERROR) only for a
+    semaphore with parked ones; every loss gets its WARNING and its signal."""
+    app.conf.semaphore_heartbeat_interval = 0.5  # a pause of 1 s after each loss
     define_task(app)
     parked, in_place = (
         Semaphore(redis_server.url, name, 1, on_handover=lambda handovers: None)
         for name in ("parked", "in-place")
     )
     heartbeat = Heartbeat(app, list, interval=60)
+    signalled: list[dict[str, Any]] = []
+
+    def on_data_lost(sender: Any, **fields: Any) -> None:
+        signalled.append(fields)
 
     def block_and_wait(park: bool) -> None:
         for sem in (parked, in_place):
@@ -354,22 +359,36 @@ def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
         caplog.clear()
         return [(r.levelno, r.getMessage()) for r in records]
 
+    epochs.listen(heartbeat.notice)
+    signals.data_lost.connect(on_data_lost)
     try:
         block_and_wait(park=True)
         heartbeat.look_after_parked()
         redis_server.restart()
-        heartbeat.look_after_parked()
-        ((level, message),) = reports()
-        assert level == logging.ERROR
-        assert "the tasks parked there are lost (semaphores parked);" in message
+        heartbeat.look_after_parked()  # its first call notices the loss
+        heartbeat.beat()  # and reports it
+        (warning, error) = reports()
+        assert warning[0] == logging.WARNING
+        assert "no permit is granted until" in warning[1]
+        assert "wrote back the permits of 0 running limited task(s)" in warning[1]
+        assert error[0] == logging.ERROR
+        assert "the tasks parked there are lost (semaphores parked);" in error[1]
+        assert signalled[-1]["parked_lost"] == ["parked"]
+        assert signalled[-1]["paused_for"] > 0
 
+        time.sleep(signalled[-1]["resumes_at"] - time.time() + 0.1)
         block_and_wait(park=False)  # "a" only asks; "b" waits in place
         heartbeat.look_after_parked()
         redis_server.restart()
-        heartbeat.look_after_parked()
-        ((level, message),) = reports()
+        heartbeat.look_after_parked()  # nothing parked: it makes no call, notices nothing
+        assert isinstance(in_place.attempt("c"), Place)  # this call of the process notices
+        heartbeat.beat()
+        ((level, _),) = reports()
         assert level == logging.WARNING
-        assert "no task was parked there at the last look" in message
+        assert signalled[-1]["parked_lost"] == []
+        assert len(signalled) == 2
     finally:
+        signals.data_lost.disconnect(on_data_lost)
+        epochs.unlisten(heartbeat.notice)
         parked.close()
         in_place.close()
