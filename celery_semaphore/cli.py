@@ -28,6 +28,7 @@ from .core import Semaphore, SemaphoreError, SemaphoreStatus
 from .core.connection import connect, mask_url
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
+from .core.protocol import PAUSE_MARGIN
 from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
 
@@ -43,6 +44,9 @@ class Operator:
         self.queue_limits = dict(config.queue_limits)
         self.url = mask_url(config.redis_url)
         self.client, _ = connect(config.redis_url)
+        # A command that notices a loss of Redis's data pauses admissions as the
+        # app's workers would (see celery_semaphore.core.epochs).
+        self.pause_after_loss = config.renew_every + PAUSE_MARGIN
         self._declared: dict[str, int] | None = None
 
     def names(self) -> list[str]:
@@ -85,7 +89,14 @@ class Operator:
         heartbeat of a worker, which publishes to the broker the workers really
         use (this command's app may not be configured with it)."""
         try:
-            return open_semaphore(self.client, self.namespace, name, self.url, override_only=True)
+            return open_semaphore(
+                self.client,
+                self.namespace,
+                name,
+                self.url,
+                override_only=True,
+                pause_after_loss=self.pause_after_loss,
+            )
         except UnknownSemaphore:
             if not suggest:
                 raise
@@ -93,7 +104,14 @@ class Operator:
 
     def open_new(self, name: str, limit: int) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""
-        return Semaphore(self.client, name, limit, namespace=self.namespace, url=self.url)
+        return Semaphore(
+            self.client,
+            name,
+            limit,
+            namespace=self.namespace,
+            url=self.url,
+            pause_after_loss=self.pause_after_loss,
+        )
 
     def unknown(self, name: str) -> str:
         """One line on a name with no state in Redis: what the app declares

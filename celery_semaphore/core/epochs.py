@@ -61,8 +61,9 @@ _lock = threading.Lock()
 
 def argument(url: str, epoch_key: str, pause: float) -> str:
     """The last argument of every script call (common.lua): the epoch this process
-    knows at ``url`` and the pause (seconds) to ask for if that epoch is gone."""
-    return f"{_known.get((url, epoch_key), '')}|{max(1, int(pause * 1000))}"
+    knows at ``url`` and the pause (seconds) to ask for if that epoch is gone; 0:
+    a reader, which neither learns an epoch nor starts a pause."""
+    return f"{_known.get((url, epoch_key), '')}|{max(1, int(pause * 1000)) if pause else 0}"
 
 
 def is_epoch_reply(reply: Any) -> bool:

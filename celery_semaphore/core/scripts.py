@@ -18,7 +18,9 @@ import weakref
 from importlib.resources import files
 from typing import Any
 
-NAMES = ("acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure")
+NAMES = (
+    "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure", "epoch",
+)  # fmt: skip
 PARKED_INDEX_NAMES = ("register", "read", "forget")
 
 

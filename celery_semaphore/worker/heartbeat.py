@@ -49,6 +49,7 @@ PARKED_COUNT = "n_parked"
 
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
 WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again
+EPOCH_PROBE = "celery-semaphore-epoch"  # a semaphore name only used to learn the epoch
 
 
 def _clock(timestamp: float) -> str:
@@ -129,6 +130,7 @@ class Heartbeat:
 
     def start(self) -> None:
         epochs.listen(self.notice)
+        self._learn_epoch()
         self._thread.start()
         self._watch_thread.start()
 
@@ -164,6 +166,19 @@ class Heartbeat:
             except Exception:  # the heartbeat must survive anything; the lease is the backstop
                 logger.exception("semaphore heartbeat failed")
 
+    def _learn_epoch(self) -> None:
+        """The data epoch of the semaphores' Redis, learnt before this worker runs
+        anything: else a loss before the first beat would pass for a first use (on
+        a Cluster, of one slot only; the others at the worker's first call there)."""
+        config = get_config(self.app)
+        try:
+            semaphore_of(self.app, Gate(EPOCH_PROBE, 1), config).learn_epoch()
+        except SemaphoreError as error:
+            logger.warning("could not read the data epoch of the semaphores' Redis: %s", error)
+
+    def _reconnected(self, connection: Any) -> None:
+        self._beat_now.set()
+
     def notice(self, loss: epochs.DataLoss) -> None:
         """A call of this process found that Redis lost its data (`start()` has
         `celery_semaphore.core.epochs` call this): beat now, and its renewals write
@@ -173,8 +188,9 @@ class Heartbeat:
 
     def _watch(self) -> None:
         """Holds a connection to the semaphores' Redis that carries nothing: it breaks
-        when Redis restarts or fails over, and once it connects again a beat runs at
-        once (whose calls notice a loss of the data, if there was one)."""
+        when Redis restarts or fails over, and once it connects again (redis-py's
+        pub/sub reconnects by itself, or this loop makes a new one) a beat runs at
+        once, whose calls notice a loss of the data if there was one."""
         config = get_config(self.app)
         client = state_of(self.app).semaphores.client(config.redis_url)
         pubsub, broken = None, False
@@ -183,6 +199,9 @@ class Heartbeat:
                 if pubsub is None:
                     pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                     pubsub.subscribe(f"{config.namespace}:watch")
+                    connection = getattr(pubsub, "connection", None)
+                    if connection is not None:
+                        connection.register_connect_callback(self._reconnected)
                     if broken:
                         broken = False
                         self._beat_now.set()
@@ -232,7 +251,10 @@ class Heartbeat:
             self._report(loss, restored, parked_in)
             restored = 0  # counted once, with the first loss reported
         if uses_handover(self.app):
-            self.look_after_parked()
+            try:
+                self.look_after_parked()
+            except SemaphoreError as error:  # Redis away: the next beat looks again
+                logger.warning("could not look after parked tasks: %s", error)
 
     def _report(self, loss: epochs.DataLoss, restored: int, parked_in: set[str]) -> None:
         """The log line, signal and event of a data loss this process noticed."""

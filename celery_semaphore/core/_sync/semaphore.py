@@ -208,12 +208,14 @@ class Semaphore:
     def __repr__(self) -> str:
         return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
 
-    def _call(self, script: str, args: list[Any]) -> Any:
+    def _call(self, script: str, args: list[Any], *, reader: bool = False) -> Any:
         """Run ``script``; a script that answers with another epoch than this process
-        knows (a data loss, or the first call) is run again with that one."""
+        knows (a data loss, or the first call) is run again with that one. A
+        ``reader`` (status) neither learns an epoch nor starts a pause (common.lua)."""
         keys = self._spec.keys
+        pause = 0.0 if reader else self._spec.pause_after_loss
         for _ in range(3):
-            epoch = epochs.argument(self.url, keys.epoch, self._spec.pause_after_loss)
+            epoch = epochs.argument(self.url, keys.epoch, pause)
             reply = self._run(script, [*args, epoch])
             if not epochs.is_epoch_reply(reply):
                 return reply
@@ -538,6 +540,12 @@ class Semaphore:
                 permit.expires_at = expires_at
         return lost
 
+    def learn_epoch(self) -> None:
+        """Learn the data epoch of this semaphore's Redis (of its Cluster slot) now,
+        changing nothing, so that a loss of the data before this process's next call
+        is noticed by it: a worker does this at start, before it runs anything."""
+        self._call("epoch", [])
+
     def note_lost(self, count: int = 1) -> None:
         """Count ``count`` permits found lost by a caller that renews by holder id
         (``renew_many`` counts only the lost permits it was given as permits): the
@@ -550,7 +558,8 @@ class Semaphore:
     def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry), live waiters in line order, and
         tasks published with a place that have not reached a worker yet."""
-        return self._spec.parse_status(self._call("status", self._spec.status_args()))
+        reply = self._call("status", self._spec.status_args(), reader=True)
+        return self._spec.parse_status(reply)
 
     def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.

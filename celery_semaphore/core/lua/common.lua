@@ -23,7 +23,8 @@
 --   KEYS[10] epoch HASH    one per Redis (per slot on a Cluster), no expiry: epoch,
 --                          lost_ms, resumes_ms, restored (see "Data loss" below)
 --
--- ARGV[#ARGV] (every script): "<epoch the caller knows, or ''>|<pause ms>" (see below).
+-- ARGV[#ARGV] (every script): "<epoch the caller knows, or ''>|<pause ms>" (see below;
+-- pause 0: a reader, status.lua).
 --
 -- Tickets and fencing tokens are max(last + 1, server time in µs): strictly
 -- increasing even after the meta hash expired or Redis lost its data.
@@ -92,6 +93,10 @@
 --                                            resumes_ms = now + the caller's pause ms
 --   another epoch, made by a first use       lost, noticed only now (its maker knew
 --   (lost_ms 0), the caller knew one         no epoch): the same pause, from now
+--
+-- A reader (pause 0) neither makes nor learns an epoch: it reads what is there (a
+-- reading must not pass a loss for a first use in its process, which may be a
+-- worker's).
 --
 -- Until resumes_ms nothing is granted or handed over (paused(): like a drain); the
 -- workers write back the permits of the tasks they run (renew.lua restores missing
@@ -490,7 +495,7 @@ local function settle_epoch()
   if not known then return redis.error_reply('ERR celery_semaphore: no epoch argument') end
   local e = redis.call('HMGET', epoch_key, 'epoch', 'lost_ms', 'resumes_ms')
   local epoch, lost_ms, resumes = e[1], tonumber(e[2]) or 0, tonumber(e[3]) or 0
-  if epoch and epoch == known then
+  if (epoch and epoch == known) or pause_ms == '0' then
     if resumes > now_ms then resumes_ms = resumes end
     return nil
   end
