@@ -47,6 +47,17 @@ COUNTED = (
      "Permits lost while their task ran (found gone by a worker's heartbeat)."),
     ("m_expired", "leases_expired", "Permits reclaimed after their lease ran out."),
 )  # fmt: skip
+#: Gauges of the last loss of the Redis's data (read from its epoch hash, see
+#: celery_semaphore.core.epochs; on a Cluster, of its slots: the latest loss, the
+#: longest pause, the permits written back summed): name, help.
+DATA_LOSS = (
+    ("data_lost_timestamp_seconds",
+     "When a client last noticed that the semaphores' Redis lost its data (0: never)."),
+    ("data_loss_pause_seconds",
+     "How long admissions were paused after that loss (no permit granted)."),
+    ("data_loss_permits_restored",
+     "Permits of running tasks the workers wrote back after that loss."),
+)  # fmt: skip
 #: Counter fields of the ``meta`` hash, and the buckets and sums of the histograms.
 COUNTERS = (
     *OUTCOMES, *(field for field, _, _ in COUNTED),
@@ -122,6 +133,20 @@ class SemaphoreCollector:
                 row[field] += value
         return series
 
+    def read_data_loss(self) -> tuple[float, float, float]:
+        """The `DATA_LOSS` gauges' values, from the epoch hash(es) of the namespace."""
+        lost, pause, restored = 0.0, 0.0, 0.0
+        for key in self.client.scan_iter(match=f"{self.namespace}:epoch*", _type="hash"):
+            lost_ms, resumes_ms, count = (
+                float(text(v or 0))
+                for v in self.client.hmget(key, "lost_ms", "resumes_ms", "restored")
+            )
+            if lost_ms:
+                lost = max(lost, lost_ms / 1000)
+                pause = max(pause, (resumes_ms - lost_ms) / 1000)
+                restored += max(count, 0.0)
+        return lost, pause, restored
+
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (  # noqa: PLC0415 (the optional extra)
             CounterMetricFamily,
@@ -154,6 +179,10 @@ class SemaphoreCollector:
                 buckets, total = _histogram(row, kind)
                 histogram.add_metric([label], buckets, total)
         yield from gauges.values()
+        for (name, doc), value in zip(DATA_LOSS, self.read_data_loss(), strict=True):
+            loss = GaugeMetricFamily(p + name, doc)
+            loss.add_metric([], value)
+            yield loss
         yield attempts
         yield from counters.values()
         yield from histograms.values()

@@ -235,6 +235,8 @@ class Heartbeat:
                 continue
             finally:
                 restored += semaphore.restored - before
+            if semaphore.restored > before:
+                self._release_ended(semaphore, requests)
             for request in requests:
                 key = (gate.name, request.id, getattr(request, "time_start", None))
                 live.add(key)
@@ -255,6 +257,15 @@ class Heartbeat:
                 self.look_after_parked()
             except SemaphoreError as error:  # Redis away: the next beat looks again
                 logger.warning("could not look after parked tasks: %s", error)
+
+    def _release_ended(self, semaphore: Any, requests: list[Any]) -> None:
+        """After writing permits back: those of requests that ended meanwhile (their
+        own release came before, and found nothing) go back at once."""
+        running = {r.id for r in self.running()}
+        for request in requests:
+            if request.id not in running:
+                with contextlib.suppress(SemaphoreError):
+                    semaphore.release(request.id)
 
     def _report(self, loss: epochs.DataLoss, restored: int, parked_in: set[str]) -> None:
         """The log line, signal and event of a data loss this process noticed."""

@@ -2,8 +2,8 @@
 in Redis, when they start and end and in which process, so an observer outside the
 package can count the bodies running at once.
 
-``CS_BROKER_URL`` (broker), ``CS_REDIS_URL`` (results, semaphores and the records),
-``CS_LIMIT``, ``CS_LEASE``.
+``CS_BROKER_URL`` (broker), ``CS_REDIS_URL`` (results and the records, and the
+semaphores unless ``CS_SEMAPHORE_URL`` says where), ``CS_LIMIT``, ``CS_LEASE``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ RECORDS = "chaos:records"
 
 app = Celery("chaos_app", broker=BROKER, backend=STATE)
 app.conf.update(
-    semaphore_redis_url=STATE,
+    semaphore_redis_url=os.environ.get("CS_SEMAPHORE_URL") or STATE,
     semaphore_lease_timeout=LEASE,
     semaphore_heartbeat_interval=1.0,
     semaphore_backoff_max=2.0,

@@ -1,6 +1,8 @@
 """Chaos, bounded: real prefork workers under a producer, while the test SIGKILLs
 pool children and whole workers, revokes tasks, shuts workers down warm and
-stalls Redis (SIGSTOP). An observer outside the package (the bodies' own records,
+stalls Redis (SIGSTOP); in the "data loss" run the semaphores live in a Redis of
+their own (no persistence, so tasks wait as countdown retries) that is also
+restarted empty six times. An observer outside the package (the bodies' own records,
 process liveness from /proc, and the semaphore's holders sampled every 50 ms)
 checks what must always hold:
 
@@ -10,11 +12,12 @@ checks what must always hold:
   acknowledged when it began: Celery's own semantics), and a message the Redis
   transport lost with a SIGKILLed worker (never delivered to a pool, in nobody's
   line, no longer in the broker: kombu moves a message to ``unacked`` in two steps);
-- no false "permit lost" report;
+- no false "permit lost" report (after a data loss too: the workers write their
+  permits back);
 - every permit free within 1 s of an ending the worker hears of (a body's end, a
   killed child) and within lease + 1 s of a whole worker's death.
 
-About 3 minutes. ``CHAOS_SEED`` repeats a run; the figures are printed (pytest -s)
+About 3 minutes a run. ``CHAOS_SEED`` repeats a run; the figures are printed (pytest -s)
 and quoted in docs/guarantees.md.
 """
 
@@ -37,7 +40,7 @@ import pytest
 import redis
 from celery_harness import forget_result_subscriptions
 
-from celery_semaphore import Semaphore
+from celery_semaphore import Semaphore, SemaphoreError
 from devkit.processes import Processes, wait_until, worker_command
 from devkit.redis_servers import RedisServer
 
@@ -46,6 +49,7 @@ APPS = Path(__file__).parents[1] / "celery_apps"
 LIMIT, LEASE = 3, 8.0
 WORKERS, CONCURRENCY = 3, 3
 CHAOS_SECONDS, SETTLE_SECONDS = 80.0, 90.0
+DATA_LOSSES, BETWEEN_LOSSES = 6, 11.0  # restarts of the semaphores' Redis, empty
 SAMPLE = 0.05  # the observer's period
 SLACK = 0.25  # sampling and scheduling on a loaded 2-CPU machine
 
@@ -89,8 +93,8 @@ class Observer:
         while not self._stop.wait(SAMPLE):
             try:
                 self.look()
-            except redis.RedisError:
-                continue  # Redis is stalled: look again later
+            except (redis.RedisError, SemaphoreError):
+                continue  # Redis is stalled or restarting: look again later
 
     def watch_processes(self) -> None:
         """Death times of the running bodies' processes, without Redis (which a stall
@@ -164,8 +168,8 @@ def seed() -> int:
 
 
 @pytest.fixture
-def stage(tmp_path: Path) -> Iterator[tuple[RedisServer, Processes, dict[str, str]]]:
-    with RedisServer() as server:
+def stage(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Processes, dict[str, str]]]:
+    with RedisServer() as server, RedisServer() as semaphores:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
@@ -176,17 +180,23 @@ def stage(tmp_path: Path) -> Iterator[tuple[RedisServer, Processes, dict[str, st
         }
         processes = Processes(tmp_path, cwd=APPS)
         try:
-            yield server, processes, env
+            yield server, semaphores, processes, env
         finally:
-            if server.pid:
-                os.kill(server.pid, signal.SIGCONT)
+            for stopped in (server, semaphores):
+                if stopped.pid:
+                    os.kill(stopped.pid, signal.SIGCONT)
             processes.stop_all(grace=5)
 
 
+@pytest.mark.parametrize("data_loss", [False, True], ids=["one redis", "data loss"])
 def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
-    stage, seed, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    stage, seed, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, data_loss: bool
 ) -> None:
-    server, processes, env = stage
+    server, semaphores, processes, env = stage
+    if data_loss:
+        env["CS_SEMAPHORE_URL"] = semaphores.url
+    else:
+        semaphores = server  # stalls stop the one Redis; no data is lost
     rng = random.Random(seed)
     for key, value in env.items():
         if key.startswith("CS_"):
@@ -224,7 +234,8 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     workers = [start_worker() for _ in range(WORKERS)]
     wait_until(lambda: all(" ready." in w.text() for w in workers), 60, "workers ready")
     records = redis.Redis.from_url(env["CS_REDIS_URL"], socket_timeout=10)
-    sem = Semaphore(redis.Redis.from_url(env["CS_REDIS_URL"], socket_timeout=10), "chaos", LIMIT)
+    semaphore_url = env.get("CS_SEMAPHORE_URL") or env["CS_REDIS_URL"]
+    sem = Semaphore(redis.Redis.from_url(semaphore_url, socket_timeout=10), "chaos", LIMIT)
     observer = Observer(records, sem)
     watching = threading.Thread(target=observer.run, daemon=True)
     watching.start()
@@ -233,7 +244,9 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     revoked: dict[str, float] = {}
     worker_deaths: dict[int, float] = {}  # main pid -> when SIGKILLed
     stalls: list[tuple[float, float]] = []
-    done = {"child kill": 0, "worker kill": 0, "warm shutdown": 0, "revoke": 0, "stall": 0}
+    done = {"child kill": 0, "worker kill": 0, "warm shutdown": 0, "revoke": 0, "stall": 0,
+            "data loss": 0}  # fmt: skip
+    last_loss = time.monotonic()
     stop_producing = threading.Event()
 
     def produce() -> None:
@@ -253,6 +266,9 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
             action = rng.choice(
                 ["child kill"] * 4 + ["revoke"] * 3 + ["worker kill", "warm shutdown", "stall"]
             )
+            due = time.monotonic() - last_loss > BETWEEN_LOSSES
+            if data_loss and done["data loss"] < DATA_LOSSES and due:
+                action = "data loss"
             live = [w for w in workers if w.alive()]
             if action == "child kill":
                 running = [e for e in list(observer.executions) if e.until is None]
@@ -281,15 +297,23 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
             elif action == "stall" and done[action] < 4 and server.pid:
                 pause = rng.uniform(1.0, 3.0)
                 stalls.append((time.time(), time.time() + pause))
-                os.kill(server.pid, signal.SIGSTOP)
+                stopped = {server.pid, semaphores.pid}
+                for pid in stopped:
+                    os.kill(pid, signal.SIGSTOP)
                 time.sleep(pause)
-                os.kill(server.pid, signal.SIGCONT)
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+                done[action] += 1
+            elif action == "data loss":
+                semaphores.restart()
+                last_loss = time.monotonic()
                 done[action] += 1
     finally:
         stop_producing.set()
         producer.join(10)
-        if server.pid:
-            os.kill(server.pid, signal.SIGCONT)
+        for stopped in (server, semaphores):
+            if stopped.pid:
+                os.kill(stopped.pid, signal.SIGCONT)
 
     # ---- settle: everything that can end, ends -----------------------------------
     lost_with_worker: set[str] = set()
@@ -382,6 +406,9 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     # ---- no false loss report (no stall outlasted the lease; nobody lost data) -------
     logs = "\n".join(w.text() for w in processes)
     assert "is lost (lease ran out" not in logs
+    if data_loss:
+        assert done["data loss"] >= 5, done
+        assert "lost its data; no permit is granted until" in logs
 
     # ---- permits free within 1 s of an ending, lease + 1 s of a worker's death -------
     def stalled_near(moment: float) -> float:

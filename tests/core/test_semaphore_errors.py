@@ -323,6 +323,30 @@ def test_after_a_data_loss_with_no_renewal_admissions_resume_when_the_pause_ends
         sem.close()
 
 
+def test_holders_restored_by_id_are_released_by_any_token_and_waiters_give_theirs_back(
+    redis_server: RedisServer,
+) -> None:
+    """A worker renews by task id: it writes back its running tasks (token 0) and
+    also a task that was still waiting in place, which it cannot tell apart."""
+    sem = Semaphore(redis_server.url, "by-id", 1, pause_after_loss=0.6)
+    try:
+        holder = granted(sem.attempt("runs"))
+        refused(sem.attempt("waits"))
+        redis_server.restart()
+        assert sem.renew_many(["runs", "waits"]) == set()  # both written back, by id
+        assert sem.restored == 2
+        assert {h.holder: h.fencing_token for h in sem.status().holders} == {"runs": 0, "waits": 0}
+        place = refused(sem.attempt("waits"))  # it asks: it held nothing, its entry goes
+        assert [h.holder for h in sem.status().holders] == ["runs"]
+        assert place.resumes_in is not None
+        time.sleep(place.resumes_in + 0.05)
+        refused(sem.attempt("waits"))  # "runs" fills the limit
+        assert holder.release() is True  # its own token releases the restored permit
+        granted(sem.attempt("waits"))
+    finally:
+        sem.close()
+
+
 def test_a_client_that_never_saw_the_data_takes_a_first_use_and_one_that_did_notices(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -193,3 +193,28 @@ def test_a_key_functions_semaphores_are_one_series_unless_per_key(redis_server):
         server.close()
         per_key.close()
         client.close()
+
+
+def test_a_data_loss_shows_in_the_metrics_when_noticed_how_long_paused_and_restored(
+    redis_server,
+):
+    client = redis_server.client()
+    sem = Semaphore(client, "api", 2, pause_after_loss=0.8)
+    permits = [sem.try_acquire(h) for h in ("a", "b")]
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        before = scrape(port)
+        assert before["celery_semaphore_data_lost_timestamp_seconds"] == 0
+        redis_server.restart()
+        noticed = time.time()
+        assert sem.try_acquire("c") is None  # noticed: paused
+        assert sem.renew_many(permits) == set()  # both written back
+        after = scrape(port)
+    finally:
+        server.close()
+        sem.close()
+    assert abs(after["celery_semaphore_data_lost_timestamp_seconds"] - noticed) < 1.0
+    assert after["celery_semaphore_data_loss_pause_seconds"] == pytest.approx(0.8, abs=0.01)
+    assert after["celery_semaphore_data_loss_permits_restored"] == 2
+    assert after['celery_semaphore_holders{semaphore="api"}'] == 2
