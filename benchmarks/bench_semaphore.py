@@ -35,6 +35,7 @@ from typing import Any
 import redis
 
 from celery_semaphore import Semaphore
+from celery_semaphore.core import epochs
 from celery_semaphore.core.protocol import Place
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
@@ -176,6 +177,12 @@ def ours_operation(client: redis.Redis) -> Callable[[], None]:
     return operation
 
 
+def epoch_argument(semaphore: Semaphore) -> str:
+    """The data epoch argument every script call of ``semaphore`` carries (learnt now)."""
+    semaphore.learn_epoch()
+    return epochs.argument(semaphore.url, semaphore.keys.epoch, semaphore._spec.pause_after_loss)
+
+
 def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
     """Two calls of a script that does nothing (``return 1``), with the keys and the
     arguments of our acquire and of our release: the floor for any two-script design
@@ -183,11 +190,15 @@ def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
     semaphore = Semaphore(client, "bench-uncontended", LIMIT)
     spec = semaphore._spec
     nothing = client.register_script("return 1")
-    keys = spec.keys.script_keys
-    acquire_args = spec.acquire_args(
-        "bench-holder", None, queue=True, wait_lease=None, lease_timeout=None, info=""
-    )
-    release_args = spec.release_args("bench-holder", 12345)
+    keys = spec.keys.call_keys
+    epoch = epoch_argument(semaphore)
+    acquire_args = [
+        *spec.acquire_args(
+            "bench-holder", None, queue=True, wait_lease=None, lease_timeout=None, info=""
+        ),
+        epoch,
+    ]
+    release_args = [*spec.release_args("bench-holder", 12345), epoch]
 
     def operation() -> None:
         nothing(keys=keys, args=acquire_args)
@@ -340,8 +351,9 @@ def populate(semaphore: Semaphore, client: redis.Redis, holders: int, waiters: i
     so the state is what that many real contenders would leave behind.
     """
     script = semaphore._scripts["acquire"]
-    keys = semaphore.keys.script_keys
+    keys = semaphore.keys.call_keys
     spec = semaphore._spec
+    epoch = epoch_argument(semaphore)
     names = [f"holder-{i}" for i in range(holders)] + [f"waiter-{i}" for i in range(waiters)]
     for start in range(0, len(names), POPULATE_CHUNK):
         with client.pipeline(transaction=False) as pipe:
@@ -354,7 +366,7 @@ def populate(semaphore: Semaphore, client: redis.Redis, holders: int, waiters: i
                     lease_timeout=LONG_LEASE,
                     info="",
                 )
-                script(keys=keys, args=args, client=pipe)
+                script(keys=keys, args=[*args, epoch], client=pipe)
             pipe.execute()
     status = semaphore.status()
     if status.holder_count != holders or status.waiter_count != waiters:
