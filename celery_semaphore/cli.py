@@ -21,13 +21,15 @@ from functools import wraps
 from typing import Any
 
 import click
+import redis
 from celery.bin.worker import worker as celery_worker_command
 
 from .config import get_config
 from .core import Semaphore, SemaphoreError, SemaphoreStatus
-from .core.connection import connect, mask_url
+from .core.connection import connect, mask_url, translate
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
+from .core.keys import watch_channel
 from .core.protocol import PAUSE_MARGIN
 from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
@@ -84,10 +86,10 @@ class Operator:
 
     def open(self, name: str, *, suggest: bool = True) -> Semaphore:
         """Semaphore ``name``: one that has been used, or whose limit was set
-        before its first use. It publishes nothing: the parked tasks its changes
-        make due (``resume``, a raised limit) are handed over by the next
-        heartbeat of a worker, which publishes to the broker the workers really
-        use (this command's app may not be configured with it)."""
+        before its first use. It publishes no task: the parked tasks its changes
+        make due are handed over by the workers (see `wake`), which publish to
+        the broker they really use (this command's app may not be configured
+        with it)."""
         try:
             return open_semaphore(
                 self.client,
@@ -101,6 +103,21 @@ class Operator:
             if not suggest:
                 raise
             raise click.ClickException(self.unknown(name)) from None
+
+    def wake(self, name: str) -> str:
+        """After a change of ``name`` that may admit tasks (a resume, a raised limit,
+        a release): every worker's heartbeat listening on the watch channel beats at
+        once, and hands over the parked tasks now due. What happened, for the output."""
+        try:
+            heard = self.client.publish(watch_channel(self.namespace), name)
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        if not heard:
+            return (
+                "no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
+            )
+        workers = "1 worker hands" if heard == 1 else f"{heard} workers hand"
+        return f"{workers} over its parked tasks now due"
 
     def open_new(self, name: str, limit: int) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""
@@ -540,6 +557,8 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
         else:
             was = declared
         note = "" if before.declared_limit is not None else ": its first tasks obey it"
+        if limit > before.effective_limit:
+            note += f"; {operator.wake(name)}"
         click.echo(f"{name}: limit {limit} ({was}){note}")
 
 
@@ -568,8 +587,10 @@ def reset_limit(ctx: click.Context, name: str) -> None:
         elif previous is None:
             click.echo(f"{name}: no override; limit {declared} as declared")
         else:
+            woken = f"; {operator.wake(name)}" if declared > previous else ""
             click.echo(
                 f"{name}: back to the declared limit {declared} (was {previous} by override)"
+                + woken
             )
 
 
@@ -592,7 +613,7 @@ def resume(ctx: click.Context, name: str) -> None:
     """End a drain of NAME: waiters are admitted again."""
     with _operator(ctx) as operator:
         operator.open(name).set_draining(False)
-        click.echo(f"{name}: admitting again")
+        click.echo(f"{name}: admitting again; {operator.wake(name)}")
 
 
 @semaphore.command(example="release partner-api 9b0c6a1e-5f3d-4c2e-8a7b-1d2e3f4a5b6c")
@@ -616,4 +637,4 @@ def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
         # and a release would start the idle expiry of that limit.
         if sem.status().declared_limit is None or not sem.release(holder):
             raise click.ClickException(f"{holder!r} holds no permit of {name!r}")
-        click.echo(f"{name}: released {holder}")
+        click.echo(f"{name}: released {holder}; {operator.wake(name)}")

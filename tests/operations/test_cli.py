@@ -16,6 +16,8 @@ from celery_semaphore import Permit, Place, Semaphore
 from celery_semaphore.core.protocol import DEFAULT_IDLE_TTL, DEFAULT_LEASE_TIMEOUT
 
 APPS = Path(__file__).parents[1] / "celery_apps"
+# What a command that may admit tasks says when no worker runs to hand them over.
+NOBODY_WOKEN = "; no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
 
 
 def run(
@@ -133,7 +135,8 @@ def test_drain_admits_nobody_and_resume_admits_again(redis_url, busy):
     assert run(redis_url, "drain", "partner-api").returncode == 0
     assert busy.status().draining
     assert busy.try_acquire("task-c") is None
-    assert run(redis_url, "resume", "partner-api").returncode == 0
+    out = run(redis_url, "resume", "partner-api")
+    assert out.stdout == f"partner-api: admitting again{NOBODY_WOKEN}\n"
     assert busy.try_acquire("task-c") is not None
 
 
@@ -143,6 +146,7 @@ def test_release_asks_for_confirmation_and_frees_the_permit(redis_url, busy):
     assert busy.status().holder_count == 2
     done = run(redis_url, "release", "partner-api", "task-a", stdin="y\n")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f"partner-api: released task-a{NOBODY_WOKEN}\n")
     assert [h.holder for h in busy.status().holders] == ["task-b"]
 
 
@@ -210,9 +214,11 @@ def test_no_command_shows_the_help(redis_url):
 
 def test_set_limit_and_reset_limit_show_the_declared_limit(redis_url, busy):
     out = run(redis_url, "set-limit", "partner-api", "3")
-    assert out.stdout == "partner-api: limit 3 (was 2, declared 2)\n"
+    assert out.stdout == f"partner-api: limit 3 (was 2, declared 2){NOBODY_WOKEN}\n"
+    out = run(redis_url, "set-limit", "partner-api", "1")  # lowered: nobody to wake
+    assert out.stdout == "partner-api: limit 1 (was 3 by override; declared 2)\n"
     out = run(redis_url, "set-limit", "partner-api", "4")
-    assert out.stdout == "partner-api: limit 4 (was 3 by override; declared 2)\n"
+    assert out.stdout == f"partner-api: limit 4 (was 1 by override; declared 2){NOBODY_WOKEN}\n"
     table = run(redis_url, "status", "partner-api").stdout
     assert table.splitlines()[1].split()[:2] == ["partner-api", "4(2)"]
     out = run(redis_url, "reset-limit", "partner-api")
@@ -241,7 +247,7 @@ def test_set_limit_before_first_use_is_obeyed_and_does_not_expire(redis_url):
     assert [p is not None for p in granted] == [True, True, False]
     assert 0 < sem.client.ttl(sem.keys.meta) <= DEFAULT_IDLE_TTL  # idle expiry from first use
     out = run(redis_url, "set-limit", "launch-api", "3")
-    assert out.stdout == "launch-api: limit 3 (was 2 by override; declared 5)\n"
+    assert out.stdout == f"launch-api: limit 3 (was 2 by override; declared 5){NOBODY_WOKEN}\n"
     sem.close()
 
 
@@ -267,14 +273,14 @@ def test_reset_limit_before_first_use_leaves_nothing(redis_url):
         "they declare (5 in the app)\n"
     )
     sem = Semaphore(redis_url, "launch-api", 5)
-    assert sem.client.keys("*") == []
+    assert sem.client.keys("*") == [b"celery_semaphore:epoch"]  # kept for good, by design
     assert run(redis_url, "status", "--json").stdout.strip() == "[]"
     # drained meanwhile: with no override left, status could not show the drain
     assert run(redis_url, "set-limit", "launch-api", "2").returncode == 0
     assert run(redis_url, "drain", "launch-api").returncode == 0
     out = run(redis_url, "reset-limit", "launch-api")
     assert "override 2 dropped; its drain ended too; not used yet" in out.stdout
-    assert sem.client.keys("*") == []
+    assert sem.client.keys("*") == [b"celery_semaphore:epoch"]
     sem.close()
 
 
@@ -309,3 +315,53 @@ def unused_url() -> str:
     from devkit.redis_servers import free_port
 
     return f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["resume", "set-limit", "reset-limit", "release"])
+def test_a_change_that_admits_hands_the_parked_tasks_over_at_once(celery_cluster, command):
+    """Issue 17: after ``resume`` the first of the parked tasks started 12.4 s later,
+    at the next heartbeat of a worker (every 15 s here, the default). The command
+    wakes the workers' heartbeats through Redis: the first task made due starts
+    within a second of the command's end (the bodies' own records tell when)."""
+    cluster = celery_cluster(limit=2, extra_conf={"semaphore_max_block": 0.0})  # all park
+    env = {k: v for k, v in cluster.env.items() if k.startswith("CS_")}
+
+    def cli(*args: str) -> str:
+        out = run(cluster.state_url, *args, app="limited_app", env=env)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    cluster.worker("w1", concurrency=2)
+    sem = cluster.semaphore("hold", 2)
+    blockers = [sem.attempt(holder=f"blocker-{n}") for n in range(2)]
+    assert all(isinstance(b, Permit) for b in blockers)
+    if command == "resume":
+        cli("drain", "hold")
+        sem.release("blocker-0")  # this client hands nothing over, and it is draining
+    elif command == "reset-limit":
+        cli("set-limit", "hold", "1")
+        sem.release("blocker-0")  # one holder left, at the override of 1
+    results = [cluster.app_module.hold.delay(0.1, i) for i in range(3)]
+    ids = [r.id for r in results]
+    cluster.wait_for(
+        lambda: {w.holder: w.state for w in sem.status().waiters} == dict.fromkeys(ids, "parked"),
+        20,
+        "three tasks parked",
+    )
+    time.sleep(1.0)
+    assert cluster.events() == []
+
+    args = {
+        "resume": ("resume", "hold"),
+        "set-limit": ("set-limit", "hold", "3"),
+        "reset-limit": ("reset-limit", "hold"),
+        "release": ("release", "hold", "blocker-1", "--yes"),
+    }[command]
+    printed = cli(*args)
+    done = time.time()
+    assert "1 worker hands over its parked tasks now due" in printed, printed
+    cluster.wait_for(lambda: cluster.events() != [], 30, "a parked task started")
+    first = min(e["at"] for e in cluster.events() if e["event"] == "start")
+    assert first - done < 1.0, f"the first parked task started {first - done:.1f} s after"
+    assert results[0].get(timeout=30) == 0
