@@ -70,14 +70,14 @@ class Operator:
         return self._declared
 
     def open_all(self, names: Sequence[str] = ()) -> list[Semaphore]:
-        """The semaphores ``names``, or every one in Redis (less those whose keys
-        went, or that have neither a declared limit nor an override, between
-        listing and opening); a name asked for and unknown fails with a "did you
-        mean"."""
+        """The semaphores ``names``, or every one in Redis and every one the app
+        declares (less those whose keys went, or that have neither a declared
+        limit nor an override, between listing and opening); a name asked for and
+        unknown fails with a "did you mean"."""
         if names:
             return [self.open(name) for name in names]
         opened = []
-        for name in self.names():
+        for name in sorted(set(self.names()) | set(self.declared())):
             try:
                 opened.append(self.open(name, suggest=False))
             except UnknownSemaphore:
@@ -86,7 +86,8 @@ class Operator:
 
     def open(self, name: str, *, suggest: bool = True) -> Semaphore:
         """Semaphore ``name``: one that has been used, or whose limit was set
-        before its first use. It publishes no task: the parked tasks its changes
+        before its first use, or that the app declares (with that limit, and
+        nothing held, before its first use). It publishes no task: the parked tasks its changes
         make due are handed over by the workers (see `wake`), which publish to
         the broker they really use (this command's app may not be configured
         with it)."""
@@ -100,6 +101,8 @@ class Operator:
                 pause_after_loss=self.pause_after_loss,
             )
         except UnknownSemaphore:
+            if name in self.declared():
+                return self.open_new(name, self.declared()[name])
             if not suggest:
                 raise
             raise click.ClickException(self.unknown(name)) from None
@@ -131,16 +134,8 @@ class Operator:
         )
 
     def unknown(self, name: str) -> str:
-        """One line on a name with no state in Redis: what the app declares
-        under it, or the closest known names."""
-        declared = self.declared()
-        if name in declared:
-            return (
-                f"semaphore {name!r} has no state in Redis (namespace {self.namespace!r}) yet: "
-                f"the app declares it (limit {declared[name]}), but no task of it ran, "
-                "or it expired while idle"
-            )
-        known = sorted(set(self.names()) | set(declared))
+        """One line on a name neither in Redis nor declared: the closest known names."""
+        known = sorted(set(self.names()) | set(self.declared()))
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         hint = (
             f"did you mean {' or '.join(repr(c) for c in close)}?"
@@ -539,7 +534,7 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
         try:
             sem = operator.open(name, suggest=False)
         except UnknownSemaphore:
-            if name not in operator.declared() and not new:
+            if not new:
                 unknown = operator.unknown(name)
                 raise click.ClickException(
                     f"{unknown}{'' if unknown.endswith('?') else '.'} To cap {name!r} before "
@@ -577,11 +572,12 @@ def reset_limit(ctx: click.Context, name: str) -> None:
             in_app = operator.declared().get(name)
             then = "" if in_app is None else f" ({in_app} in the app)"
             drain = ""
-            if before.draining:  # with no override left, status could no longer show it
+            if before.draining and in_app is None:  # status could no longer show it
                 sem.set_draining(False)
                 drain = "; its drain ended too"
+            dropped = "no override" if previous is None else f"override {previous} dropped"
             click.echo(
-                f"{name}: override {previous} dropped{drain}; not used yet, so its tasks will "
+                f"{name}: {dropped}{drain}; not used yet, so its tasks will "
                 f"use the limit they declare{then}"
             )
         elif previous is None:

@@ -16,6 +16,8 @@ from celery_semaphore import Permit, Place, Semaphore
 from celery_semaphore.core.protocol import DEFAULT_IDLE_TTL, DEFAULT_LEASE_TIMEOUT
 
 APPS = Path(__file__).parents[1] / "celery_apps"
+# The names cli_app declares (listed by `status` even before their first use).
+DECLARED = {"launch-api", "queue:reports"}
 # What a command that may admit tasks says when no worker runs to hand them over.
 NOBODY_WOKEN = "; no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
 
@@ -62,7 +64,7 @@ def test_status_shows_a_backlog_published_before_any_task_started(redis_url, bus
     out = run(redis_url, "status", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["name"]: row for row in json.loads(out.stdout)}
-    assert set(rows) == {"partner-api", "queued-only"}
+    assert set(rows) == {"partner-api", "queued-only", *DECLARED}
     assert (rows["queued-only"]["waiters"], rows["queued-only"]["effective_limit"]) == (4, 3)
 
 
@@ -75,11 +77,11 @@ def test_status_and_waiters_show_tasks_whose_place_lapsed_in_the_broker(redis_ur
         publisher.take_place(f"queued-{i}", wait_lease=0.2)
     publisher.take_place("still-placed", wait_lease=60)
     time.sleep(0.3)  # three places lapse; their messages would still be in the broker
-    out = run(redis_url, "status", "--json")
+    out = run(redis_url, "status", "backlog", "--json")
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)
     assert (row["waiters"], row["in_broker"], row["sent"], row["parked"]) == (1, 3, 4, 0)
-    table = run(redis_url, "status").stdout.splitlines()
+    table = run(redis_url, "status", "backlog").stdout.splitlines()
     assert table[0].split()[:6] == ["SEMAPHORE", "LIMIT", "HOLD", "WAIT", "PARKED", "SENT"]
     assert table[1].split()[:6] == ["backlog", "1", "1", "4", "0", "4"]
     out = run(redis_url, "waiters", "backlog", "--json")
@@ -99,7 +101,7 @@ def test_status_lists_every_semaphore_with_limits_and_counts(redis_url, busy):
     out = run(redis_url, "status", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["name"]: row for row in json.loads(out.stdout)}
-    assert set(rows) == {"partner-api", "other"}
+    assert set(rows) == {"partner-api", "other", *DECLARED}
     assert rows["partner-api"]["holders"] == 2
     assert rows["partner-api"]["waiters"] == 1
     assert rows["partner-api"]["effective_limit"] == 2
@@ -184,7 +186,6 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -
         (("holders", "partner-apj"), "did you mean 'partner-api'?"),
         (("drain", "launch-apj"), "did you mean 'launch-api'?"),
         (("waiters", "queue:report"), "did you mean 'queue:reports'?"),
-        (("status", "launch-api"), "the app declares it (limit 5), but no task of it ran"),
         (("release", "partner-api", "ghost", "--yes"), "'ghost' holds no permit"),
         (("release", "partner-api", "task-a"), "not released: not confirmed"),  # stdin: EOF
     ],
@@ -238,10 +239,8 @@ def test_set_limit_before_first_use_is_obeyed_and_does_not_expire(redis_url):
     )
     sem = Semaphore(redis_url, "launch-api", 5)
     assert sem.client.ttl(sem.keys.meta) == -1  # no expiry: nothing refreshes it before use
-    rows = json.loads(run(redis_url, "status", "--json").stdout)
-    assert [
-        (r["name"], r["declared_limit"], r["override"], r["effective_limit"]) for r in rows
-    ] == [("launch-api", None, 2, 2)]
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["declared_limit"], row["override"], row["effective_limit"]) == (None, 2, 2)
     assert run(redis_url, "status").stdout.splitlines()[1].split()[:2] == ["launch-api", "2(-)"]
     granted = [sem.try_acquire(f"task-{i}") for i in range(3)]
     assert [p is not None for p in granted] == [True, True, False]
@@ -274,11 +273,13 @@ def test_reset_limit_before_first_use_leaves_nothing(redis_url):
     )
     sem = Semaphore(redis_url, "launch-api", 5)
     assert sem.client.keys("*") == [b"celery_semaphore:epoch"]  # kept for good, by design
-    assert run(redis_url, "status", "--json").stdout.strip() == "[]"
-    # drained meanwhile: with no override left, status could not show the drain
-    assert run(redis_url, "set-limit", "launch-api", "2").returncode == 0
-    assert run(redis_url, "drain", "launch-api").returncode == 0
-    out = run(redis_url, "reset-limit", "launch-api")
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["override"], row["effective_limit"]) == (None, 5)
+    # a name the app does not declare, drained meanwhile: with no override left,
+    # status could not show the drain
+    assert run(redis_url, "set-limit", "customer-42", "2", "--new").returncode == 0
+    assert run(redis_url, "drain", "customer-42").returncode == 0
+    out = run(redis_url, "reset-limit", "customer-42")
     assert "override 2 dropped; its drain ended too; not used yet" in out.stdout
     assert sem.client.keys("*") == [b"celery_semaphore:epoch"]
     sem.close()
@@ -365,3 +366,37 @@ def test_a_change_that_admits_hands_the_parked_tasks_over_at_once(celery_cluster
     first = min(e["at"] for e in cluster.events() if e["event"] == "start")
     assert first - done < 1.0, f"the first parked task started {first - done:.1f} s after"
     assert results[0].get(timeout=30) == 0
+
+
+def test_a_declared_semaphore_not_used_yet_is_known_to_every_command(redis_url):
+    """Issue 17: ``status launch-api`` (declared by the app, limit 5, no task ran yet)
+    exited 1 ("has no state in Redis"), plain ``status`` left it out, ``drain``
+    refused it."""
+    out = run(redis_url, "status")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:4] for line in out.stdout.splitlines()[1:]}
+    assert rows == {"launch-api": ["5", "0", "0"], "queue:reports": ["2", "0", "0"]}
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["effective_limit"], row["holders"], row["waiters"]) == (5, 0, 0)
+    for command in ("holders", "waiters"):
+        out = run(redis_url, command, "launch-api", "--json")
+        assert (out.returncode, out.stdout) == (0, "[]\n"), out.stderr
+    assert run(redis_url, "drain", "launch-api").stdout == (
+        "launch-api: draining (admits nobody until `resume`)\n"
+    )
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["effective_limit"], row["draining"]) == (5, True)
+    sem = Semaphore(redis_url, "launch-api", 5)
+    assert sem.try_acquire("first") is None  # its first task obeys the drain
+    out = run(redis_url, "resume", "launch-api")
+    assert out.stdout.startswith("launch-api: admitting again; no worker listens")
+    assert sem.try_acquire("first") is not None
+    out = run(redis_url, "reset-limit", "queue:reports")
+    assert out.stdout == (
+        "queue:reports: no override; not used yet, so its tasks will use the limit they "
+        "declare (2 in the app)\n"
+    )
+    assert_one_line_error(
+        run(redis_url, "release", "queue:reports", "ghost", "--yes"), "'ghost' holds no permit"
+    )
+    sem.close()
