@@ -352,31 +352,51 @@ def _seconds_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-# The columns of ``status``: header, width (negative: left-aligned), cell of a
-# ``_summary`` row. A new column is one more line here.
-STATUS_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
-    ("SEMAPHORE", -28, lambda row: str(row["name"])),
-    ("LIMIT", 9, _limit_cell),
-    ("HOLD", 5, lambda row: str(row["holders"])),
-    ("WAIT", 5, lambda row: str(row["waiters"] + row["in_broker"])),
-    ("PARKED", 6, lambda row: str(row["parked"])),
-    ("SENT", 5, lambda row: str(row["sent"])),
-    ("UTIL", 5, lambda row: f"{row['utilization']:.0%}"),
-    ("OLDEST", 8, lambda row: _seconds_cell(row["oldest_holder_age"])),
-    ("LEASE", 7, lambda row: _seconds_cell(row["shortest_lease_left"])),
+#: A column of a table: header, alignment ("<" left, ">" right), cell of a row.
+Column = tuple[str, str, Callable[[dict[str, Any]], str]]
+
+
+def _table(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
+    """``rows`` under the headers, each column as wide as its widest cell."""
+    lines = [[header for header, _, _ in columns]]
+    lines += [[cell(row) for _, _, cell in columns] for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(
+            f"{text:{align}{width}}"
+            for text, (_, align, _), width in zip(line, columns, widths, strict=True)
+        ).rstrip()
+        for line in lines
+    )
+
+
+# The columns of each table; a new column is one more line here.
+STATUS_COLUMNS: list[Column] = [
+    ("SEMAPHORE", "<", lambda row: str(row["name"])),
+    ("LIMIT", ">", _limit_cell),
+    ("HOLD", ">", lambda row: str(row["holders"])),
+    ("WAIT", ">", lambda row: str(row["waiters"] + row["in_broker"])),
+    ("PARKED", ">", lambda row: str(row["parked"])),
+    ("SENT", ">", lambda row: str(row["sent"])),
+    ("UTIL", ">", lambda row: f"{row['utilization']:.0%}"),
+    ("OLDEST", ">", lambda row: _seconds_cell(row["oldest_holder_age"])),
+    ("LEASE", ">", lambda row: _seconds_cell(row["shortest_lease_left"])),
 ]
-
-
-def _status_table(rows: list[dict[str, Any]]) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return " ".join(
-            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
-            for cell, (_, width, _) in zip(cells, STATUS_COLUMNS, strict=True)
-        )
-
-    lines = [line([header for header, _, _ in STATUS_COLUMNS])]
-    lines += [line([cell(row) for _, _, cell in STATUS_COLUMNS]) for row in rows]
-    return "\n".join(lines)
+HOLDERS_COLUMNS: list[Column] = [
+    ("HOLDER", "<", lambda row: str(row["holder"])),
+    ("TASK", "<", lambda row: str(row.get("task", "-"))),
+    ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
+    ("HELD", ">", lambda row: _seconds_cell(row["held_for"])),
+    ("LEASE", ">", lambda row: _seconds_cell(row["lease_left"])),
+]
+WAITERS_COLUMNS: list[Column] = [
+    ("#", ">", lambda row: str(row["position"] or "-")),
+    ("HOLDER", "<", lambda row: str(row["holder"])),
+    ("TASK", "<", lambda row: str(row.get("task", "-"))),
+    ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
+    ("STATE", "<", lambda row: str(row["state"])),
+    ("WAITING", ">", lambda row: _seconds_cell(row["waiting_for"])),
+]
 
 
 # Celery's command line imports this module (the ``celery.commands`` entry point)
@@ -424,7 +444,7 @@ def status(
     with _operator(ctx) as operator:
         while True:
             rows = [_summary(s.status()) for s in operator.open_all(names)]
-            text = json.dumps(rows, indent=2) if as_json else _status_table(rows)
+            text = json.dumps(rows, indent=2) if as_json else _table(STATUS_COLUMNS, rows)
             if not watch:
                 click.echo(text)
                 return
@@ -457,12 +477,7 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(f"{'HOLDER':<38} {'TASK':<32} {'WORKER':<24} {'HELD':>8} {'LEASE':>7}")
-        for row in rows:
-            click.echo(
-                f"{row['holder']:<38} {row.get('task', '-'):<32} {row.get('worker', '-'):<24} "
-                f"{row['held_for']:>7.1f}s {row['lease_left']:>6.1f}s"
-            )
+        click.echo(_table(HOLDERS_COLUMNS, rows))
 
 
 @semaphore.command(example="waiters partner-api --json")
@@ -493,14 +508,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(
-            f"{'#':>4} {'HOLDER':<38} {'TASK':<32} {'WORKER':<24} {'STATE':<12} {'WAITING':>8}"
-        )
-        for row in rows:
-            click.echo(
-                f"{row['position'] or '-':>4} {row['holder']:<38} {row.get('task', '-'):<32} "
-                f"{row.get('worker', '-'):<24} {row['state']:<12} {row['waiting_for']:>7.1f}s"
-            )
+        click.echo(_table(WAITERS_COLUMNS, rows))
 
 
 def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:

@@ -400,3 +400,27 @@ def test_a_declared_semaphore_not_used_yet_is_known_to_every_command(redis_url):
         run(redis_url, "release", "queue:reports", "ghost", "--yes"), "'ghost' holds no permit"
     )
     sem.close()
+
+
+def test_every_table_is_as_wide_as_its_content(redis_url, busy):
+    """Issue 17: the STATE column of ``waiters`` was 13 wide, "waiting in place" 16,
+    so those rows' numbers sat 4 columns right of the others; each column of
+    every table is as wide as its widest cell now (so each line of a table whose
+    last column is right-aligned ends at the same column)."""
+    info = json.dumps({"task": "proj.a_task_name_longer_than_32_chars", "worker": "w1@host"})
+    assert isinstance(busy.attempt("in-place", wait_lease=60, info=info, in_place=True), Place)
+    parking = Semaphore(redis_url, "partner-api", 2, on_handover=lambda handovers: None)
+    parking.park("parked", "payload", info=info)
+    parking.close()
+    Semaphore(redis_url, "a-semaphore-name-longer-than-28-chars", 1).attempt("x", info=info)
+    tables = {
+        command: run(redis_url, command, *names).stdout.splitlines()
+        for command, names in [
+            ("status", ()),
+            ("holders", ("partner-api",)),
+            ("waiters", ("partner-api",)),
+        ]
+    }
+    assert {line.split()[4] for line in tables["waiters"][1:]} == {"asking", "waiting", "parked"}
+    for command, lines in tables.items():
+        assert len({len(line) for line in lines}) == 1, (command, lines)
