@@ -29,8 +29,8 @@ from .core import Semaphore, SemaphoreError, SemaphoreStatus
 from .core.connection import connect, mask_url, translate
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
-from .core.keys import watch_channel
-from .core.protocol import PAUSE_MARGIN
+from .core.keys import semaphore_keys, watch_channel
+from .core.protocol import PAUSE_MARGIN, text
 from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
 
@@ -69,19 +69,14 @@ class Operator:
                     self._declared[name] = limit
         return self._declared
 
-    def open_all(self, names: Sequence[str] = ()) -> list[Semaphore]:
-        """The semaphores ``names``, or every one in Redis and every one the app
-        declares (less those whose keys went, or that have neither a declared
-        limit nor an override, between listing and opening); a name asked for and
-        unknown fails with a "did you mean"."""
-        if names:
-            return [self.open(name) for name in names]
+    def open_all(self) -> list[Semaphore]:
+        """Every semaphore in Redis and every one the app declares (less those whose
+        keys went, or that have neither a declared limit nor an override, between
+        listing and opening)."""
         opened = []
         for name in sorted(set(self.names()) | set(self.declared())):
-            try:
+            with suppress(UnknownSemaphore):
                 opened.append(self.open(name, suggest=False))
-            except UnknownSemaphore:
-                continue
         return opened
 
     def open(self, name: str, *, suggest: bool = True) -> Semaphore:
@@ -105,7 +100,57 @@ class Operator:
                 return self.open_new(name, self.declared()[name])
             if not suggest:
                 raise
+            members = self.family(name)
+            if members:
+                raise click.ClickException(self.one_at_a_time(name, members)) from None
             raise click.ClickException(self.unknown(name)) from None
+
+    def semaphores(self, name: str) -> list[Semaphore]:
+        """``[semaphore name]``, or, if no semaphore has that name, the live members
+        of family ``name``; fails with a "did you mean" if neither."""
+        try:
+            return [self.open(name, suggest=False)]
+        except UnknownSemaphore:
+            members = self.family(name)
+            if not members:
+                raise click.ClickException(self.unknown(name)) from None
+            return members
+
+    def families(self) -> dict[str, list[str]]:
+        """The names of the per-key families in Redis (the semaphores of one key
+        function, see `celery_semaphore.per_key`; the ``family`` field each member's
+        tasks record in its meta hash), with their members' names, sorted."""
+        names = self.names()
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hget(semaphore_keys(self.namespace, name).meta, "family")
+                recorded = pipe.execute()
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        families: dict[str, list[str]] = {}
+        for name, family in zip(names, recorded, strict=True):
+            if family:
+                families.setdefault(text(family), []).append(name)
+        return families
+
+    def family(self, name: str) -> list[Semaphore]:
+        """The live members of family ``name`` (none if no family has that name)."""
+        members = []
+        for member in self.families().get(name, []):
+            with suppress(UnknownSemaphore):  # its keys went since listing
+                members.append(self.open(member, suggest=False))
+        return members
+
+    def one_at_a_time(self, name: str, members: Sequence[Semaphore]) -> str:
+        """Why a command that changes a semaphore refuses family ``name``."""
+        shown = ", ".join(m.name for m in members[:3]) + (", ..." if len(members) > 3 else "")
+        command = click.get_current_context().info_name
+        return (
+            f"{name!r} is a family of {len(members)} semaphores made by a key function "
+            f"({shown}); `{command}` changes one semaphore, and the family gains members as "
+            f"new keys come: name a member (`{self.prog} status {name}` shows the busiest)"
+        )
 
     def wake(self, name: str) -> str:
         """After a change of ``name`` that may admit tasks (a resume, a raised limit,
@@ -135,7 +180,7 @@ class Operator:
 
     def unknown(self, name: str) -> str:
         """One line on a name neither in Redis nor declared: the closest known names."""
-        known = sorted(set(self.names()) | set(self.declared()))
+        known = sorted(set(self.names()) | set(self.declared()) | set(self.families()))
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         hint = (
             f"did you mean {' or '.join(repr(c) for c in close)}?"
@@ -352,6 +397,8 @@ def _seconds_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
+BUSIEST = 5  # members of a family that ``status FAMILY`` shows
+
 #: A column of a table: header, alignment ("<" left, ">" right), cell of a row.
 Column = tuple[str, str, Callable[[dict[str, Any]], str]]
 
@@ -410,7 +457,8 @@ def semaphore(ctx: click.Context) -> None:
     """See and steer celery-semaphore's semaphores.
 
     NAME is a semaphore's name as its tasks declare it (semaphore=...), or
-    queue:<queue> for a queue cap. Every error is one line on stderr and exit
+    queue:<queue> for a queue cap; status, holders and waiters also take a
+    per-key family's name (per_key(family, ...)). Every error is one line on stderr and exit
     status 1.
     """
 
@@ -432,7 +480,9 @@ def semaphore(ctx: click.Context) -> None:
 def status(
     ctx: click.Context, names: tuple[str, ...], as_json: bool, watch: bool, interval: float
 ) -> None:
-    """Limits, holders, waiters and utilization of NAMES (default: all in Redis).
+    """Limits, holders, waiters and utilization of NAMES (default: all in Redis and
+    all the app declares). A per-key family's name shows the family's sums and
+    its busiest members.
 
     LIMIT shows an override over the declared limit as 3(5), over none yet (set
     before first use) as 3(-); D marks a draining semaphore. WAIT counts every
@@ -443,8 +493,8 @@ def status(
     """
     with _operator(ctx) as operator:
         while True:
-            rows = [_summary(s.status()) for s in operator.open_all(names)]
-            text = json.dumps(rows, indent=2) if as_json else _table(STATUS_COLUMNS, rows)
+            rows = _status_rows(operator, names)
+            text = json.dumps(rows, indent=2) if as_json else _table(STATUS_COLUMNS, _flat(rows))
             if not watch:
                 click.echo(text)
                 return
@@ -455,6 +505,74 @@ def status(
                 return
 
 
+def _status_rows(operator: Operator, names: Sequence[str]) -> list[dict[str, Any]]:
+    """``status`` of NAMES (default: all), a family as its `_family_summary`."""
+    if not names:
+        return [_summary(s.status()) for s in operator.open_all()]
+    rows = []
+    for name in names:
+        found = operator.semaphores(name)
+        summaries = [_summary(s.status()) for s in found]
+        rows += summaries if _is_one(found, name) else [_family_summary(name, summaries)]
+    return rows
+
+
+def _is_one(found: Sequence[Semaphore], name: str) -> bool:
+    """Whether `Operator.semaphores` found semaphore ``name`` (else family ``name``)."""
+    return [s.name for s in found] == [name]
+
+
+def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
+    """A family's `_summary`, as the metrics sum it (limits, holders and waiters
+    summed, draining if any member drains), with its members and the busiest."""
+
+    def total(key: str) -> int:
+        return sum(int(row[key]) for row in members)
+
+    ages = [row["oldest_holder_age"] for row in members if row["oldest_holder_age"] is not None]
+    leases = [
+        row["shortest_lease_left"] for row in members if row["shortest_lease_left"] is not None
+    ]
+    limit = total("effective_limit")
+    busiest = sorted(
+        members,
+        key=lambda row: (-(row["holders"] + row["waiters"] + row["in_broker"]), row["name"]),
+    )
+    return {
+        "name": name,
+        "members": len(members),
+        "declared_limit": None,
+        "override": None,
+        "effective_limit": limit,
+        "draining": any(row["draining"] for row in members),
+        **{key: total(key) for key in ("holders", "waiters", "parked", "handed_over", "sent")},
+        "in_broker": total("in_broker"),
+        "utilization": round(total("holders") / max(limit, 1), 3),
+        "oldest_holder_age": max(ages, default=None),
+        "shortest_lease_left": min(leases, default=None),
+        "busiest": busiest[:BUSIEST],
+    }
+
+
+def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``status`` rows for the table: a family's row, then its busiest members indented."""
+    flat = []
+    for row in rows:
+        if "busiest" not in row:
+            flat.append(row)
+            continue
+        flat.append({**row, "name": f"{row['name']} (family of {row['members']})"})
+        flat += [{**member, "name": "  " + member["name"]} for member in row["busiest"]]
+    return flat
+
+
+def _with_semaphore(columns: list[Column], found: Sequence[Semaphore], name: str) -> list[Column]:
+    """``columns``, with the semaphore of each row first for a family."""
+    if _is_one(found, name):
+        return columns
+    return [("SEMAPHORE", "<", lambda row: str(row["semaphore"])), *columns]
+
+
 @semaphore.command(example="holders partner-api --json")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -463,21 +581,23 @@ def status(
 def holders(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who holds a permit of NAME: task id, task name, worker, held since."""
     with _operator(ctx) as operator:
-        state = operator.open(name).status()
+        found = operator.semaphores(name)
         rows = [
             {
+                "semaphore": state.name,
                 "holder": h.holder,
                 **_describe(h.info),
                 "held_for": round(state.server_time - h.acquired_at, 3),
                 "lease_left": round(h.expires_at - state.server_time, 3),
                 "fencing_token": h.fencing_token,
             }
+            for state in (s.status() for s in found)
             for h in state.holders
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(_table(HOLDERS_COLUMNS, rows))
+        click.echo(_table(_with_semaphore(HOLDERS_COLUMNS, found, name), rows))
 
 
 @semaphore.command(example="waiters partner-api --json")
@@ -493,9 +613,10 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
     turn near), asking (at a worker, or retrying itself), in broker (published with
     a place that lapsed before it reached a worker; listed last, no position)."""
     with _operator(ctx) as operator:
-        state = operator.open(name).status()
+        found = operator.semaphores(name)
         rows = [
             {
+                "semaphore": state.name,
                 "position": w.position,
                 "holder": w.holder,
                 **_describe(w.info),
@@ -503,12 +624,13 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
                 "state": w.state,
                 "waiting_for": round(state.server_time - w.since, 3),
             }
+            for state in (s.status() for s in found)
             for w in [*state.waiters, *state.sent_without_place]
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(_table(WAITERS_COLUMNS, rows))
+        click.echo(_table(_with_semaphore(WAITERS_COLUMNS, found, name), rows))
 
 
 def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
@@ -542,6 +664,9 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
         try:
             sem = operator.open(name, suggest=False)
         except UnknownSemaphore:
+            members = operator.family(name)
+            if members:
+                raise click.ClickException(operator.one_at_a_time(name, members)) from None
             if not new:
                 unknown = operator.unknown(name)
                 raise click.ClickException(

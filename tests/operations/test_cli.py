@@ -424,3 +424,76 @@ def test_every_table_is_as_wide_as_its_content(redis_url, busy):
     assert {line.split()[4] for line in tables["waiters"][1:]} == {"asking", "waiting", "parked"}
     for command, lines in tables.items():
         assert len({len(line) for line in lines}) == 1, (command, lines)
+
+
+@pytest.fixture
+def customers(redis_url: str):
+    """Family ``customer`` (as cli_app's per-key task records it): customer-1 with
+    one holder, customer-2 with one holder and two waiters, customer-3 idle."""
+    members = [Semaphore(redis_url, f"customer-{n}", 1, family="customer") for n in (1, 2, 3)]
+    info = json.dumps({"task": "cli_app.sync_customer", "worker": "w1@host"})
+    assert isinstance(members[0].attempt("c1-a", info=info), Permit)
+    assert isinstance(members[1].attempt("c2-a", info=info), Permit)
+    for holder in ("c2-b", "c2-c"):
+        assert isinstance(members[1].attempt(holder, wait_lease=60, info=info), Place)
+    assert isinstance(members[2].attempt("c3-a"), Permit)
+    members[2].release("c3-a")
+    yield members
+    for member in members:
+        member.close()
+
+
+def test_a_family_name_shows_its_sums_and_busiest_members(redis_url, customers):
+    """Issue 17: the metrics name the family ``customer``; the CLI refused that name
+    ("did you mean 'customer-2'")."""
+    out = run(redis_url, "status", "customer", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)
+    assert (row["name"], row["members"], row["effective_limit"]) == ("customer", 3, 3)
+    assert (row["holders"], row["waiters"], row["utilization"]) == (2, 2, 0.667)
+    assert [m["name"] for m in row["busiest"]] == ["customer-2", "customer-1", "customer-3"]
+    lines = run(redis_url, "status", "customer").stdout.splitlines()
+    assert [line.split()[:5] for line in lines[1:]] == [
+        ["customer", "(family", "of", "3)", "3"],
+        ["customer-2", "1", "1", "2", "0"],
+        ["customer-1", "1", "1", "0", "0"],
+        ["customer-3", "1", "0", "0", "0"],
+    ]
+    rows = json.loads(run(redis_url, "holders", "customer", "--json").stdout)
+    assert [(r["semaphore"], r["holder"]) for r in rows] == [
+        ("customer-1", "c1-a"),
+        ("customer-2", "c2-a"),
+    ]
+    lines = run(redis_url, "waiters", "customer").stdout.splitlines()
+    assert [line.split()[:3] for line in lines] == [
+        ["SEMAPHORE", "#", "HOLDER"],
+        ["customer-2", "1", "c2-b"],
+        ["customer-2", "2", "c2-c"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("drain", "customer"),
+        ("resume", "customer"),
+        ("set-limit", "customer", "3"),
+        ("set-limit", "customer", "3", "--new"),
+        ("reset-limit", "customer"),
+        ("release", "customer", "c1-a", "--yes"),
+    ],
+)
+def test_a_command_that_changes_a_semaphore_refuses_a_family_naming_its_members(
+    redis_url, customers, args
+):
+    out = run(redis_url, *args)
+    assert_one_line_error(
+        out,
+        f"'customer' is a family of 3 semaphores made by a key function (customer-1, "
+        f"customer-2, customer-3); `{args[0]}` changes one semaphore, and the family gains "
+        "members as new keys come: name a member (`celery -A cli_app semaphore status "
+        "customer` shows the busiest)",
+    )
+    assert [m.status().draining for m in customers] == [False] * 3
+    assert [m.status().override for m in customers] == [None] * 3
+    assert customers[0].status().holder_count == 1
