@@ -5,7 +5,8 @@ group runs this group's commands, and would show a usage error (a bad number,
 a missing argument, an unknown option or command) as click does, in three lines
 with exit status 2. `SemaphoreGroup` turns those into one line too, so every
 failure (those, an unknown semaphore, unreachable Redis, wrong settings) is one
-line ``Error: ...`` on stderr and exit status 1.
+line ``Error: ...`` on stderr and exit status 1; a bad value is worded one way
+for every argument (`Number`, `_usage_message`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from functools import wraps
 from typing import Any
 
 import click
@@ -31,6 +31,7 @@ from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
 from .core.keys import semaphore_keys, watch_channel
 from .core.protocol import PAUSE_MARGIN, text
+from .core.validation import MAX_LIMIT, MAX_SECONDS
 from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
 
@@ -197,17 +198,6 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:
-    @wraps(command)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except (SemaphoreError, ValueError, TypeError) as error:
-            raise click.ClickException(_one_line(str(error))) from None
-
-    return run
-
-
 @contextmanager
 def _operator(ctx: click.Context) -> Iterator[Operator]:
     operator = Operator(ctx.obj.app, _prog(ctx))
@@ -217,37 +207,30 @@ def _operator(ctx: click.Context) -> Iterator[Operator]:
         operator.client.close()
 
 
-def _whole_number(minimum: int) -> Callable[[click.Context, click.Parameter, str], int]:
-    """A callback that makes a str parameter an int from ``minimum`` on; click's
-    own types would word the error differently on each click version."""
+class Number(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.5
+    """A number from ``low`` to ``high``, read by ``parse`` (``int``: a whole number).
+    A bad value fails with the wording of every bad argument (`_usage_message`):
+    ``LIMIT: '0' is not <accepts>; e.g. <a call that works>``."""
 
-    def convert(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    name = "number"
+
+    def __init__(self, parse: Callable[[str], float], low: float, high: float, accepts: str):
+        self.parse, self.low, self.high, self.accepts = parse, low, high, accepts
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
         try:
-            number = int(value.strip())
+            number = self.parse(value.strip())
         except ValueError:
-            number = minimum - 1
-        if number < minimum:
-            raise click.BadParameter(f"{value!r} is not a whole number from {minimum}", ctx, param)
+            number = math.nan
+        if not self.low <= number <= self.high:  # nan is not
+            self.fail(f"{value!r} is not {self.accepts}", param, ctx)
         return number
 
-    return convert
 
-
-def _seconds(minimum: float) -> Callable[[click.Context, click.Parameter, str], float]:
-    """A callback that makes a str parameter a finite number of seconds from ``minimum``."""
-
-    def convert(ctx: click.Context, param: click.Parameter, value: str) -> float:
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds >= minimum):
-            raise click.BadParameter(
-                f"{value!r} is not a number of seconds from {minimum}", ctx, param
-            )
-        return seconds
-
-    return convert
+LIMIT = Number(int, 1, MAX_LIMIT, f"a whole number from 1 to {MAX_LIMIT}")
+INTERVAL = Number(float, 0.1, MAX_SECONDS, f"a number of seconds from 0.1 to {MAX_SECONDS:.0f}")
 
 
 def _prog(ctx: click.Context | None) -> str:
@@ -266,13 +249,27 @@ class SemaphoreCommand(click.Command):
         self.example = example
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        with _usage_errors_in_one_line(ctx):  # the parser's errors name no context
-            return super().parse_args(ctx, args)
+        with _errors_in_one_line(ctx):  # some of the parser's errors name no context
+            try:
+                return super().parse_args(ctx, list(args))
+            except click.NoSuchOption:
+                self._check_negative(ctx, args)
+                raise
+
+    def _check_negative(self, ctx: click.Context, args: list[str]) -> None:
+        """click takes a negative number for an option: given to a number argument,
+        fail as any bad value of that argument does."""
+        numbers = [
+            p for p in self.params if isinstance(p, click.Argument) and isinstance(p.type, Number)
+        ]
+        negative = [arg for arg in args if arg.startswith("-") and _is_number(arg)]
+        if numbers and negative:
+            numbers[0].type.convert(negative[0], numbers[0], ctx)
 
 
 class SemaphoreGroup(click.Group):
-    """The ``semaphore`` group: every usage error of its own or of its commands
-    is one line and exit status 1, naming what was wrong and how to call it."""
+    """The ``semaphore`` group: every error of its own or of its commands is one
+    line and exit status 1 (see `_errors_in_one_line`)."""
 
     command_class = SemaphoreCommand
 
@@ -280,7 +277,7 @@ class SemaphoreGroup(click.Group):
         if not args and not ctx.resilient_parsing:
             click.echo(ctx.get_help())  # asking for nothing is asking for help
             ctx.exit()
-        with _usage_errors_in_one_line(ctx):
+        with _errors_in_one_line(ctx):
             return super().parse_args(ctx, args)
 
     def resolve_command(
@@ -297,52 +294,45 @@ class SemaphoreGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _usage_errors_in_one_line(ctx):
+        with _errors_in_one_line(ctx):
             return super().invoke(ctx)
 
 
 @contextmanager
-def _usage_errors_in_one_line(ctx: click.Context) -> Iterator[None]:
+def _errors_in_one_line(ctx: click.Context) -> Iterator[None]:
+    """Celery's ``celery`` group would show a usage error as click does (three
+    lines, exit status 2), and a semaphore's error as a traceback: each becomes
+    one line ``Error: ...``, exit status 1."""
     try:
         yield
     except click.UsageError as error:
         raise click.ClickException(_usage_message(error, error.ctx or ctx)) from None
+    except (SemaphoreError, ValueError, TypeError) as error:
+        raise click.ClickException(_one_line(str(error))) from None
 
 
 def _usage_message(error: click.UsageError, ctx: click.Context) -> str:
-    """``error`` (raised in ``ctx``) in one line, with the parameter it is about
-    and how to call the command: an example for a bad or missing value, else
-    where its help is."""
+    """``error`` (raised in ``ctx``) in one line: what was wrong, naming the
+    argument, and how to call the command (an example; for an unknown option,
+    where its help is)."""
     command = ctx.command
-    prog = _prog(ctx)
-    if not isinstance(command, SemaphoreGroup):
-        prog = f"{prog} {ctx.info_name}"
-    example = getattr(command, "example", None)
+    if isinstance(error, click.NoSuchOption) and error.option_name in ("-A", "--app"):
+        return f"{error.option_name} goes before `semaphore`: `celery -A proj semaphore ...`"
+    if isinstance(error, click.NoSuchOption):
+        hint = f" (did you mean {' or '.join(error.possibilities)}?)" if error.possibilities else ""
+        prog = _prog(ctx) + ("" if isinstance(command, SemaphoreGroup) else f" {ctx.info_name}")
+        return f"no such option {error.option_name}{hint}; see `{prog} --help`"
     param = getattr(error, "param", None)
-    if isinstance(error, click.BadParameter) and param is not None:
-        if isinstance(param, click.Option):
-            hint = "/".join(param.opts)
-        else:
-            hint = param.human_readable_name
-        if isinstance(error, click.MissingParameter):
-            message = f"missing {param.param_type_name} {hint}"
-        else:
-            message = f"{hint}: {error.message}"
-    elif isinstance(error, click.NoSuchOption):
-        if error.option_name in ("-A", "--app"):
-            return f"{error.option_name} goes before `semaphore`: `celery -A proj semaphore ...`"
-        if _is_number(error.option_name):
-            message = f"{error.option_name!r}: no value here may be negative"
-        else:
-            message = f"no such option {error.option_name}"
-            if error.possibilities:
-                message += f" (did you mean {' or '.join(error.possibilities)}?)"
-            example = None
+    if isinstance(error, click.MissingParameter) and param is not None:
+        message = f"missing {param.param_type_name} {_param_name(param)}"
+    elif isinstance(error, click.BadParameter) and param is not None:
+        message = f"{_param_name(param)}: {error.message}"
     else:
         message = error.format_message().rstrip(".")
-    if example is not None:
-        return _one_line(f"{message}; e.g. `{_prog(ctx)} {example}`")
-    return _one_line(f"{message}; see `{prog} --help`")
+    example = getattr(command, "example", None)
+    if example is None:
+        return _one_line(f"{message}; see `{_prog(ctx)} --help`")
+    return _one_line(f"{message}; e.g. `{_prog(ctx)} {example}`")
 
 
 def _is_number(text: str) -> bool:
@@ -351,6 +341,10 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _param_name(param: click.Parameter) -> str:
+    return "/".join(param.opts) if isinstance(param, click.Option) else param.human_readable_name
 
 
 def _describe(info: str) -> dict[str, Any]:
@@ -470,13 +464,12 @@ def semaphore(ctx: click.Context) -> None:
 @click.option(
     "--interval",
     default="2",
-    callback=_seconds(0.1),
+    type=INTERVAL,
     metavar="SECONDS",
     show_default=True,
-    help="Time between refreshes (at least 0.1).",
+    help="Time between refreshes (0.1 to 604800).",
 )
 @click.pass_context
-@_fail_cleanly
 def status(
     ctx: click.Context, names: tuple[str, ...], as_json: bool, watch: bool, interval: float
 ) -> None:
@@ -577,7 +570,6 @@ def _with_semaphore(columns: list[Column], found: Sequence[Semaphore], name: str
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_fail_cleanly
 def holders(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who holds a permit of NAME: task id, task name, worker, held since."""
     with _operator(ctx) as operator:
@@ -604,7 +596,6 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_fail_cleanly
 def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who waits for NAME, in line order: task id, task name, worker, state, waiting since.
 
@@ -643,7 +634,7 @@ def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
 
 @semaphore.command("set-limit", example="set-limit partner-api 10")
 @click.argument("name")
-@click.argument("limit", callback=_whole_number(1))
+@click.argument("limit", type=LIMIT)
 @click.option(
     "--new",
     is_flag=True,
@@ -651,7 +642,6 @@ def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
     "semaphore, say): cap it anyway, before its first use.",
 )
 @click.pass_context
-@_fail_cleanly
 def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
     """Resize NAME to LIMIT for every worker, now (a runtime override).
 
@@ -693,7 +683,6 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
 @semaphore.command("reset-limit", example="reset-limit partner-api")
 @click.argument("name")
 @click.pass_context
-@_fail_cleanly
 def reset_limit(ctx: click.Context, name: str) -> None:
     """Drop NAME's runtime override: back to the limit its tasks declare."""
     with _operator(ctx) as operator:
@@ -726,7 +715,6 @@ def reset_limit(ctx: click.Context, name: str) -> None:
 @semaphore.command(example="drain partner-api")
 @click.argument("name")
 @click.pass_context
-@_fail_cleanly
 def drain(ctx: click.Context, name: str) -> None:
     """Admit nobody new to NAME; holders finish."""
     with _operator(ctx) as operator:
@@ -737,7 +725,6 @@ def drain(ctx: click.Context, name: str) -> None:
 @semaphore.command(example="resume partner-api")
 @click.argument("name")
 @click.pass_context
-@_fail_cleanly
 def resume(ctx: click.Context, name: str) -> None:
     """End a drain of NAME: waiters are admitted again."""
     with _operator(ctx) as operator:
@@ -750,7 +737,6 @@ def resume(ctx: click.Context, name: str) -> None:
 @click.argument("holder")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
-@_fail_cleanly
 def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
     """Force-release HOLDER's permit of NAME (a stuck permit; HOLDER: its task id)."""
     with _operator(ctx) as operator:

@@ -164,19 +164,27 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (
-            ("set-limit", "partner-api", "abc"),
-            "Error: LIMIT: 'abc' is not a whole number from 1; "
-            "e.g. `celery -A cli_app semaphore set-limit partner-api 10`",
+        *(
+            (
+                ("set-limit", "partner-api", limit),
+                f"Error: LIMIT: {limit!r} is not a whole number from 1 to 1000000; "
+                "e.g. `celery -A cli_app semaphore set-limit partner-api 10`",
+            )
+            for limit in ("abc", "0", "2.5", "-3", "10000000", "-3.5")
         ),
-        (("set-limit", "partner-api", "0"), "LIMIT: '0' is not a whole number from 1"),
-        (("set-limit", "partner-api", "2.5"), "LIMIT: '2.5' is not a whole number from 1"),
-        (("set-limit", "partner-api", "-3"), "'-3': no value here may be negative; e.g. `"),
+        (("set-limit", "-3", "partner-api"), "LIMIT: '-3' is not a whole number from 1 to"),
+        (("set-limit", "partner-api", "3", "--nwe"), "no such option --nwe (did you mean --new?)"),
         (("set-limit", "partner-api"), "missing argument LIMIT; e.g. `celery -A cli_app"),
         (("set-limit", "partner-api", "3", "4"), "unexpected extra argument (4); e.g. `"),
         (("set-limit",), "missing argument NAME"),
-        (("status", "--interval", "0"), "--interval: '0' is not a number of seconds from 0.1"),
-        (("status", "--interval", "inf"), "--interval: 'inf' is not a number of seconds"),
+        *(
+            (
+                ("status", "--interval", interval),
+                f"Error: --interval: {interval!r} is not a number of seconds from 0.1 to 604800; "
+                "e.g. `celery -A cli_app semaphore status partner-api --watch --interval 5`",
+            )
+            for interval in ("0", "inf", "nan", "-1", "soon")
+        ),
         (("status", "--interval"), "Option '--interval' requires an argument; e.g. `celery -A"),
         (("status", "--jsn"), "no such option --jsn (did you mean --json?); see `celery -A"),
         (("--verbose",), "no such option --verbose; see `celery -A cli_app semaphore --help`"),
