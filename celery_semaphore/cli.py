@@ -726,7 +726,7 @@ def drain(ctx: click.Context, name: str) -> None:
 @click.argument("name")
 @click.pass_context
 def resume(ctx: click.Context, name: str) -> None:
-    """End a drain of NAME: waiters are admitted again."""
+    """End a drain of NAME: waiters are admitted at once, in line order."""
     with _operator(ctx) as operator:
         operator.open(name).set_draining(False)
         click.echo(f"{name}: admitting again; {operator.wake(name)}")
