@@ -83,10 +83,10 @@ class Operator:
     def open(self, name: str, *, suggest: bool = True) -> Semaphore:
         """Semaphore ``name``: one that has been used, or whose limit was set
         before its first use, or that the app declares (with that limit, and
-        nothing held, before its first use). It publishes no task: the parked tasks its changes
-        make due are handed over by the workers (see `wake`), which publish to
-        the broker they really use (this command's app may not be configured
-        with it)."""
+        nothing held, before its first use). It publishes no task: the parked
+        tasks its changes make due are handed over by the workers (see `wake`),
+        which publish to the broker they really use (this command's app may not
+        be configured with it)."""
         try:
             return open_semaphore(
                 self.client,
