@@ -5,7 +5,8 @@ group runs this group's commands, and would show a usage error (a bad number,
 a missing argument, an unknown option or command) as click does, in three lines
 with exit status 2. `SemaphoreGroup` turns those into one line too, so every
 failure (those, an unknown semaphore, unreachable Redis, wrong settings) is one
-line ``Error: ...`` on stderr and exit status 1.
+line ``Error: ...`` on stderr and exit status 1; a bad value is worded one way
+for every argument (`Number`, `_usage_message`).
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from functools import wraps
 from typing import Any
 
 import click
+import redis
 from celery.bin.worker import worker as celery_worker_command
 
 from .config import get_config
 from .core import Semaphore, SemaphoreError, SemaphoreStatus
-from .core.connection import connect, mask_url
+from .core.connection import connect, mask_url, translate
 from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
-from .core.protocol import PAUSE_MARGIN
+from .core.keys import semaphore_keys, watch_channel
+from .core.protocol import PAUSE_MARGIN, text
+from .core.validation import MAX_LIMIT, MAX_SECONDS
 from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
 
@@ -67,27 +70,23 @@ class Operator:
                     self._declared[name] = limit
         return self._declared
 
-    def open_all(self, names: Sequence[str] = ()) -> list[Semaphore]:
-        """The semaphores ``names``, or every one in Redis (less those whose keys
-        went, or that have neither a declared limit nor an override, between
-        listing and opening); a name asked for and unknown fails with a "did you
-        mean"."""
-        if names:
-            return [self.open(name) for name in names]
+    def open_all(self) -> list[Semaphore]:
+        """Every semaphore in Redis and every one the app declares (less those whose
+        keys went, or that have neither a declared limit nor an override, between
+        listing and opening)."""
         opened = []
-        for name in self.names():
-            try:
+        for name in sorted(set(self.names()) | set(self.declared())):
+            with suppress(UnknownSemaphore):
                 opened.append(self.open(name, suggest=False))
-            except UnknownSemaphore:
-                continue
         return opened
 
     def open(self, name: str, *, suggest: bool = True) -> Semaphore:
         """Semaphore ``name``: one that has been used, or whose limit was set
-        before its first use. It publishes nothing: the parked tasks its changes
-        make due (``resume``, a raised limit) are handed over by the next
-        heartbeat of a worker, which publishes to the broker the workers really
-        use (this command's app may not be configured with it)."""
+        before its first use, or that the app declares (with that limit, and
+        nothing held, before its first use). It publishes no task: the parked
+        tasks its changes make due are handed over by the workers (see `wake`),
+        which publish to the broker they really use (this command's app may not
+        be configured with it)."""
         try:
             return open_semaphore(
                 self.client,
@@ -98,9 +97,76 @@ class Operator:
                 pause_after_loss=self.pause_after_loss,
             )
         except UnknownSemaphore:
+            if name in self.declared():
+                return self.open_new(name, self.declared()[name])
             if not suggest:
                 raise
+            members = self.family(name)
+            if members:
+                raise click.ClickException(self.one_at_a_time(name, members)) from None
             raise click.ClickException(self.unknown(name)) from None
+
+    def semaphores(self, name: str) -> list[Semaphore]:
+        """``[semaphore name]``, or, if no semaphore has that name, the live members
+        of family ``name``; fails with a "did you mean" if neither."""
+        try:
+            return [self.open(name, suggest=False)]
+        except UnknownSemaphore:
+            members = self.family(name)
+            if not members:
+                raise click.ClickException(self.unknown(name)) from None
+            return members
+
+    def families(self) -> dict[str, list[str]]:
+        """The names of the per-key families in Redis (the semaphores of one key
+        function, see `celery_semaphore.per_key`; the ``family`` field each member's
+        tasks record in its meta hash), with their members' names, sorted."""
+        names = self.names()
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hget(semaphore_keys(self.namespace, name).meta, "family")
+                recorded = pipe.execute()
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        families: dict[str, list[str]] = {}
+        for name, family in zip(names, recorded, strict=True):
+            if family:
+                families.setdefault(text(family), []).append(name)
+        return families
+
+    def family(self, name: str) -> list[Semaphore]:
+        """The live members of family ``name`` (none if no family has that name)."""
+        members = []
+        for member in self.families().get(name, []):
+            with suppress(UnknownSemaphore):  # its keys went since listing
+                members.append(self.open(member, suggest=False))
+        return members
+
+    def one_at_a_time(self, name: str, members: Sequence[Semaphore]) -> str:
+        """Why a command that changes a semaphore refuses family ``name``."""
+        shown = ", ".join(m.name for m in members[:3]) + (", ..." if len(members) > 3 else "")
+        command = click.get_current_context().info_name
+        return (
+            f"{name!r} is a family of {len(members)} semaphores made by a key function "
+            f"({shown}); `{command}` changes one semaphore, and the family gains members as "
+            f"new keys come: name a member (`{self.prog} status {name}` shows the busiest)"
+        )
+
+    def wake(self, name: str) -> str:
+        """After a change of ``name`` that may admit tasks (a resume, a raised limit,
+        a release): every worker's heartbeat listening on the watch channel beats at
+        once, and hands over the parked tasks now due. What happened, for the output."""
+        try:
+            heard = self.client.publish(watch_channel(self.namespace), name)
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        if not heard:
+            return (
+                "no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
+            )
+        workers = "1 worker hands" if heard == 1 else f"{heard} workers hand"
+        return f"{workers} over its parked tasks now due"
 
     def open_new(self, name: str, limit: int) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""
@@ -114,16 +180,8 @@ class Operator:
         )
 
     def unknown(self, name: str) -> str:
-        """One line on a name with no state in Redis: what the app declares
-        under it, or the closest known names."""
-        declared = self.declared()
-        if name in declared:
-            return (
-                f"semaphore {name!r} has no state in Redis (namespace {self.namespace!r}) yet: "
-                f"the app declares it (limit {declared[name]}), but no task of it ran, "
-                "or it expired while idle"
-            )
-        known = sorted(set(self.names()) | set(declared))
+        """One line on a name neither in Redis nor declared: the closest known names."""
+        known = sorted(set(self.names()) | set(self.declared()) | set(self.families()))
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         hint = (
             f"did you mean {' or '.join(repr(c) for c in close)}?"
@@ -140,17 +198,6 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def _fail_cleanly(command: Callable[..., Any]) -> Callable[..., Any]:
-    @wraps(command)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except (SemaphoreError, ValueError, TypeError) as error:
-            raise click.ClickException(_one_line(str(error))) from None
-
-    return run
-
-
 @contextmanager
 def _operator(ctx: click.Context) -> Iterator[Operator]:
     operator = Operator(ctx.obj.app, _prog(ctx))
@@ -160,37 +207,30 @@ def _operator(ctx: click.Context) -> Iterator[Operator]:
         operator.client.close()
 
 
-def _whole_number(minimum: int) -> Callable[[click.Context, click.Parameter, str], int]:
-    """A callback that makes a str parameter an int from ``minimum`` on; click's
-    own types would word the error differently on each click version."""
+class Number(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.5
+    """A number from ``low`` to ``high``, read by ``parse`` (``int``: a whole number).
+    A bad value fails with the wording of every bad argument (`_usage_message`):
+    ``LIMIT: '0' is not <accepts>; e.g. <a call that works>``."""
 
-    def convert(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    name = "number"
+
+    def __init__(self, parse: Callable[[str], float], low: float, high: float, accepts: str):
+        self.parse, self.low, self.high, self.accepts = parse, low, high, accepts
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
         try:
-            number = int(value.strip())
+            number = self.parse(value.strip())
         except ValueError:
-            number = minimum - 1
-        if number < minimum:
-            raise click.BadParameter(f"{value!r} is not a whole number from {minimum}", ctx, param)
+            number = math.nan
+        if not self.low <= number <= self.high:  # nan is not
+            self.fail(f"{value!r} is not {self.accepts}", param, ctx)
         return number
 
-    return convert
 
-
-def _seconds(minimum: float) -> Callable[[click.Context, click.Parameter, str], float]:
-    """A callback that makes a str parameter a finite number of seconds from ``minimum``."""
-
-    def convert(ctx: click.Context, param: click.Parameter, value: str) -> float:
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds >= minimum):
-            raise click.BadParameter(
-                f"{value!r} is not a number of seconds from {minimum}", ctx, param
-            )
-        return seconds
-
-    return convert
+LIMIT = Number(int, 1, MAX_LIMIT, f"a whole number from 1 to {MAX_LIMIT}")
+INTERVAL = Number(float, 0.1, MAX_SECONDS, f"a number of seconds from 0.1 to {MAX_SECONDS:.0f}")
 
 
 def _prog(ctx: click.Context | None) -> str:
@@ -209,13 +249,27 @@ class SemaphoreCommand(click.Command):
         self.example = example
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        with _usage_errors_in_one_line(ctx):  # the parser's errors name no context
-            return super().parse_args(ctx, args)
+        with _errors_in_one_line(ctx):  # some of the parser's errors name no context
+            try:
+                return super().parse_args(ctx, list(args))
+            except click.NoSuchOption:
+                self._check_negative(ctx, args)
+                raise
+
+    def _check_negative(self, ctx: click.Context, args: list[str]) -> None:
+        """click takes a negative number for an option: given to a number argument,
+        fail as any bad value of that argument does."""
+        numbers = [
+            p for p in self.params if isinstance(p, click.Argument) and isinstance(p.type, Number)
+        ]
+        negative = [arg for arg in args if arg.startswith("-") and _is_number(arg)]
+        if numbers and negative:
+            numbers[0].type.convert(negative[0], numbers[0], ctx)
 
 
 class SemaphoreGroup(click.Group):
-    """The ``semaphore`` group: every usage error of its own or of its commands
-    is one line and exit status 1, naming what was wrong and how to call it."""
+    """The ``semaphore`` group: every error of its own or of its commands is one
+    line and exit status 1 (see `_errors_in_one_line`)."""
 
     command_class = SemaphoreCommand
 
@@ -223,7 +277,7 @@ class SemaphoreGroup(click.Group):
         if not args and not ctx.resilient_parsing:
             click.echo(ctx.get_help())  # asking for nothing is asking for help
             ctx.exit()
-        with _usage_errors_in_one_line(ctx):
+        with _errors_in_one_line(ctx):
             return super().parse_args(ctx, args)
 
     def resolve_command(
@@ -240,52 +294,45 @@ class SemaphoreGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _usage_errors_in_one_line(ctx):
+        with _errors_in_one_line(ctx):
             return super().invoke(ctx)
 
 
 @contextmanager
-def _usage_errors_in_one_line(ctx: click.Context) -> Iterator[None]:
+def _errors_in_one_line(ctx: click.Context) -> Iterator[None]:
+    """Celery's ``celery`` group would show a usage error as click does (three
+    lines, exit status 2), and a semaphore's error as a traceback: each becomes
+    one line ``Error: ...``, exit status 1."""
     try:
         yield
     except click.UsageError as error:
         raise click.ClickException(_usage_message(error, error.ctx or ctx)) from None
+    except (SemaphoreError, ValueError, TypeError) as error:
+        raise click.ClickException(_one_line(str(error))) from None
 
 
 def _usage_message(error: click.UsageError, ctx: click.Context) -> str:
-    """``error`` (raised in ``ctx``) in one line, with the parameter it is about
-    and how to call the command: an example for a bad or missing value, else
-    where its help is."""
+    """``error`` (raised in ``ctx``) in one line: what was wrong, naming the
+    argument, and how to call the command (an example; for an unknown option,
+    where its help is)."""
     command = ctx.command
-    prog = _prog(ctx)
-    if not isinstance(command, SemaphoreGroup):
-        prog = f"{prog} {ctx.info_name}"
-    example = getattr(command, "example", None)
+    if isinstance(error, click.NoSuchOption) and error.option_name in ("-A", "--app"):
+        return f"{error.option_name} goes before `semaphore`: `celery -A proj semaphore ...`"
+    if isinstance(error, click.NoSuchOption):
+        hint = f" (did you mean {' or '.join(error.possibilities)}?)" if error.possibilities else ""
+        prog = _prog(ctx) + ("" if isinstance(command, SemaphoreGroup) else f" {ctx.info_name}")
+        return f"no such option {error.option_name}{hint}; see `{prog} --help`"
     param = getattr(error, "param", None)
-    if isinstance(error, click.BadParameter) and param is not None:
-        if isinstance(param, click.Option):
-            hint = "/".join(param.opts)
-        else:
-            hint = param.human_readable_name
-        if isinstance(error, click.MissingParameter):
-            message = f"missing {param.param_type_name} {hint}"
-        else:
-            message = f"{hint}: {error.message}"
-    elif isinstance(error, click.NoSuchOption):
-        if error.option_name in ("-A", "--app"):
-            return f"{error.option_name} goes before `semaphore`: `celery -A proj semaphore ...`"
-        if _is_number(error.option_name):
-            message = f"{error.option_name!r}: no value here may be negative"
-        else:
-            message = f"no such option {error.option_name}"
-            if error.possibilities:
-                message += f" (did you mean {' or '.join(error.possibilities)}?)"
-            example = None
+    if isinstance(error, click.MissingParameter) and param is not None:
+        message = f"missing {param.param_type_name} {_param_name(param)}"
+    elif isinstance(error, click.BadParameter) and param is not None:
+        message = f"{_param_name(param)}: {error.message}"
     else:
         message = error.format_message().rstrip(".")
-    if example is not None:
-        return _one_line(f"{message}; e.g. `{_prog(ctx)} {example}`")
-    return _one_line(f"{message}; see `{prog} --help`")
+    example = getattr(command, "example", None)
+    if example is None:
+        return _one_line(f"{message}; see `{_prog(ctx)} --help`")
+    return _one_line(f"{message}; e.g. `{_prog(ctx)} {example}`")
 
 
 def _is_number(text: str) -> bool:
@@ -294,6 +341,10 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _param_name(param: click.Parameter) -> str:
+    return "/".join(param.opts) if isinstance(param, click.Option) else param.human_readable_name
 
 
 def _describe(info: str) -> dict[str, Any]:
@@ -340,31 +391,53 @@ def _seconds_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-# The columns of ``status``: header, width (negative: left-aligned), cell of a
-# ``_summary`` row. A new column is one more line here.
-STATUS_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
-    ("SEMAPHORE", -28, lambda row: str(row["name"])),
-    ("LIMIT", 9, _limit_cell),
-    ("HOLD", 5, lambda row: str(row["holders"])),
-    ("WAIT", 5, lambda row: str(row["waiters"] + row["in_broker"])),
-    ("PARKED", 6, lambda row: str(row["parked"])),
-    ("SENT", 5, lambda row: str(row["sent"])),
-    ("UTIL", 5, lambda row: f"{row['utilization']:.0%}"),
-    ("OLDEST", 8, lambda row: _seconds_cell(row["oldest_holder_age"])),
-    ("LEASE", 7, lambda row: _seconds_cell(row["shortest_lease_left"])),
+BUSIEST = 5  # members of a family that ``status FAMILY`` shows
+
+#: A column of a table: header, alignment ("<" left, ">" right), cell of a row.
+Column = tuple[str, str, Callable[[dict[str, Any]], str]]
+
+
+def _table(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> str:
+    """``rows`` under the headers, each column as wide as its widest cell."""
+    lines = [[header for header, _, _ in columns]]
+    lines += [[cell(row) for _, _, cell in columns] for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(
+            f"{text:{align}{width}}"
+            for text, (_, align, _), width in zip(line, columns, widths, strict=True)
+        ).rstrip()
+        for line in lines
+    )
+
+
+# The columns of each table; a new column is one more line here.
+STATUS_COLUMNS: list[Column] = [
+    ("SEMAPHORE", "<", lambda row: str(row["name"])),
+    ("LIMIT", ">", _limit_cell),
+    ("HOLD", ">", lambda row: str(row["holders"])),
+    ("WAIT", ">", lambda row: str(row["waiters"] + row["in_broker"])),
+    ("PARKED", ">", lambda row: str(row["parked"])),
+    ("SENT", ">", lambda row: str(row["sent"])),
+    ("UTIL", ">", lambda row: f"{row['utilization']:.0%}"),
+    ("OLDEST", ">", lambda row: _seconds_cell(row["oldest_holder_age"])),
+    ("LEASE", ">", lambda row: _seconds_cell(row["shortest_lease_left"])),
 ]
-
-
-def _status_table(rows: list[dict[str, Any]]) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return " ".join(
-            f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}"
-            for cell, (_, width, _) in zip(cells, STATUS_COLUMNS, strict=True)
-        )
-
-    lines = [line([header for header, _, _ in STATUS_COLUMNS])]
-    lines += [line([cell(row) for _, _, cell in STATUS_COLUMNS]) for row in rows]
-    return "\n".join(lines)
+HOLDERS_COLUMNS: list[Column] = [
+    ("HOLDER", "<", lambda row: str(row["holder"])),
+    ("TASK", "<", lambda row: str(row.get("task", "-"))),
+    ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
+    ("HELD", ">", lambda row: _seconds_cell(row["held_for"])),
+    ("LEASE", ">", lambda row: _seconds_cell(row["lease_left"])),
+]
+WAITERS_COLUMNS: list[Column] = [
+    ("#", ">", lambda row: str(row["position"] or "-")),
+    ("HOLDER", "<", lambda row: str(row["holder"])),
+    ("TASK", "<", lambda row: str(row.get("task", "-"))),
+    ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
+    ("STATE", "<", lambda row: str(row["state"])),
+    ("WAITING", ">", lambda row: _seconds_cell(row["waiting_for"])),
+]
 
 
 # Celery's command line imports this module (the ``celery.commands`` entry point)
@@ -378,7 +451,8 @@ def semaphore(ctx: click.Context) -> None:
     """See and steer celery-semaphore's semaphores.
 
     NAME is a semaphore's name as its tasks declare it (semaphore=...), or
-    queue:<queue> for a queue cap. Every error is one line on stderr and exit
+    queue:<queue> for a queue cap; status, holders and waiters also take a
+    per-key family's name (per_key(family, ...)). Every error is one line on stderr and exit
     status 1.
     """
 
@@ -390,17 +464,18 @@ def semaphore(ctx: click.Context) -> None:
 @click.option(
     "--interval",
     default="2",
-    callback=_seconds(0.1),
+    type=INTERVAL,
     metavar="SECONDS",
     show_default=True,
-    help="Time between refreshes (at least 0.1).",
+    help="Time between refreshes (0.1 to 604800).",
 )
 @click.pass_context
-@_fail_cleanly
 def status(
     ctx: click.Context, names: tuple[str, ...], as_json: bool, watch: bool, interval: float
 ) -> None:
-    """Limits, holders, waiters and utilization of NAMES (default: all in Redis).
+    """Limits, holders, waiters and utilization of NAMES (default: all in Redis and
+    all the app declares). A per-key family's name shows the family's sums and
+    its busiest members.
 
     LIMIT shows an override over the declared limit as 3(5), over none yet (set
     before first use) as 3(-); D marks a draining semaphore. WAIT counts every
@@ -411,8 +486,8 @@ def status(
     """
     with _operator(ctx) as operator:
         while True:
-            rows = [_summary(s.status()) for s in operator.open_all(names)]
-            text = json.dumps(rows, indent=2) if as_json else _status_table(rows)
+            rows = _status_rows(operator, names)
+            text = json.dumps(rows, indent=2) if as_json else _table(STATUS_COLUMNS, _flat(rows))
             if not watch:
                 click.echo(text)
                 return
@@ -423,41 +498,104 @@ def status(
                 return
 
 
+def _status_rows(operator: Operator, names: Sequence[str]) -> list[dict[str, Any]]:
+    """``status`` of NAMES (default: all), a family as its `_family_summary`."""
+    if not names:
+        return [_summary(s.status()) for s in operator.open_all()]
+    rows = []
+    for name in names:
+        found = operator.semaphores(name)
+        summaries = [_summary(s.status()) for s in found]
+        rows += summaries if _is_one(found, name) else [_family_summary(name, summaries)]
+    return rows
+
+
+def _is_one(found: Sequence[Semaphore], name: str) -> bool:
+    """Whether `Operator.semaphores` found semaphore ``name`` (else family ``name``)."""
+    return [s.name for s in found] == [name]
+
+
+def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
+    """A family's `_summary`, as the metrics sum it (limits, holders and waiters
+    summed, draining if any member drains), with its members and the busiest."""
+
+    def total(key: str) -> int:
+        return sum(int(row[key]) for row in members)
+
+    ages = [row["oldest_holder_age"] for row in members if row["oldest_holder_age"] is not None]
+    leases = [
+        row["shortest_lease_left"] for row in members if row["shortest_lease_left"] is not None
+    ]
+    limit = total("effective_limit")
+    busiest = sorted(
+        members,
+        key=lambda row: (-(row["holders"] + row["waiters"] + row["in_broker"]), row["name"]),
+    )
+    return {
+        "name": name,
+        "members": len(members),
+        "declared_limit": None,
+        "override": None,
+        "effective_limit": limit,
+        "draining": any(row["draining"] for row in members),
+        **{key: total(key) for key in ("holders", "waiters", "parked", "handed_over", "sent")},
+        "in_broker": total("in_broker"),
+        "utilization": round(total("holders") / max(limit, 1), 3),
+        "oldest_holder_age": max(ages, default=None),
+        "shortest_lease_left": min(leases, default=None),
+        "busiest": busiest[:BUSIEST],
+    }
+
+
+def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``status`` rows for the table: a family's row, then its busiest members indented."""
+    flat = []
+    for row in rows:
+        if "busiest" not in row:
+            flat.append(row)
+            continue
+        flat.append({**row, "name": f"{row['name']} (family of {row['members']})"})
+        flat += [{**member, "name": "  " + member["name"]} for member in row["busiest"]]
+    return flat
+
+
+def _with_semaphore(columns: list[Column], found: Sequence[Semaphore], name: str) -> list[Column]:
+    """``columns``, with the semaphore of each row first for a family."""
+    if _is_one(found, name):
+        return columns
+    return [("SEMAPHORE", "<", lambda row: str(row["semaphore"])), *columns]
+
+
 @semaphore.command(example="holders partner-api --json")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_fail_cleanly
 def holders(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who holds a permit of NAME: task id, task name, worker, held since."""
     with _operator(ctx) as operator:
-        state = operator.open(name).status()
+        found = operator.semaphores(name)
         rows = [
             {
+                "semaphore": state.name,
                 "holder": h.holder,
                 **_describe(h.info),
                 "held_for": round(state.server_time - h.acquired_at, 3),
                 "lease_left": round(h.expires_at - state.server_time, 3),
                 "fencing_token": h.fencing_token,
             }
+            for state in (s.status() for s in found)
             for h in state.holders
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(f"{'HOLDER':<38} {'TASK':<32} {'WORKER':<24} {'HELD':>8} {'LEASE':>7}")
-        for row in rows:
-            click.echo(
-                f"{row['holder']:<38} {row.get('task', '-'):<32} {row.get('worker', '-'):<24} "
-                f"{row['held_for']:>7.1f}s {row['lease_left']:>6.1f}s"
-            )
+        click.echo(_table(_with_semaphore(HOLDERS_COLUMNS, found, name), rows))
 
 
 @semaphore.command(example="waiters partner-api --json")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_fail_cleanly
 def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who waits for NAME, in line order: task id, task name, worker, state, waiting since.
 
@@ -466,9 +604,10 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
     turn near), asking (at a worker, or retrying itself), in broker (published with
     a place that lapsed before it reached a worker; listed last, no position)."""
     with _operator(ctx) as operator:
-        state = operator.open(name).status()
+        found = operator.semaphores(name)
         rows = [
             {
+                "semaphore": state.name,
                 "position": w.position,
                 "holder": w.holder,
                 **_describe(w.info),
@@ -476,19 +615,13 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
                 "state": w.state,
                 "waiting_for": round(state.server_time - w.since, 3),
             }
+            for state in (s.status() for s in found)
             for w in [*state.waiters, *state.sent_without_place]
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(
-            f"{'#':>4} {'HOLDER':<38} {'TASK':<32} {'WORKER':<24} {'STATE':<12} {'WAITING':>8}"
-        )
-        for row in rows:
-            click.echo(
-                f"{row['position'] or '-':>4} {row['holder']:<38} {row.get('task', '-'):<32} "
-                f"{row.get('worker', '-'):<24} {row['state']:<12} {row['waiting_for']:>7.1f}s"
-            )
+        click.echo(_table(_with_semaphore(WAITERS_COLUMNS, found, name), rows))
 
 
 def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
@@ -501,7 +634,7 @@ def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
 
 @semaphore.command("set-limit", example="set-limit partner-api 10")
 @click.argument("name")
-@click.argument("limit", callback=_whole_number(1))
+@click.argument("limit", type=LIMIT)
 @click.option(
     "--new",
     is_flag=True,
@@ -509,7 +642,6 @@ def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
     "semaphore, say): cap it anyway, before its first use.",
 )
 @click.pass_context
-@_fail_cleanly
 def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
     """Resize NAME to LIMIT for every worker, now (a runtime override).
 
@@ -522,7 +654,10 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
         try:
             sem = operator.open(name, suggest=False)
         except UnknownSemaphore:
-            if name not in operator.declared() and not new:
+            members = operator.family(name)
+            if members:
+                raise click.ClickException(operator.one_at_a_time(name, members)) from None
+            if not new:
                 unknown = operator.unknown(name)
                 raise click.ClickException(
                     f"{unknown}{'' if unknown.endswith('?') else '.'} To cap {name!r} before "
@@ -540,13 +675,14 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
         else:
             was = declared
         note = "" if before.declared_limit is not None else ": its first tasks obey it"
+        if limit > before.effective_limit:
+            note += f"; {operator.wake(name)}"
         click.echo(f"{name}: limit {limit} ({was}){note}")
 
 
 @semaphore.command("reset-limit", example="reset-limit partner-api")
 @click.argument("name")
 @click.pass_context
-@_fail_cleanly
 def reset_limit(ctx: click.Context, name: str) -> None:
     """Drop NAME's runtime override: back to the limit its tasks declare."""
     with _operator(ctx) as operator:
@@ -558,25 +694,27 @@ def reset_limit(ctx: click.Context, name: str) -> None:
             in_app = operator.declared().get(name)
             then = "" if in_app is None else f" ({in_app} in the app)"
             drain = ""
-            if before.draining:  # with no override left, status could no longer show it
+            if before.draining and in_app is None:  # status could no longer show it
                 sem.set_draining(False)
                 drain = "; its drain ended too"
+            dropped = "no override" if previous is None else f"override {previous} dropped"
             click.echo(
-                f"{name}: override {previous} dropped{drain}; not used yet, so its tasks will "
+                f"{name}: {dropped}{drain}; not used yet, so its tasks will "
                 f"use the limit they declare{then}"
             )
         elif previous is None:
             click.echo(f"{name}: no override; limit {declared} as declared")
         else:
+            woken = f"; {operator.wake(name)}" if declared > previous else ""
             click.echo(
                 f"{name}: back to the declared limit {declared} (was {previous} by override)"
+                + woken
             )
 
 
 @semaphore.command(example="drain partner-api")
 @click.argument("name")
 @click.pass_context
-@_fail_cleanly
 def drain(ctx: click.Context, name: str) -> None:
     """Admit nobody new to NAME; holders finish."""
     with _operator(ctx) as operator:
@@ -587,12 +725,11 @@ def drain(ctx: click.Context, name: str) -> None:
 @semaphore.command(example="resume partner-api")
 @click.argument("name")
 @click.pass_context
-@_fail_cleanly
 def resume(ctx: click.Context, name: str) -> None:
-    """End a drain of NAME: waiters are admitted again."""
+    """End a drain of NAME: waiters are admitted at once, in line order."""
     with _operator(ctx) as operator:
         operator.open(name).set_draining(False)
-        click.echo(f"{name}: admitting again")
+        click.echo(f"{name}: admitting again; {operator.wake(name)}")
 
 
 @semaphore.command(example="release partner-api 9b0c6a1e-5f3d-4c2e-8a7b-1d2e3f4a5b6c")
@@ -600,7 +737,6 @@ def resume(ctx: click.Context, name: str) -> None:
 @click.argument("holder")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
-@_fail_cleanly
 def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
     """Force-release HOLDER's permit of NAME (a stuck permit; HOLDER: its task id)."""
     with _operator(ctx) as operator:
@@ -616,4 +752,4 @@ def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
         # and a release would start the idle expiry of that limit.
         if sem.status().declared_limit is None or not sem.release(holder):
             raise click.ClickException(f"{holder!r} holds no permit of {name!r}")
-        click.echo(f"{name}: released {holder}")
+        click.echo(f"{name}: released {holder}; {operator.wake(name)}")

@@ -95,3 +95,10 @@ def name_from_meta_key(namespace: str, key: str, role: str = "meta") -> str | No
     if key.startswith(prefix) and key.endswith(suffix):
         return unescape(key[len(prefix) : -len(suffix)])
     return None
+
+
+def watch_channel(namespace: str) -> str:
+    """The pub/sub channel every worker's heartbeat listens on (``worker/heartbeat.py``):
+    a message there makes it beat at once; the CLI publishes after a change that
+    may admit tasks."""
+    return f"{namespace}:watch"

@@ -35,7 +35,7 @@ from celery_semaphore.core import epochs, parked_index
 from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import index_parked
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.keys import semaphore_keys
+from celery_semaphore.core.keys import semaphore_keys, watch_channel
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import Gate, recorded_gates
@@ -187,10 +187,14 @@ class Heartbeat:
         self._beat_now.set()
 
     def _watch(self) -> None:
-        """Holds a connection to the semaphores' Redis that carries nothing: it breaks
-        when Redis restarts or fails over, and once it connects again (redis-py's
-        pub/sub reconnects by itself, or this loop makes a new one) a beat runs at
-        once, whose calls notice a loss of the data if there was one."""
+        """Holds a connection to the semaphores' Redis, subscribed to
+        ``<namespace>:watch``. It breaks when Redis restarts or fails over, and once
+        it connects again (redis-py's pub/sub reconnects by itself, or this loop
+        makes a new one) a beat runs at once, whose calls notice a loss of the data
+        if there was one. A message on the channel starts a beat too: the CLI
+        publishes one (`celery_semaphore.cli.Operator.wake`) after a change that
+        may admit tasks (a resume, a raised limit, a release), so the beat's
+        `look_after_parked()` hands over the parked tasks it made due at once."""
         config = get_config(self.app)
         client = state_of(self.app).semaphores.client(config.redis_url)
         pubsub, broken = None, False
@@ -198,14 +202,15 @@ class Heartbeat:
             try:
                 if pubsub is None:
                     pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                    pubsub.subscribe(f"{config.namespace}:watch")
+                    pubsub.subscribe(watch_channel(config.namespace))
                     connection = getattr(pubsub, "connection", None)
                     if connection is not None:
                         connection.register_connect_callback(self._reconnected)
                     if broken:
                         broken = False
                         self._beat_now.set()
-                pubsub.get_message(timeout=1.0)
+                if pubsub.get_message(timeout=1.0) is not None:
+                    self._beat_now.set()
             except Exception:  # broken, or its client closed under it: connect again
                 with contextlib.suppress(Exception):
                     pubsub.close()  # type: ignore[union-attr]

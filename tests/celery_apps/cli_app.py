@@ -1,7 +1,7 @@
 """A minimal app for invoking the real ``celery semaphore`` CLI (CS_REDIS_URL from the env).
 
 It declares the semaphore ``launch-api`` (limit 5), never used by the tests
-unless they say so, a per-key family ``customer-<id>``, and a queue cap on
+unless they say so, a per-key family ``customer`` (``customer-<id>``), and a queue cap on
 ``reports`` (limit 2): the names the CLI knows from the app alone.
 ``CS_CLI_CONF`` (JSON) adds settings, for tests of wrong ones.
 """
@@ -11,7 +11,7 @@ import os
 
 from celery import Celery
 
-from celery_semaphore import LimitedTask
+from celery_semaphore import LimitedTask, per_key
 
 app = Celery("cli_app", broker="memory://")
 app.conf.semaphore_redis_url = os.environ["CS_REDIS_URL"]
@@ -23,5 +23,9 @@ app.conf.update(json.loads(os.environ.get("CS_CLI_CONF", "{}")))
 def call_launch_api() -> None: ...
 
 
-@app.task(base=LimitedTask, semaphore=lambda customer, **_: f"customer-{customer}", limit=1)
+@app.task(
+    base=LimitedTask,
+    semaphore=per_key("customer", lambda customer, **_: f"customer-{customer}"),
+    limit=1,
+)
 def sync_customer(customer: str) -> None: ...

@@ -113,8 +113,8 @@ def test_draining_hands_no_parked_task_over_and_resuming_runs_each_once_in_line_
 ) -> None:
     """``api``: drain and resume with ``Semaphore.set_draining`` from a client that
     publishes (the resume itself hands over the head of the line); ``cli``: with
-    ``celery semaphore drain/resume``, which publishes nothing: the workers'
-    heartbeats hand the parked tasks over after the resume."""
+    ``celery semaphore drain/resume``, which publishes no task: the resume wakes the
+    workers' heartbeats, which hand the parked tasks over."""
     limit = 2
     cluster = clusters(limit=limit, extra_conf=PARKING)
     deliveries = clusters.events(cluster)

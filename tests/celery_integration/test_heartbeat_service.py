@@ -19,6 +19,7 @@ from celery import Celery
 import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Place, Semaphore, signals
 from celery_semaphore.core import epochs, parked_index
+from celery_semaphore.core.keys import watch_channel
 from celery_semaphore.signals import permit_lost
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import GATES_HEADER, Gate, encode_gates
@@ -392,3 +393,27 @@ def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
         epochs.unlisten(heartbeat.notice)
         parked.close()
         in_place.close()
+
+
+def test_a_message_on_the_watch_channel_makes_it_beat_at_once(app: Celery, redis_url: str) -> None:
+    """What ``celery semaphore resume`` (and the other commands that may admit) rely on:
+    each message on ``<namespace>:watch`` starts a beat. The interval here is far
+    longer than the lease: only the beats the messages start keep the permit alive."""
+    define_task(app)
+    sem = Semaphore(redis_url, "hb", 2, lease_timeout=LEASE)
+    assert isinstance(sem.attempt("task-1"), Permit)
+    requests = [running(app, "task-1", time.time())]
+    heartbeat = Heartbeat(app, lambda: requests, interval=60.0)
+    heartbeat.start()
+    channel = watch_channel("celery_semaphore")
+    try:
+        deadline = time.monotonic() + 10
+        while sem.client.pubsub_numsub(channel) != [(channel.encode(), 1)]:
+            assert time.monotonic() < deadline, "the watch thread did not subscribe"
+            time.sleep(0.02)
+        for _ in range(int(LEASE * 5 / 0.1)):
+            assert sem.client.publish(channel, "hb") == 1
+            time.sleep(0.1)
+        assert [h.holder for h in sem.status().holders] == ["task-1"], "the lease ran out"
+    finally:
+        heartbeat.stop()

@@ -16,6 +16,10 @@ from celery_semaphore import Permit, Place, Semaphore
 from celery_semaphore.core.protocol import DEFAULT_IDLE_TTL, DEFAULT_LEASE_TIMEOUT
 
 APPS = Path(__file__).parents[1] / "celery_apps"
+# The names cli_app declares (listed by `status` even before their first use).
+DECLARED = {"launch-api", "queue:reports"}
+# What a command that may admit tasks says when no worker runs to hand them over.
+NOBODY_WOKEN = "; no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
 
 
 def run(
@@ -60,7 +64,7 @@ def test_status_shows_a_backlog_published_before_any_task_started(redis_url, bus
     out = run(redis_url, "status", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["name"]: row for row in json.loads(out.stdout)}
-    assert set(rows) == {"partner-api", "queued-only"}
+    assert set(rows) == {"partner-api", "queued-only", *DECLARED}
     assert (rows["queued-only"]["waiters"], rows["queued-only"]["effective_limit"]) == (4, 3)
 
 
@@ -73,11 +77,11 @@ def test_status_and_waiters_show_tasks_whose_place_lapsed_in_the_broker(redis_ur
         publisher.take_place(f"queued-{i}", wait_lease=0.2)
     publisher.take_place("still-placed", wait_lease=60)
     time.sleep(0.3)  # three places lapse; their messages would still be in the broker
-    out = run(redis_url, "status", "--json")
+    out = run(redis_url, "status", "backlog", "--json")
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)
     assert (row["waiters"], row["in_broker"], row["sent"], row["parked"]) == (1, 3, 4, 0)
-    table = run(redis_url, "status").stdout.splitlines()
+    table = run(redis_url, "status", "backlog").stdout.splitlines()
     assert table[0].split()[:6] == ["SEMAPHORE", "LIMIT", "HOLD", "WAIT", "PARKED", "SENT"]
     assert table[1].split()[:6] == ["backlog", "1", "1", "4", "0", "4"]
     out = run(redis_url, "waiters", "backlog", "--json")
@@ -97,7 +101,7 @@ def test_status_lists_every_semaphore_with_limits_and_counts(redis_url, busy):
     out = run(redis_url, "status", "--json")
     assert out.returncode == 0, out.stderr
     rows = {row["name"]: row for row in json.loads(out.stdout)}
-    assert set(rows) == {"partner-api", "other"}
+    assert set(rows) == {"partner-api", "other", *DECLARED}
     assert rows["partner-api"]["holders"] == 2
     assert rows["partner-api"]["waiters"] == 1
     assert rows["partner-api"]["effective_limit"] == 2
@@ -133,7 +137,8 @@ def test_drain_admits_nobody_and_resume_admits_again(redis_url, busy):
     assert run(redis_url, "drain", "partner-api").returncode == 0
     assert busy.status().draining
     assert busy.try_acquire("task-c") is None
-    assert run(redis_url, "resume", "partner-api").returncode == 0
+    out = run(redis_url, "resume", "partner-api")
+    assert out.stdout == f"partner-api: admitting again{NOBODY_WOKEN}\n"
     assert busy.try_acquire("task-c") is not None
 
 
@@ -143,6 +148,7 @@ def test_release_asks_for_confirmation_and_frees_the_permit(redis_url, busy):
     assert busy.status().holder_count == 2
     done = run(redis_url, "release", "partner-api", "task-a", stdin="y\n")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f"partner-api: released task-a{NOBODY_WOKEN}\n")
     assert [h.holder for h in busy.status().holders] == ["task-b"]
 
 
@@ -158,19 +164,27 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (
-            ("set-limit", "partner-api", "abc"),
-            "Error: LIMIT: 'abc' is not a whole number from 1; "
-            "e.g. `celery -A cli_app semaphore set-limit partner-api 10`",
+        *(
+            (
+                ("set-limit", "partner-api", limit),
+                f"Error: LIMIT: {limit!r} is not a whole number from 1 to 1000000; "
+                "e.g. `celery -A cli_app semaphore set-limit partner-api 10`",
+            )
+            for limit in ("abc", "0", "2.5", "-3", "10000000", "-3.5")
         ),
-        (("set-limit", "partner-api", "0"), "LIMIT: '0' is not a whole number from 1"),
-        (("set-limit", "partner-api", "2.5"), "LIMIT: '2.5' is not a whole number from 1"),
-        (("set-limit", "partner-api", "-3"), "'-3': no value here may be negative; e.g. `"),
+        (("set-limit", "-3", "partner-api"), "LIMIT: '-3' is not a whole number from 1 to"),
+        (("set-limit", "partner-api", "3", "--nwe"), "no such option --nwe (did you mean --new?)"),
         (("set-limit", "partner-api"), "missing argument LIMIT; e.g. `celery -A cli_app"),
         (("set-limit", "partner-api", "3", "4"), "unexpected extra argument (4); e.g. `"),
         (("set-limit",), "missing argument NAME"),
-        (("status", "--interval", "0"), "--interval: '0' is not a number of seconds from 0.1"),
-        (("status", "--interval", "inf"), "--interval: 'inf' is not a number of seconds"),
+        *(
+            (
+                ("status", "--interval", interval),
+                f"Error: --interval: {interval!r} is not a number of seconds from 0.1 to 604800; "
+                "e.g. `celery -A cli_app semaphore status partner-api --watch --interval 5`",
+            )
+            for interval in ("0", "inf", "nan", "-1", "soon")
+        ),
         (("status", "--interval"), "Option '--interval' requires an argument; e.g. `celery -A"),
         (("status", "--jsn"), "no such option --jsn (did you mean --json?); see `celery -A"),
         (("--verbose",), "no such option --verbose; see `celery -A cli_app semaphore --help`"),
@@ -180,7 +194,6 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -
         (("holders", "partner-apj"), "did you mean 'partner-api'?"),
         (("drain", "launch-apj"), "did you mean 'launch-api'?"),
         (("waiters", "queue:report"), "did you mean 'queue:reports'?"),
-        (("status", "launch-api"), "the app declares it (limit 5), but no task of it ran"),
         (("release", "partner-api", "ghost", "--yes"), "'ghost' holds no permit"),
         (("release", "partner-api", "task-a"), "not released: not confirmed"),  # stdin: EOF
     ],
@@ -210,9 +223,11 @@ def test_no_command_shows_the_help(redis_url):
 
 def test_set_limit_and_reset_limit_show_the_declared_limit(redis_url, busy):
     out = run(redis_url, "set-limit", "partner-api", "3")
-    assert out.stdout == "partner-api: limit 3 (was 2, declared 2)\n"
+    assert out.stdout == f"partner-api: limit 3 (was 2, declared 2){NOBODY_WOKEN}\n"
+    out = run(redis_url, "set-limit", "partner-api", "1")  # lowered: nobody to wake
+    assert out.stdout == "partner-api: limit 1 (was 3 by override; declared 2)\n"
     out = run(redis_url, "set-limit", "partner-api", "4")
-    assert out.stdout == "partner-api: limit 4 (was 3 by override; declared 2)\n"
+    assert out.stdout == f"partner-api: limit 4 (was 1 by override; declared 2){NOBODY_WOKEN}\n"
     table = run(redis_url, "status", "partner-api").stdout
     assert table.splitlines()[1].split()[:2] == ["partner-api", "4(2)"]
     out = run(redis_url, "reset-limit", "partner-api")
@@ -232,16 +247,14 @@ def test_set_limit_before_first_use_is_obeyed_and_does_not_expire(redis_url):
     )
     sem = Semaphore(redis_url, "launch-api", 5)
     assert sem.client.ttl(sem.keys.meta) == -1  # no expiry: nothing refreshes it before use
-    rows = json.loads(run(redis_url, "status", "--json").stdout)
-    assert [
-        (r["name"], r["declared_limit"], r["override"], r["effective_limit"]) for r in rows
-    ] == [("launch-api", None, 2, 2)]
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["declared_limit"], row["override"], row["effective_limit"]) == (None, 2, 2)
     assert run(redis_url, "status").stdout.splitlines()[1].split()[:2] == ["launch-api", "2(-)"]
     granted = [sem.try_acquire(f"task-{i}") for i in range(3)]
     assert [p is not None for p in granted] == [True, True, False]
     assert 0 < sem.client.ttl(sem.keys.meta) <= DEFAULT_IDLE_TTL  # idle expiry from first use
     out = run(redis_url, "set-limit", "launch-api", "3")
-    assert out.stdout == "launch-api: limit 3 (was 2 by override; declared 5)\n"
+    assert out.stdout == f"launch-api: limit 3 (was 2 by override; declared 5){NOBODY_WOKEN}\n"
     sem.close()
 
 
@@ -267,15 +280,16 @@ def test_reset_limit_before_first_use_leaves_nothing(redis_url):
         "they declare (5 in the app)\n"
     )
     sem = Semaphore(redis_url, "launch-api", 5)
-    epoch = [b"celery_semaphore:epoch"]  # the data epoch of this Redis, no expiry
-    assert sem.client.keys("*") == epoch
-    assert run(redis_url, "status", "--json").stdout.strip() == "[]"
-    # drained meanwhile: with no override left, status could not show the drain
-    assert run(redis_url, "set-limit", "launch-api", "2").returncode == 0
-    assert run(redis_url, "drain", "launch-api").returncode == 0
-    out = run(redis_url, "reset-limit", "launch-api")
+    assert sem.client.keys("*") == [b"celery_semaphore:epoch"]  # kept for good, by design
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["override"], row["effective_limit"]) == (None, 5)
+    # a name the app does not declare, drained meanwhile: with no override left,
+    # status could not show the drain
+    assert run(redis_url, "set-limit", "customer-42", "2", "--new").returncode == 0
+    assert run(redis_url, "drain", "customer-42").returncode == 0
+    out = run(redis_url, "reset-limit", "customer-42")
     assert "override 2 dropped; its drain ended too; not used yet" in out.stdout
-    assert sem.client.keys("*") == epoch
+    assert sem.client.keys("*") == [b"celery_semaphore:epoch"]
     sem.close()
 
 
@@ -310,3 +324,184 @@ def unused_url() -> str:
     from devkit.redis_servers import free_port
 
     return f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["resume", "set-limit", "reset-limit", "release"])
+def test_a_change_that_admits_hands_the_parked_tasks_over_at_once(celery_cluster, command):
+    """Issue 17: after ``resume`` the first of the parked tasks started 12.4 s later,
+    at the next heartbeat of a worker (every 15 s here, the default). The command
+    wakes the workers' heartbeats through Redis: the first task made due starts
+    within a second of the command's end (the bodies' own records tell when)."""
+    cluster = celery_cluster(limit=2, extra_conf={"semaphore_max_block": 0.0})  # all park
+    env = {k: v for k, v in cluster.env.items() if k.startswith("CS_")}
+
+    def cli(*args: str) -> str:
+        out = run(cluster.state_url, *args, app="limited_app", env=env)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    cluster.worker("w1", concurrency=2)
+    sem = cluster.semaphore("hold", 2)
+    blockers = [sem.attempt(holder=f"blocker-{n}") for n in range(2)]
+    assert all(isinstance(b, Permit) for b in blockers)
+    if command == "resume":
+        cli("drain", "hold")
+        sem.release("blocker-0")  # this client hands nothing over, and it is draining
+    elif command == "reset-limit":
+        cli("set-limit", "hold", "1")
+        sem.release("blocker-0")  # one holder left, at the override of 1
+    results = [cluster.app_module.hold.delay(0.1, i) for i in range(3)]
+    ids = [r.id for r in results]
+    cluster.wait_for(
+        lambda: {w.holder: w.state for w in sem.status().waiters} == dict.fromkeys(ids, "parked"),
+        20,
+        "three tasks parked",
+    )
+    time.sleep(1.0)
+    assert cluster.events() == []
+
+    args = {
+        "resume": ("resume", "hold"),
+        "set-limit": ("set-limit", "hold", "3"),
+        "reset-limit": ("reset-limit", "hold"),
+        "release": ("release", "hold", "blocker-1", "--yes"),
+    }[command]
+    printed = cli(*args)
+    done = time.time()
+    assert "1 worker hands over its parked tasks now due" in printed, printed
+    cluster.wait_for(lambda: cluster.events() != [], 30, "a parked task started")
+    first = min(e["at"] for e in cluster.events() if e["event"] == "start")
+    assert first - done < 1.0, f"the first parked task started {first - done:.1f} s after"
+    assert results[0].get(timeout=30) == 0
+
+
+def test_a_declared_semaphore_not_used_yet_is_known_to_every_command(redis_url):
+    """Issue 17: ``status launch-api`` (declared by the app, limit 5, no task ran yet)
+    exited 1 ("has no state in Redis"), plain ``status`` left it out, ``drain``
+    refused it."""
+    out = run(redis_url, "status")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:4] for line in out.stdout.splitlines()[1:]}
+    assert rows == {"launch-api": ["5", "0", "0"], "queue:reports": ["2", "0", "0"]}
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["effective_limit"], row["holders"], row["waiters"]) == (5, 0, 0)
+    for command in ("holders", "waiters"):
+        out = run(redis_url, command, "launch-api", "--json")
+        assert (out.returncode, out.stdout) == (0, "[]\n"), out.stderr
+    assert run(redis_url, "drain", "launch-api").stdout == (
+        "launch-api: draining (admits nobody until `resume`)\n"
+    )
+    (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
+    assert (row["effective_limit"], row["draining"]) == (5, True)
+    sem = Semaphore(redis_url, "launch-api", 5)
+    assert sem.try_acquire("first") is None  # its first task obeys the drain
+    out = run(redis_url, "resume", "launch-api")
+    assert out.stdout.startswith("launch-api: admitting again; no worker listens")
+    assert sem.try_acquire("first") is not None
+    out = run(redis_url, "reset-limit", "queue:reports")
+    assert out.stdout == (
+        "queue:reports: no override; not used yet, so its tasks will use the limit they "
+        "declare (2 in the app)\n"
+    )
+    assert_one_line_error(
+        run(redis_url, "release", "queue:reports", "ghost", "--yes"), "'ghost' holds no permit"
+    )
+    sem.close()
+
+
+def test_every_table_is_as_wide_as_its_content(redis_url, busy):
+    """Issue 17: the STATE column of ``waiters`` was 13 wide, "waiting in place" 16,
+    so those rows' numbers sat 4 columns right of the others; each column of
+    every table is as wide as its widest cell now (so each line of a table whose
+    last column is right-aligned ends at the same column)."""
+    info = json.dumps({"task": "proj.a_task_name_longer_than_32_chars", "worker": "w1@host"})
+    assert isinstance(busy.attempt("in-place", wait_lease=60, info=info, in_place=True), Place)
+    parking = Semaphore(redis_url, "partner-api", 2, on_handover=lambda handovers: None)
+    parking.park("parked", "payload", info=info)
+    parking.close()
+    Semaphore(redis_url, "a-semaphore-name-longer-than-28-chars", 1).attempt("x", info=info)
+    tables = {
+        command: run(redis_url, command, *names).stdout.splitlines()
+        for command, names in [
+            ("status", ()),
+            ("holders", ("partner-api",)),
+            ("waiters", ("partner-api",)),
+        ]
+    }
+    assert {line.split()[4] for line in tables["waiters"][1:]} == {"asking", "waiting", "parked"}
+    for command, lines in tables.items():
+        assert len({len(line) for line in lines}) == 1, (command, lines)
+
+
+@pytest.fixture
+def customers(redis_url: str):
+    """Family ``customer`` (as cli_app's per-key task records it): customer-1 with
+    one holder, customer-2 with one holder and two waiters, customer-3 idle."""
+    members = [Semaphore(redis_url, f"customer-{n}", 1, family="customer") for n in (1, 2, 3)]
+    info = json.dumps({"task": "cli_app.sync_customer", "worker": "w1@host"})
+    assert isinstance(members[0].attempt("c1-a", info=info), Permit)
+    assert isinstance(members[1].attempt("c2-a", info=info), Permit)
+    for holder in ("c2-b", "c2-c"):
+        assert isinstance(members[1].attempt(holder, wait_lease=60, info=info), Place)
+    assert isinstance(members[2].attempt("c3-a"), Permit)
+    members[2].release("c3-a")
+    yield members
+    for member in members:
+        member.close()
+
+
+def test_a_family_name_shows_its_sums_and_busiest_members(redis_url, customers):
+    """Issue 17: the metrics name the family ``customer``; the CLI refused that name
+    ("did you mean 'customer-2'")."""
+    out = run(redis_url, "status", "customer", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)
+    assert (row["name"], row["members"], row["effective_limit"]) == ("customer", 3, 3)
+    assert (row["holders"], row["waiters"], row["utilization"]) == (2, 2, 0.667)
+    assert [m["name"] for m in row["busiest"]] == ["customer-2", "customer-1", "customer-3"]
+    lines = run(redis_url, "status", "customer").stdout.splitlines()
+    assert [line.split()[:5] for line in lines[1:]] == [
+        ["customer", "(family", "of", "3)", "3"],
+        ["customer-2", "1", "1", "2", "0"],
+        ["customer-1", "1", "1", "0", "0"],
+        ["customer-3", "1", "0", "0", "0"],
+    ]
+    rows = json.loads(run(redis_url, "holders", "customer", "--json").stdout)
+    assert [(r["semaphore"], r["holder"]) for r in rows] == [
+        ("customer-1", "c1-a"),
+        ("customer-2", "c2-a"),
+    ]
+    lines = run(redis_url, "waiters", "customer").stdout.splitlines()
+    assert [line.split()[:3] for line in lines] == [
+        ["SEMAPHORE", "#", "HOLDER"],
+        ["customer-2", "1", "c2-b"],
+        ["customer-2", "2", "c2-c"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("drain", "customer"),
+        ("resume", "customer"),
+        ("set-limit", "customer", "3"),
+        ("set-limit", "customer", "3", "--new"),
+        ("reset-limit", "customer"),
+        ("release", "customer", "c1-a", "--yes"),
+    ],
+)
+def test_a_command_that_changes_a_semaphore_refuses_a_family_naming_its_members(
+    redis_url, customers, args
+):
+    out = run(redis_url, *args)
+    assert_one_line_error(
+        out,
+        f"'customer' is a family of 3 semaphores made by a key function (customer-1, "
+        f"customer-2, customer-3); `{args[0]}` changes one semaphore, and the family gains "
+        "members as new keys come: name a member (`celery -A cli_app semaphore status "
+        "customer` shows the busiest)",
+    )
+    assert [m.status().draining for m in customers] == [False] * 3
+    assert [m.status().override for m in customers] == [None] * 3
+    assert customers[0].status().holder_count == 1
