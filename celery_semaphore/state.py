@@ -150,6 +150,10 @@ class AppState:
     #: Whether tasks may park in the semaphores' Redis: its persistence as read, and
     #: whether this process warned that they may not (`celery_semaphore.durability`).
     parking: ParkingSafety = field(default_factory=ParkingSafety)
+    #: Whether the semaphores' Redis has answered this process since it started (a
+    #: pool child inherits its worker's reading at start). Until it has, a task that
+    #: cannot reach it fails instead of retrying (`celery_semaphore.admission`).
+    redis_answered: bool = False
 
 
 _create_lock = threading.Lock()
