@@ -154,6 +154,8 @@ class AppState:
     #: pool child inherits its worker's reading at start). Until it has, a task that
     #: cannot reach it fails instead of retrying (`celery_semaphore.admission`).
     redis_answered: bool = False
+    #: Whether the tasks' declared limits were compared (`celery_semaphore.gates`).
+    limits_checked: bool = False
 
 
 _create_lock = threading.Lock()

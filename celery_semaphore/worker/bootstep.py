@@ -16,6 +16,7 @@ from celery_semaphore import metrics
 from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.durability import UNREACHABLE
+from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
@@ -173,6 +174,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             raise click.ClickException(f"celery-semaphore: {error}") from None
         if config.queue_limits:
             admit_every_task(worker.app)
+        warn_disagreeing_limits(worker.app)
         check_reachable(worker.app, config)
 
     def start(self, worker: Any) -> None:
