@@ -61,7 +61,10 @@ def celery_worker_pool() -> str:
 
 @pytest.fixture(scope="session")
 def celery_worker_parameters() -> dict[str, Any]:
-    return {"concurrency": 4}
+    # Celery's test worker logs at "error" and sets the root logger's level to match for
+    # the rest of the session: the plugin's warnings would be hidden, and so would a
+    # later test's WARNING records from caplog.
+    return {"concurrency": 4, "loglevel": "WARNING"}
 
 
 class Peak:
