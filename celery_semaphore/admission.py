@@ -237,7 +237,7 @@ def admit(admission: Admission, waits: Waits) -> None:
     try:
         for turn in range(REFRESH_TURNS + 1):
             refused = admission.enter(waits.in_place_for)
-            state_of(admission.task.app).redis_answered = True
+            state_of(admission.task.app).redis_answered.set()
             if refused is None:
                 return
             gate, place = refused.gate, refused.place

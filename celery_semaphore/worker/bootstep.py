@@ -107,9 +107,10 @@ def warn_if_evicting(client: Any, url: str) -> None:
 
 
 def check_reachable(app: Any, config: Any) -> None:
-    """Whether the semaphores' Redis answers, read before the pool forks (the children
-    inherit the reading). Until it has answered once, a limited task that cannot reach
-    it fails with `SemaphoreConnectionError` rather than waiting for it (see
+    """Whether the semaphores' Redis answers, read before the pool forks into a flag the
+    pool processes share (an answer any of them gets later counts for all). Until it
+    has answered once, a limited task that cannot reach it fails with
+    `SemaphoreConnectionError` rather than waiting for it (see
     `celery_semaphore.admission`): say so now, once."""
     state = state_of(app)
     try:
@@ -123,7 +124,7 @@ def check_reachable(app: Any, config: Any) -> None:
             error,
         )
         return
-    state.redis_answered = True
+    state.redis_answered.set()
 
 
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]

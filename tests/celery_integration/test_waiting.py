@@ -21,7 +21,7 @@ from cluster_tools import Clusters, eta_countdowns, intervals
 
 from celery_semaphore import Permit, SemaphoreConnectionError, SemaphoreTimeout, publish
 from devkit.measures import kendall_tau
-from devkit.redis_servers import RedisServer, free_port
+from devkit.redis_servers import RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -290,18 +290,39 @@ def test_semaphore_redis_unreachable_policies(clusters: Clusters) -> None:
 def test_a_semaphore_redis_never_reached_fails_tasks_at_once(clusters: Clusters) -> None:
     """A semaphore Redis that has not answered since the worker started is a setting to
     fix (a wrong URL, a server not running), not an outage: "retry" fails the task at
-    once instead of retrying it forever, and the worker said why when it started."""
+    once instead of retrying it forever, and the worker said why when it started. Once
+    it has answered a task, a later outage is waited out again."""
     cluster = clusters(limit=1)
-    port = free_port()
-    cluster.env["CS_SEMAPHORE_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-    worker = cluster.worker("w1", concurrency=1, app="policy_app", queues="policy")
-    assert f"the semaphores' Redis at redis://127.0.0.1:{port}/0 does not answer" in worker.text()
-    send = cluster.app_module.app.send_task
+    with RedisServer() as server:
+        port = server.port
+        server.stop()  # down before the worker starts
+        cluster.env["CS_SEMAPHORE_REDIS_URL"] = server.url
+        events = clusters.events(cluster)
+        worker = cluster.worker(
+            "w1", concurrency=2, app="policy_app", queues="policy", extra=["-E"]
+        )
+        assert f"the semaphores' Redis at {server.url} does not answer" in worker.text()
+        send = cluster.app_module.app.send_task
 
-    started = time.monotonic()
-    waiting = send("policy_app.guarded_retry", args=["retry"], queue="policy")
-    with pytest.raises(SemaphoreConnectionError, match=rf"Redis at redis://127\.0\.0\.1:{port}"):
-        waiting.get(timeout=20)
-    assert time.monotonic() - started < 10
-    assert not cluster.started(waiting.id)
-    assert "has not answered this worker since it started" in worker.text()
+        started = time.monotonic()
+        failed = send("policy_app.guarded_retry", args=["never"], queue="policy")
+        with pytest.raises(
+            SemaphoreConnectionError, match=rf"Redis at redis://127\.0\.0\.1:{port}"
+        ):
+            failed.get(timeout=20)
+        assert time.monotonic() - started < 10
+        assert not cluster.started(failed.id)
+        assert "has not answered this worker since it started" in worker.text()
+
+        server.start()  # it comes up: a task gets an answer
+        assert send("policy_app.guarded_retry", args=["up"], queue="policy").get(timeout=20) == "up"
+        server.stop()  # an outage now: waited out, in whichever pool process
+        waiting = [send("policy_app.guarded_retry", args=[n], queue="policy") for n in range(2)]
+        cluster.wait_for(
+            lambda: all(len(events.received_retries(w.id)) >= 3 for w in waiting),
+            20,
+            "3 attempts of each task",
+        )
+        assert [w.state for w in waiting] == ["RETRY", "RETRY"]
+        server.start()
+        assert [w.get(timeout=30) for w in waiting] == [0, 1]
