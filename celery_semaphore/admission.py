@@ -39,6 +39,7 @@ from .core import (
 )
 from .gates import semaphore_of, task_gate
 from .retry import WAITS_MARK, Waits
+from .state import state_of
 from .waiting import PLACE_GRACE, Countdown, GiveUp, Park
 from .wire import GATES_HEADER, Gate, WaitState, decode_gates
 
@@ -236,6 +237,7 @@ def admit(admission: Admission, waits: Waits) -> None:
     try:
         for turn in range(REFRESH_TURNS + 1):
             refused = admission.enter(waits.in_place_for)
+            state_of(admission.task.app).redis_answered.set()
             if refused is None:
                 return
             gate, place = refused.gate, refused.place
@@ -269,10 +271,23 @@ def admit(admission: Admission, waits: Waits) -> None:
 
 
 def _on_redis_error(admission: Admission, waits: Waits, error: Exception) -> None:
+    """What ``semaphore_on_redis_error`` says. "retry" waits out an outage of a Redis
+    that has answered this worker since it started; one that never has (a wrong URL or
+    password, a server that is not running: a test's worker pointed at nothing) is a
+    setting to fix, which no retry would: the task fails at once, as with "fail"."""
     admission.exit()
     task, request = admission.task, admission.request
     policy = admission.config.on_redis_error
     if policy == "fail":
+        raise error
+    if policy == "retry" and not state_of(task.app).redis_answered:
+        logger.error(
+            "%s[%s] fails: the semaphores' Redis has not answered this worker since it "
+            "started, so retrying would wait for a setting to change: %s",
+            task.name,
+            request.id,
+            error,
+        )
         raise error
     if policy == "run":
         logger.warning("%s[%s] runs without a permit: %s", task.name, request.id, error)

@@ -32,8 +32,9 @@
   wait budget, in waits or seconds since the first ask; then the task fails
   with `SemaphoreTimeout`.
 - ``semaphore_on_redis_error`` (``"retry"``): when Redis can't be reached,
-  ``"retry"`` later (never run without a permit), ``"fail"`` the task, or
-  ``"run"`` it without a permit.
+  ``"retry"`` later (never run without a permit; a Redis that has not answered the
+  worker since it started fails the task instead), ``"fail"`` the task, or ``"run"``
+  it without a permit.
 - ``semaphore_queue_limits`` (``{}``): ``{queue name: limit}`` caps per queue.
 - ``semaphore_send_events`` (None: as the worker's ``-E``): send the Celery
   events ``semaphore-waiting``, ``semaphore-granted`` and ``semaphore-lost``.

@@ -13,6 +13,7 @@ release-by-id paths all agree on the same names.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from .state import state_of
 from .wire import Gate
 
 QUEUE_PREFIX = "queue:"
+
+logger = logging.getLogger(__name__)
 
 
 class KeyFunction:
@@ -125,3 +128,45 @@ def semaphore_of(
     return state_of(app).semaphores.get(
         gate.name, gate.limit, config, quick=quick, family=gate.family
     )
+
+
+def disagreeing_limits(app: Any) -> dict[str, list[tuple[str, int]]]:
+    """The semaphores that tasks of ``app`` name with different limits: name ->
+    [(task name, its limit)], sorted. Key functions are left out (their names are
+    known only from a task's arguments)."""
+    declared: dict[str, list[tuple[str, int]]] = {}
+    for task in list(app.tasks.values()):
+        spec = inspect.getattr_static(task, "semaphore", None)
+        limit = getattr(task, "limit", None)
+        if isinstance(spec, str) and isinstance(limit, int):
+            declared.setdefault(spec, []).append((task.name, limit))
+    return {
+        name: sorted(tasks)
+        for name, tasks in sorted(declared.items())
+        if len({limit for _, limit in tasks}) > 1
+    }
+
+
+def warn_disagreeing_limits(app: Any) -> None:
+    """Once per app and process (at worker start, or at the first publish): a WARNING
+    for each semaphore its tasks declare with different limits. The scripts obey
+    each caller's own declared limit (see the header of ``core/lua/common.lua``), so
+    the limit that applies depends on which task asks: say so."""
+    state = state_of(app)
+    if state.limits_checked:
+        return
+    state.limits_checked = True
+    for name, tasks in disagreeing_limits(app).items():
+        each = [f"{task} (limit {limit})" for task, limit in tasks]
+        listed = ", ".join(each[:-1]) + " and " + each[-1]
+        logger.warning(
+            "celery-semaphore: tasks %s share the semaphore %r with different limits. "
+            "Each task is admitted, in its turn, only while fewer than its own limit "
+            "hold it, so which limit applies depends on the task that asks; `celery "
+            "semaphore status` shows the limit of the last task that asked, and an "
+            "operator's `celery semaphore set-limit %s N` applies to all of them. Give "
+            "them one limit, or semaphores of their own",
+            listed,
+            name,
+            name,
+        )

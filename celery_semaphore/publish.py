@@ -32,7 +32,7 @@ from kombu.entity import Queue
 from .config import get_config, task_config
 from .core import Place
 from .core.errors import SemaphoreError
-from .gates import queue_of, request_gates, semaphore_of
+from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import installed_apps, state_of
 from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 
@@ -91,6 +91,7 @@ def places_of(
 ) -> dict[Gate, Place]:
     """Places in line for a new message of ``task`` to ``queue``, one per gate (none
     while publishing is paused, or if Redis fails); their tickets go in ``headers``."""
+    warn_disagreeing_limits(app)
     state = state_of(app)
     if time.monotonic() < state.publish_paused_until:
         return {}

@@ -18,6 +18,7 @@ where the publish handler looks the published task up.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import OrderedDict
 from contextlib import suppress
@@ -138,6 +139,22 @@ class Semaphores:
             self._semaphores.clear()
 
 
+class SharedFlag:
+    """A flag shared by a process and the children it forks after making it (one byte
+    of anonymous shared memory): what any of them sets, all of them see. A worker
+    makes its app's state before it forks its pool."""
+
+    def __init__(self) -> None:
+        self._byte = mmap.mmap(-1, 1)
+
+    def __bool__(self) -> bool:
+        return self._byte[0] == 1
+
+    def set(self) -> None:
+        if self._byte[0] != 1:
+            self._byte[0] = 1
+
+
 @dataclass
 class AppState:
     semaphores: Semaphores
@@ -150,6 +167,12 @@ class AppState:
     #: Whether tasks may park in the semaphores' Redis: its persistence as read, and
     #: whether this process warned that they may not (`celery_semaphore.durability`).
     parking: ParkingSafety = field(default_factory=ParkingSafety)
+    #: Whether the semaphores' Redis has answered this worker (any of its processes)
+    #: since it started. Until it has, a task that cannot reach it fails instead of
+    #: retrying (`celery_semaphore.admission`).
+    redis_answered: SharedFlag = field(default_factory=SharedFlag)
+    #: Whether the tasks' declared limits were compared (`celery_semaphore.gates`).
+    limits_checked: bool = False
 
 
 _create_lock = threading.Lock()

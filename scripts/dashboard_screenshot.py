@@ -42,6 +42,7 @@ DEMO_ARGS = ["--service-time", "1", "--jitter", "0.5"]
 GRID_WIDTH = 24  # Grafana's columns
 WIDTH_IN, UNIT_IN, HEAD_IN = 18.0, 0.42, 0.8  # the picture's width, a grid row, the caption
 STYLES = ["-", "--", ":", "-."]
+GRAFANA_COLOURS = {"green": "#73bf69", "orange": "#ff9830", "red": "#f2495c"}  # its palette
 
 
 Series = list[tuple[int, dict[str, str], str, list[float], list[float]]]
@@ -199,7 +200,9 @@ def draw_panel(
     timeline = panel["type"] == "state-timeline"
     longest = max((len(label) for _, _, label, *_ in series), default=0)
     columns = max(1, int(w / (0.4 + 0.075 * longest)))  # legend entries side by side
-    legend_rows = 0 if timeline else -(-len(series) // columns)
+    legend_rows = -(-len(series) // columns)
+    if timeline:  # the legend of its states, if it shows one
+        legend_rows = 1 if panel["options"].get("legend", {}).get("showLegend") else 0
     bottom, top = 0.35 + 0.17 * legend_rows, 0.35
     left = 0.3 + 0.075 * longest if timeline else 0.6
     fw, fh = fig.get_figwidth(), fig.get_figheight()
@@ -216,7 +219,7 @@ def draw_panel(
         ax.text(0.5, 0.5, "No data", ha="center", va="center", transform=ax.transAxes)
         return
     if timeline:
-        draw_states(ax, series)
+        draw_states(ax, panel, series)
         return
     defaults = panel.get("fieldConfig", {}).get("defaults", {})
     styles: dict[tuple[int, str], str] = {}
@@ -244,16 +247,39 @@ def draw_panel(
               bbox_to_anchor=(0, -0.3 / (h - bottom - top)))  # fmt: skip
 
 
-def draw_states(ax: Any, series: Series) -> None:
-    """A state timeline: one band per semaphore, green while serving, orange while draining."""
+def draw_states(ax: Any, panel: dict[str, Any], series: Series) -> None:
+    """A state timeline as Grafana draws it: one band per series, coloured and labelled by
+    the panel's value mappings (a run of one value is one labelled stretch, as with
+    ``mergeValues``), and the mappings' legend below when the panel shows one."""
+    import matplotlib.dates as mdates  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    states = {}
+    for mapping in panel["fieldConfig"]["defaults"].get("mappings", []):
+        for value, shown in mapping.get("options", {}).items():
+            states[float(value)] = (shown["text"], GRAFANA_COLOURS.get(shown["color"], "grey"))
+    start, end = (mdates.num2date(x) for x in ax.get_xlim())
     for row, (_, _, _, times, values) in enumerate(series):
+        runs: list[tuple[float, float, float]] = []  # value, first sample, last sample
         for t, v in zip(times, values, strict=True):
-            ax.barh(row, timedelta(seconds=SCRAPE_INTERVAL), height=0.7,
-                    left=datetime.fromtimestamp(t, timezone.utc),
-                    color="#f5a623" if v >= 1 else "#73bf69")  # fmt: skip
+            if runs and runs[-1][0] == v:
+                runs[-1] = (v, runs[-1][1], t)
+            else:
+                runs.append((v, t, t))
+        for value, first, last in runs:
+            text, colour = states.get(value, (f"{value:g}", "grey"))
+            left = datetime.fromtimestamp(first, timezone.utc)
+            width = timedelta(seconds=last - first + SCRAPE_INTERVAL)
+            ax.barh(row, width, height=0.7, left=left, color=colour)
+            middle = max(start, left) + (min(end, left + width) - max(start, left)) / 2
+            ax.text(middle, row, text, ha="center", va="center", fontsize=8, color="black")
     ax.set_yticks(range(len(series)), [labels.get("semaphore", "") for _, labels, *_ in series])
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(False)
+    if panel["options"].get("legend", {}).get("showLegend"):
+        patches = [Patch(color=colour, label=text) for text, colour in states.values()]
+        ax.legend(handles=patches, fontsize=7.5, ncol=len(patches), loc="upper left",
+                  frameon=False, bbox_to_anchor=(0, -0.12))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

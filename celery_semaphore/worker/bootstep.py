@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import click
+import redis
 from celery import __version__ as celery_version
 from celery import bootsteps
 from celery.worker import state as worker_state
@@ -14,6 +15,8 @@ from celery.worker import state as worker_state
 from celery_semaphore import metrics
 from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
 from celery_semaphore.core.connection import connect, mask_url
+from celery_semaphore.durability import UNREACHABLE
+from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
@@ -103,6 +106,27 @@ def warn_if_evicting(client: Any, url: str) -> None:
         )
 
 
+def check_reachable(app: Any, config: Any) -> None:
+    """Whether the semaphores' Redis answers, read before the pool forks into a flag the
+    pool processes share (an answer any of them gets later counts for all). Until it
+    has answered once, a limited task that cannot reach it fails with
+    `SemaphoreConnectionError` rather than waiting for it (see
+    `celery_semaphore.admission`): say so now, once."""
+    state = state_of(app)
+    try:
+        state.semaphores.client(config.redis_url).ping()
+    except (*UNREACHABLE, redis.RedisError) as error:
+        logger.error(
+            "celery-semaphore: the semaphores' Redis at %s does not answer (%s): until it "
+            "does, limited tasks fail with SemaphoreConnectionError; once it has answered, "
+            "semaphore_on_redis_error applies. Check semaphore_redis_url (or the broker URL)",
+            mask_url(config.redis_url),
+            error,
+        )
+        return
+    state.redis_answered.set()
+
+
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Heartbeat thread and metrics endpoint; with queue caps, admission for every task class.
 
@@ -151,6 +175,8 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             raise click.ClickException(f"celery-semaphore: {error}") from None
         if config.queue_limits:
             admit_every_task(worker.app)
+        warn_disagreeing_limits(worker.app)
+        check_reachable(worker.app, config)
 
     def start(self, worker: Any) -> None:
         self.heartbeat = Heartbeat(

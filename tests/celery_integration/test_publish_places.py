@@ -80,3 +80,33 @@ def test_a_publish_that_fails_gives_its_places_back(apps: list[Celery], redis_ur
     assert [w.holder for w in status.waiters] == [sent.id]
     assert status.sent_count == 1
     sem.close()
+
+
+def test_the_first_publish_warns_of_tasks_that_disagree_on_a_limit(
+    apps: list[Celery], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_semaphore import LimitedTask
+
+    app = make(apps, redis_url)
+
+    @app.task(base=LimitedTask, semaphore="partner-api", limit=5, name="p.orders")
+    def orders() -> None: ...
+
+    @app.task(base=LimitedTask, semaphore="partner-api", limit=3, name="p.invoices")
+    def invoices() -> None: ...
+
+    @app.task(base=LimitedTask, semaphore="reports", limit=2, name="p.report")
+    def report() -> None: ...
+
+    with caplog.at_level("WARNING", logger="celery_semaphore.gates"):
+        orders.apply_async()
+        orders.apply_async()
+    warnings = [r.getMessage() for r in caplog.records if "different limits" in r.getMessage()]
+    assert warnings == [
+        "celery-semaphore: tasks p.invoices (limit 3) and p.orders (limit 5) share the "
+        "semaphore 'partner-api' with different limits. Each task is admitted, in its turn, "
+        "only while fewer than its own limit hold it, so which limit applies depends on the "
+        "task that asks; `celery semaphore status` shows the limit of the last task that "
+        "asked, and an operator's `celery semaphore set-limit partner-api N` applies to all "
+        "of them. Give them one limit, or semaphores of their own"
+    ]

@@ -401,9 +401,11 @@ def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
     from celery_semaphore.config import task_config
     from celery_semaphore.core import SemaphoreConnectionError
     from celery_semaphore.retry import Waits
+    from celery_semaphore.state import state_of
     from celery_semaphore.wire import WAIT_HEADER, Gate, WaitState
 
     task = limited(make_app(), "budget", semaphore="b", limit=1, semaphore_max_waits=3)
+    state_of(task.app).redis_answered.set()  # an outage, not a Redis never reached
     state = {"tickets": {}, "waits": 4, "first_ask": time.time(), "period_start": period_start}
     request = Context(id="t-1", retries=4, headers={}, hostname="h", delivery_info={},
                       args=(), kwargs={}, **{WAIT_HEADER: state})  # fmt: skip

@@ -21,7 +21,7 @@ from cluster_tools import Clusters, eta_countdowns, intervals
 
 from celery_semaphore import Permit, SemaphoreConnectionError, SemaphoreTimeout, publish
 from devkit.measures import kendall_tau
-from devkit.redis_servers import RedisServer, free_port
+from devkit.redis_servers import RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -252,34 +252,77 @@ def test_per_key_caps_are_independent(clusters: Clusters, mode: str) -> None:
 
 
 def test_semaphore_redis_unreachable_policies(clusters: Clusters) -> None:
+    """An outage of a semaphore Redis that answered when the worker started."""
     cluster = clusters(limit=1)
-    port = free_port()
-    cluster.env["CS_SEMAPHORE_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-    events = clusters.events(cluster)
-    cluster.worker("w1", concurrency=2, app="policy_app", queues="policy", extra=["-E"])
-    send = cluster.app_module.app.send_task
-
-    ran = send("policy_app.guarded_run", args=["run"], queue="policy")
-    assert ran.get(timeout=20) == "run"  # "run": runs without a permit
-
-    failed = send("policy_app.guarded_fail", args=["fail"], queue="policy")
-    with pytest.raises(SemaphoreConnectionError, match=rf"Redis at redis://127\.0\.0\.1:{port}/0"):
-        failed.get(timeout=20)
-
-    budget = send("policy_app.guarded_budget", args=["budget"], queue="policy")
-    with pytest.raises(SemaphoreTimeout, match="gave up after 2 waits"):
-        budget.get(timeout=20)  # its wait budget, not the Redis outage, ends it
-
-    waiting = send("policy_app.guarded_retry", args=["retry"], queue="policy")
-    cluster.wait_for(
-        lambda: len(events.received_retries(waiting.id)) >= 5, 20, "5 attempts of the task"
-    )
-    assert waiting.state == "RETRY"
-    assert [e["tag"] for e in cluster.events() if e["event"] == "start"] == ["run"]
-
-    with RedisServer() as server:  # the semaphore's Redis comes back on its port
+    with RedisServer() as server:
+        port = server.port
+        cluster.env["CS_SEMAPHORE_REDIS_URL"] = server.url
+        events = clusters.events(cluster)
+        cluster.worker("w1", concurrency=2, app="policy_app", queues="policy", extra=["-E"])
         server.stop()
-        server._port = port
-        server.start()
+        send = cluster.app_module.app.send_task
+
+        ran = send("policy_app.guarded_run", args=["run"], queue="policy")
+        assert ran.get(timeout=20) == "run"  # "run": runs without a permit
+
+        failed = send("policy_app.guarded_fail", args=["fail"], queue="policy")
+        with pytest.raises(
+            SemaphoreConnectionError, match=rf"Redis at redis://127\.0\.0\.1:{port}"
+        ):
+            failed.get(timeout=20)
+
+        budget = send("policy_app.guarded_budget", args=["budget"], queue="policy")
+        with pytest.raises(SemaphoreTimeout, match="gave up after 2 waits"):
+            budget.get(timeout=20)  # its wait budget, not the Redis outage, ends it
+
+        waiting = send("policy_app.guarded_retry", args=["retry"], queue="policy")
+        cluster.wait_for(
+            lambda: len(events.received_retries(waiting.id)) >= 5, 20, "5 attempts of the task"
+        )
+        assert waiting.state == "RETRY"
+        assert [e["tag"] for e in cluster.events() if e["event"] == "start"] == ["run"]
+
+        server.start()  # the semaphore's Redis comes back on its port
         assert waiting.get(timeout=30) == "retry"
         assert cluster.started(waiting.id)
+
+
+def test_a_semaphore_redis_never_reached_fails_tasks_at_once(clusters: Clusters) -> None:
+    """A semaphore Redis that has not answered since the worker started is a setting to
+    fix (a wrong URL, a server not running), not an outage: "retry" fails the task at
+    once instead of retrying it forever, and the worker said why when it started. Once
+    it has answered a task, a later outage is waited out again."""
+    cluster = clusters(limit=1)
+    with RedisServer() as server:
+        port = server.port
+        server.stop()  # down before the worker starts
+        cluster.env["CS_SEMAPHORE_REDIS_URL"] = server.url
+        events = clusters.events(cluster)
+        worker = cluster.worker(
+            "w1", concurrency=2, app="policy_app", queues="policy", extra=["-E"]
+        )
+        assert f"the semaphores' Redis at {server.url} does not answer" in worker.text()
+        send = cluster.app_module.app.send_task
+
+        started = time.monotonic()
+        failed = send("policy_app.guarded_retry", args=["never"], queue="policy")
+        with pytest.raises(
+            SemaphoreConnectionError, match=rf"Redis at redis://127\.0\.0\.1:{port}"
+        ):
+            failed.get(timeout=20)
+        assert time.monotonic() - started < 10
+        assert not cluster.started(failed.id)
+        assert "has not answered this worker since it started" in worker.text()
+
+        server.start()  # it comes up: a task gets an answer
+        assert send("policy_app.guarded_retry", args=["up"], queue="policy").get(timeout=20) == "up"
+        server.stop()  # an outage now: waited out, in whichever pool process
+        waiting = [send("policy_app.guarded_retry", args=[n], queue="policy") for n in range(2)]
+        cluster.wait_for(
+            lambda: all(len(events.received_retries(w.id)) >= 3 for w in waiting),
+            20,
+            "3 attempts of each task",
+        )
+        assert [w.state for w in waiting] == ["RETRY", "RETRY"]
+        server.start()
+        assert [w.get(timeout=30) for w in waiting] == [0, 1]

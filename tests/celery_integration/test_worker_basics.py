@@ -22,3 +22,19 @@ def test_cap_holds_across_two_workers_and_start_order_is_fifo(celery_cluster):
     assert inversions <= 3, starts
     cluster.wait_for(lambda: cluster.holders() == 0, 1.0, "holders back to zero")
     assert cluster.waiters() == 0
+
+
+def test_a_worker_warns_of_tasks_that_declare_one_semaphore_with_different_limits(
+    celery_cluster,
+):
+    cluster = celery_cluster()
+    log = cluster.worker("w1", concurrency=1, app="disagreeing_app").text()
+    warnings = [line for line in log.splitlines() if "with different limits" in line]
+    assert len(warnings) == 1, log
+    assert (
+        "tasks disagreeing_app.sync_invoices (limit 3) and disagreeing_app.sync_orders "
+        "(limit 5) share the semaphore 'partner-api' with different limits" in warnings[0]
+    )
+    assert "only while fewer than its own limit hold it" in warnings[0]
+    assert "set-limit partner-api N` applies to all of them" in warnings[0]
+    assert "'reports'" not in log

@@ -5,8 +5,10 @@ ever connects: building one from a URL does not."""
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,14 @@ import celery_semaphore
 from celery_semaphore.config import SemaphoreConfig, get_config
 from celery_semaphore.core import Semaphore
 from celery_semaphore.core.scripts import NAMES, PARKED_INDEX_NAMES
-from celery_semaphore.state import QUICK_TIMEOUT, AppState, Semaphores, reset, state_of
+from celery_semaphore.state import (
+    QUICK_TIMEOUT,
+    AppState,
+    Semaphores,
+    SharedFlag,
+    reset,
+    state_of,
+)
 
 MakeApp = Callable[..., Celery]
 CONFIG = SemaphoreConfig(redis_url="redis://:secret@db:6390/0", namespace="ns", lease_timeout=20)
@@ -153,3 +162,29 @@ def test_no_lua_file_is_read_after_import() -> None:
         "assert len(scripts.registered(redis.Redis())) == len(scripts.SOURCES)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_shared_flag_set_in_a_child_is_seen_by_its_parent_and_siblings() -> None:
+    """The worker makes the flag before it forks its pool: what one pool process
+    learns (Redis answered), the worker and the other pool processes know."""
+    flag = SharedFlag()
+    assert not flag
+    sibling_read, sibling_write = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns of fork() in a process with threads: these children only
+        # read or write the flag and exit.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sibling = os.fork()
+        if sibling == 0:  # waits for the setter, then says what it sees
+            os.read(sibling_read, 1)
+            os._exit(0 if flag else 1)
+        setter = os.fork()
+        if setter == 0:
+            flag.set()
+            os._exit(0)
+    assert os.waitpid(setter, 0)[1] == 0
+    assert flag
+    os.write(sibling_write, b"x")
+    assert os.waitpid(sibling, 0)[1] == 0
+    os.close(sibling_read)
+    os.close(sibling_write)
