@@ -173,6 +173,7 @@ class Heartbeat:
         config = get_config(self.app)
         try:
             semaphore_of(self.app, Gate(EPOCH_PROBE, 1), config).learn_epoch()
+            state_of(self.app).redis_answered.set()
         except SemaphoreError as error:
             logger.warning("could not read the data epoch of the semaphores' Redis: %s", error)
 
