@@ -22,7 +22,7 @@ from celery_semaphore.state import state_of
 
 from . import internals
 from .dead_children import DeadChildren, reaped_by_signal
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, child_killed
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +179,19 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         check_reachable(worker.app, config)
 
     def start(self, worker: Any) -> None:
-        self.heartbeat = Heartbeat(
-            worker.app, running_requests, revoked=revoked_ids, hostname=worker.hostname
-        )
-        self.heartbeat.start()
-        self.dead_children = DeadChildren(
+        dead_children = self.dead_children = DeadChildren(
             running_requests, reaped=lambda: reaped_by_signal(worker.pool)
         )
-        self.dead_children.start()
+        self.heartbeat = Heartbeat(
+            worker.app,
+            running_requests,
+            revoked=revoked_ids,
+            hostname=worker.hostname,
+            # a killed child's request stays listed until Celery processes its loss
+            killed=lambda request: child_killed(request) or dead_children.handled(request),
+        )
+        self.heartbeat.start()
+        dead_children.start()
         config = get_config(worker.app)
         client = state_of(worker.app).semaphores.client(config.redis_url)
         warn_if_evicting(client, mask_url(config.redis_url))

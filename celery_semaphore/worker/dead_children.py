@@ -113,6 +113,12 @@ class DeadChildren:
             except Exception:  # never take the worker down; Celery's own path remains
                 logger.exception("celery-semaphore: looking for killed children failed")
 
+    def handled(self, request: Any) -> bool:
+        """Whether this thread released ``request``'s permits because its child was
+        killed (the pool may have reaped that child already, while the request is
+        still listed until Celery processes its ``WorkerLostError``)."""
+        return (request.id, getattr(request, "worker_pid", None)) in self._released
+
     def look(self) -> None:
         """One look at every running limited request's child."""
         seen = set()

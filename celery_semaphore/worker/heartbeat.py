@@ -103,9 +103,11 @@ class Heartbeat:
         revoked: Callable[[], Iterable[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
         hostname: str | None = None,
+        killed: Callable[[Any], bool] = child_killed,
     ) -> None:
         self.app = app
         self.hostname = hostname
+        self.killed = killed
         self.clock = clock
         self.running = running
         self.revoked = revoked
@@ -249,7 +251,7 @@ class Heartbeat:
                 if request.id not in lost:
                     self._held.add(key)
                     self._missing.pop(key, None)
-                elif key in self._held and not child_killed(request):
+                elif key in self._held and not self.killed(request):
                     self._missing_now(gate, request, key, config.max_block)
         self._held &= live
         self._reported &= live
