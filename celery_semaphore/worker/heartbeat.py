@@ -31,7 +31,7 @@ from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
-from celery_semaphore.core import epochs, parked_index
+from celery_semaphore.core import Permit, epochs, parked_index
 from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import index_parked
 from celery_semaphore.core.errors import SemaphoreError
@@ -50,6 +50,8 @@ PARKED_COUNT = "n_parked"
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
 WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again
 EPOCH_PROBE = "celery-semaphore-epoch"  # a semaphore name only used to learn the epoch
+FOLLOW_UP = 0.25  # seconds to the next beat after one that wrote permits back
+WRITTEN_BACK_TOKEN = 0  # the fencing token of a permit written back by task id (renew.lua)
 
 
 def _clock(timestamp: float) -> str:
@@ -120,6 +122,9 @@ class Heartbeat:
         # noticed by this process, not yet reported; with the semaphores that had
         # parked tasks at the last look before
         self._losses: list[tuple[epochs.DataLoss, set[str]]] = []
+        # requests whose permits a renewal wrote back, by gate, until they end
+        self._written_back: defaultdict[Gate, set[str]] = defaultdict(set)
+        self._beat_soon = False  # after a write-back: look again for ended ones soon
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
         )
@@ -155,7 +160,8 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            self._beat_now.wait(self.interval)
+            soon, self._beat_soon = self._beat_soon, False
+            self._beat_now.wait(min(self.interval, FOLLOW_UP) if soon else self.interval)
             self._beat_now.clear()
             if self._stop.is_set():
                 return
@@ -227,6 +233,8 @@ class Heartbeat:
         """One round: renew every running request's permits, report the lost ones."""
         by_gate: dict[Gate, list[Any]] = defaultdict(list)
         for request in self.running():
+            if self.killed(request):  # released already; a renewal would write it back
+                continue
             for gate in recorded_gates(request):
                 by_gate[gate].append(request)
         live = set()
@@ -244,7 +252,8 @@ class Heartbeat:
             finally:
                 restored += semaphore.restored - before
             if semaphore.restored > before:
-                self._release_ended(semaphore, requests)
+                self._written_back[gate] |= {r.id for r in requests if r.id not in lost}
+                self._beat_soon = True
             for request in requests:
                 key = (gate.name, request.id, getattr(request, "time_start", None))
                 live.add(key)
@@ -253,6 +262,7 @@ class Heartbeat:
                     self._missing.pop(key, None)
                 elif key in self._held and not self.killed(request):
                     self._missing_now(gate, request, key, config.max_block)
+        self._release_ended()
         self._held &= live
         self._reported &= live
         self._missing = {k: v for k, v in self._missing.items() if k in live}
@@ -266,14 +276,23 @@ class Heartbeat:
             except SemaphoreError as error:  # Redis away: the next beat looks again
                 logger.warning("could not look after parked tasks: %s", error)
 
-    def _release_ended(self, semaphore: Any, requests: list[Any]) -> None:
-        """After writing permits back: those of requests that ended meanwhile (their
-        own release came before, and found nothing) go back at once."""
+    def _release_ended(self) -> None:
+        """Permits written back for requests that have ended since: their own release
+        came first (and found nothing) or will not come, so they go back now (the
+        next beat comes soon after a write-back). Only the written-back entry (token
+        0) goes: a new execution of the same task id that holds a permit keeps it."""
         running = {r.id for r in self.running()}
-        for request in requests:
-            if request.id not in running:
+        for gate, ids in list(self._written_back.items()):
+            ended = ids - running
+            if not ended:
+                continue
+            semaphore = semaphore_of(self.app, gate, get_config(self.app))
+            for task_id in ended:
                 with contextlib.suppress(SemaphoreError):
-                    semaphore.release(request.id)
+                    Permit(semaphore, task_id, WRITTEN_BACK_TOKEN, 0.0, 0.0).release()
+            self._written_back[gate] = ids & running
+            if not self._written_back[gate]:
+                del self._written_back[gate]
 
     def _report(self, loss: epochs.DataLoss, restored: int, parked_in: set[str]) -> None:
         """The log line, signal and event of a data loss this process noticed."""

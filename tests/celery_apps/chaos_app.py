@@ -54,7 +54,7 @@ def _prerun(task_id: str = "", **_: Any) -> None:
     record("prerun", task_id)
 
 
-@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT)
+@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT, shared=False)
 def body(self: Any, seconds: float) -> float:
     record("start", self.request.id)
     time.sleep(seconds)
