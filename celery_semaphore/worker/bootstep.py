@@ -189,6 +189,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             hostname=worker.hostname,
             # a killed child's request stays listed until Celery processes its loss
             killed=lambda request: child_killed(request) or dead_children.handled(request),
+            released=dead_children.handled,
         )
         self.heartbeat.start()
         dead_children.start()

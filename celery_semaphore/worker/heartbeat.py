@@ -49,6 +49,7 @@ PARKED_COUNT = "n_parked"
 
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
 WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again
+WATCH_POLL = 0.2  # seconds between two looks at the watch connection
 EPOCH_PROBE = "celery-semaphore-epoch"  # a semaphore name only used to learn the epoch
 FOLLOW_UP = 0.25  # seconds to the next beat after one that wrote permits back
 WRITTEN_BACK_TOKEN = 0  # the fencing token of a permit written back by task id (renew.lua)
@@ -106,10 +107,12 @@ class Heartbeat:
         clock: Callable[[], float] = time.monotonic,
         hostname: str | None = None,
         killed: Callable[[Any], bool] = child_killed,
+        released: Callable[[Any], bool] = lambda request: False,
     ) -> None:
         self.app = app
         self.hostname = hostname
-        self.killed = killed
+        self.killed = killed  # its child was killed: no loss report
+        self.released = released  # its permits were released for that: not renewed
         self.clock = clock
         self.running = running
         self.revoked = revoked
@@ -218,8 +221,10 @@ class Heartbeat:
                     if broken:
                         broken = False
                         self._beat_now.set()
-                if pubsub.get_message(timeout=1.0) is not None:
+                # No blocking read: under gevent it would block the whole worker.
+                if pubsub.get_message(timeout=0) is not None:
                     self._beat_now.set()
+                self._stop.wait(WATCH_POLL)
             except Exception:  # broken, or its client closed under it: connect again
                 with contextlib.suppress(Exception):
                     pubsub.close()  # type: ignore[union-attr]
@@ -233,7 +238,7 @@ class Heartbeat:
         """One round: renew every running request's permits, report the lost ones."""
         by_gate: dict[Gate, list[Any]] = defaultdict(list)
         for request in self.running():
-            if self.killed(request):  # released already; a renewal would write it back
+            if self.released(request):  # its child was killed: a renewal would write it back
                 continue
             for gate in recorded_gates(request):
                 by_gate[gate].append(request)
