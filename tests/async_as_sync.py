@@ -67,6 +67,9 @@ class BlockingPermit:
     def release(self) -> bool:
         return self._loop.run(self.permit.release())
 
+    def give_back_unused(self) -> bool:
+        return self._loop.run(self.permit.give_back_unused())
+
     def renew(self, lease_timeout: float | None = None) -> bool:
         return self._loop.run(self.permit.renew(lease_timeout))
 

@@ -522,10 +522,10 @@ class SemaphoreSpec:
         return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
                      next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
 
-    def release_args(self, holder: str, token: int | None) -> list[Any]:
+    def release_args(self, holder: str, token: int | None, *, unused: bool = False) -> list[Any]:
         validation.check_holder(holder)
         return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
-                self.dispatch, self.limit]  # fmt: skip
+                self.dispatch, self.limit, "1" if unused else ""]  # fmt: skip
 
     def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
         """Declares no limit, like `dispatch_args()` and `configure_args()`."""

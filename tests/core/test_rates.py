@@ -183,3 +183,15 @@ def test_limit_and_rate_on_redis_cluster(
         time.sleep(place.rate_due)
         granted(sem.attempt("b"))
         assert refused(sem.attempt("c")).holders == 1
+
+
+def test_a_permit_given_back_unused_gives_its_grant_back(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(None, rate="2/s")
+    unused = granted(sem.attempt("a"))
+    assert unused.give_back_unused()
+    used = granted(sem.attempt("b"))  # at once: the first grant was given back
+    assert used.release()
+    place = refused(sem.attempt("c"))  # a used grant spends its interval
+    assert place.rate_due is not None and place.rate_due > 0.4

@@ -103,7 +103,8 @@ def rated(position: int, rate_due: float) -> Place:
 
 
 def test_under_a_rate_the_slot_decides_whether_to_wait_in_place() -> None:
-    assert decide(rated(10, 0.5), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
+    assert decide(rated(10, 0.5), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(0.6)
+    assert decide(rated(18, 0.95), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
     assert decide(rated(40, 2.0), waits=0, waited=0.0, config=HANDOVER) == Park(due=None)
 
 

@@ -80,6 +80,11 @@ class AsyncPermit:
         """Give the permit back; False if it was already released or lost."""
         return await self.semaphore._release(self.holder, self.fencing_token)
 
+    async def give_back_unused(self) -> bool:
+        """Give the permit back before using it (another limit refused what it was
+        for): under a rate, its grant is given back too, as if never made."""
+        return await self.semaphore._release(self.holder, self.fencing_token, unused=True)
+
     async def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""
         pair = [(self.holder, self.fencing_token)]
@@ -527,8 +532,8 @@ class AsyncSemaphore:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
         return await self._release(holder, None)
 
-    async def _release(self, holder: str, token: int | None) -> bool:
-        reply = await self._call("release", self._spec.release_args(holder, token))
+    async def _release(self, holder: str, token: int | None, *, unused: bool = False) -> bool:
+        reply = await self._call("release", self._spec.release_args(holder, token, unused=unused))
         released, handovers = self._spec.parse_release(reply)
         await self._hand_over(handovers)
         return released

@@ -80,6 +80,11 @@ class Permit:
         """Give the permit back; False if it was already released or lost."""
         return self.semaphore._release(self.holder, self.fencing_token)
 
+    def give_back_unused(self) -> bool:
+        """Give the permit back before using it (another limit refused what it was
+        for): under a rate, its grant is given back too, as if never made."""
+        return self.semaphore._release(self.holder, self.fencing_token, unused=True)
+
     def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""
         pair = [(self.holder, self.fencing_token)]
@@ -519,8 +524,8 @@ class Semaphore:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
         return self._release(holder, None)
 
-    def _release(self, holder: str, token: int | None) -> bool:
-        reply = self._call("release", self._spec.release_args(holder, token))
+    def _release(self, holder: str, token: int | None, *, unused: bool = False) -> bool:
+        reply = self._call("release", self._spec.release_args(holder, token, unused=unused))
         released, handovers = self._spec.parse_release(reply)
         self._hand_over(handovers)
         return released
