@@ -166,6 +166,13 @@ class Admission:
         self.permits[gate] = permit
         first_ask = self.state.first_ask or time.time()
         self._send(signals.permit_granted, gate, waited=time.time() - first_ask)
+        if permit.shadow_refused:
+            self._send(
+                signals.shadow_refused,
+                gate,
+                limits=sorted(permit.shadow_refused),
+                would_wait=permit.shadow_wait,
+            )
 
     def exit(self, *, unused: bool = False) -> None:
         """Give back every permit taken; errors are logged (the lease is the backstop).

@@ -63,6 +63,8 @@ class BlockingPermit:
     fencing_token = property(lambda self: self.permit.fencing_token)
     expires_at = property(lambda self: self.permit.expires_at)
     waited = property(lambda self: self.permit.waited)
+    shadow_refused = property(lambda self: self.permit.shadow_refused)
+    shadow_wait = property(lambda self: self.permit.shadow_wait)
 
     def release(self) -> bool:
         return self._loop.run(self.permit.release())

@@ -195,3 +195,30 @@ def test_a_permit_given_back_unused_gives_its_grant_back(
     assert used.release()
     place = refused(sem.attempt("c"))  # a used grant spends its interval
     assert place.rate_due is not None and place.rate_due > 0.4
+
+
+def test_shadow_limits_count_and_refuse_nothing(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, rate="2/s", shadow=["limit", "rate"])
+    first = granted(sem.attempt("a"))
+    assert first.shadow_refused == frozenset()
+    second = granted(sem.attempt("b"))  # over both: granted, and said so
+    assert second.shadow_refused == {"limit", "rate"}
+    assert second.shadow_wait == pytest.approx(0.5, abs=0.02)
+    third = granted(sem.attempt("c"))
+    assert third.shadow_wait == pytest.approx(1.0, abs=0.02), "the schedule moves on as enforced"
+    status = sem.status()
+    assert status.holder_count == 3 and status.waiter_count == 0, "nobody waits"
+    counters = sem.client.hmget(sem.keys.meta, "m_shadow_limit", "m_shadow_rate")
+    assert [int(c) for c in counters] == [2, 2]
+    for permit in (first, second, third):
+        permit.release()
+
+
+def test_a_shadow_rate_beside_an_enforced_limit(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, rate="2/s", shadow=["rate"])
+    first = granted(sem.attempt("a"))
+    refused(sem.attempt("b"))  # the limit is enforced
+    first.release()
+    assert granted(sem.attempt("b")).shadow_refused == {"rate"}
+    sem.set_draining(True)
+    refused(sem.attempt("c"))  # a drain refuses whatever is shadowed
