@@ -510,7 +510,8 @@ end
 --     release: its turn is near, so it should be waiting at a worker when it
 --     comes (the window is the number of waiters served within max_block at
 --     the average hold time, at most the limit);
--- and, under a rate, its slot (slot_in()) is within max_block: it waits in place
+-- and, under a rate, it is among the first the rate allows now (``free`` counts
+-- no more), or its slot (slot_in()) is within max_block: it waits in place
 -- for it. The first waiter past that, if parked, is handed over with a delay that
 -- brings it to a worker at its slot (at most the deadline ahead), so a slow rate
 -- or a paused one needs nobody to ask again; one such waiter at a time.
@@ -532,6 +533,11 @@ local function dispatch(m, declared, cfg)
   local released, hold_ms = tonumber(m.released) or 0, tonumber(m.hold_ms) or 0
   if hold_ms > 0 then window = math.min(window, math.floor(max_block_ms * limit / hold_ms)) end
   local rate, room, next_us = effective_rate(m), rate_room(m)
+  -- A RateLimited pause hands over nobody for the window: the task that raised
+  -- comes back first, to free worker processes; only the timed one (below).
+  local rate_paused = rate and (tonumber(m.rate_pause) or 0) > now_ms
+  local permits = free
+  free = math.min(free, room)
   local count = free + window
   if rate then
     count = math.min(count, room + math.floor(max_block_ms * 1000 / rate.interval) + 2)
@@ -541,10 +547,11 @@ local function dispatch(m, declared, cfg)
     for i, holder in ipairs(first) do
       local record = redis.call('HGET', parked, holder)
       local _, state, mark, payload = string.match(record or '', PARKED_RECORD)
-      local near = state == 'p' and (i <= free or tonumber(mark) < released)
+      local progress = state == 'p' and tonumber(mark) < released
+      local near = state == 'p' and (i <= free or progress)
       local slot_ms = rate and math.ceil(slot_in(m, room, next_us, i) / 1000) or 0
-      if slot_ms > max_block_ms then
-        if near and slot_ms <= deadline_ms then
+      if slot_ms > max_block_ms or rate_paused then
+        if state == 'p' and (i <= permits or progress) and slot_ms <= deadline_ms then
           hand_over(m, holder, record, payload, deadline_ms, out, slot_ms)
         end
         break
