@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import json
 import math
 import time
@@ -56,7 +55,7 @@ class Operator:
         self.prog = prog
         self.namespace = config.namespace
         self.queue_limits = dict(config.queue_limits)
-        self.queue_rates: dict[str, RateLimit] = dict(getattr(config, "queue_rates", {}))
+        self.queue_rates = dict(config.queue_rates)
         self.url = mask_url(config.redis_url)
         self.client, _ = connect(config.redis_url)
         # A command that notices a loss of Redis's data pauses admissions as the
@@ -230,17 +229,11 @@ class Operator:
 
 def _declared_by(task: Any) -> dict[str, InApp]:
     """The static semaphore names ``task`` declares limits on (a `LimitedTask`'s
-    ``declared_limits``), with those limits."""
-    listed = getattr(task, "declared_limits", None)
-    if listed is None:  # a LimitedTask that declares no rates (before celery_semaphore.limits)
-        name = inspect.getattr_static(task, "semaphore", None)
-        limit = getattr(task, "limit", None)
-        ok = isinstance(name, str) and name and isinstance(limit, int)
-        return {name: InApp(limit, None)} if ok else {}
+    ``declared_limits``; a key function's names are known only once used)."""
     return {
         item.name: InApp(item.limit, item.rate)
-        for item in listed
-        if isinstance(item.name, str) and item.name
+        for item in getattr(task, "declared_limits", [])
+        if isinstance(item.name, str)
     }
 
 
