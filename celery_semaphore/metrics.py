@@ -57,6 +57,13 @@ COUNTED = (
     ("m_expired", "leases_expired", "Permits reclaimed after their lease ran out."),
     ("m_throttled", "throttled",
      "Refusals by the rate: a permit was free, but the rate allowed no start yet."),
+    ("m_shadow_limit", "shadow_limit_refusals",
+     "Grants a shadow concurrency limit (shadow=True: counted, never enforced) would have "
+     "refused: the limit was full."),
+    ("m_shadow_rate", "shadow_rate_refusals",
+     "Grants a shadow rate (shadow=True) would have delayed: they came before their slot."),
+    ("m_shadow_wait_ms", "shadow_rate_delay_seconds",
+     "How long a shadow rate would have delayed those grants, in all."),
 )  # fmt: skip
 #: Gauges of the last loss of the Redis's data (read from its epoch hash, see
 #: celery_semaphore.core.epochs; on a Cluster, of its slots: the latest loss, the
@@ -191,7 +198,7 @@ class SemaphoreCollector:
             if row["rated"]:
                 rate.add_metric([label], row[RATE[0]])
             for field, counter in counters.items():
-                counter.add_metric([label], row[field])
+                counter.add_metric([label], row[field] / (1000 if field.endswith("_ms") else 1))
             for field, outcome in OUTCOMES.items():
                 attempts.add_metric([label, outcome], row[field])
             for kind, histogram in histograms.items():

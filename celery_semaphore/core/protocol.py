@@ -550,7 +550,7 @@ class SemaphoreSpec:
         return args
 
     def configure_args(self, field: str, value: str) -> list[Any]:
-        return [field, value, self.idle_ms, self.keys.channel, self.dispatch]
+        return [field, value, self.idle_ms, self.keys.channel, self.dispatch, self.rate_arg]
 
     def status_args(self) -> list[Any]:
         return [STATUS_MOST, self.sent_horizon_ms, self.limit, self.rate_arg]

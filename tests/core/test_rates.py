@@ -222,3 +222,11 @@ def test_a_shadow_rate_beside_an_enforced_limit(make_semaphore: MakeSemaphore) -
     assert granted(sem.attempt("b")).shadow_refused == {"rate"}
     sem.set_draining(True)
     refused(sem.attempt("c"))  # a drain refuses whatever is shadowed
+
+
+def test_pausing_a_semaphore_without_a_rate_pauses_nothing(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(2)
+    sem.pause_rate(30)
+    assert sem.status().rate_paused_until is None
+    sem.set_rate("10/s")  # a rate set later finds no pause left behind
+    granted(sem.attempt("a"))

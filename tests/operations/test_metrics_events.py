@@ -261,3 +261,26 @@ def test_rate_metrics_count_the_throttled_refusals_and_show_the_rate_and_its_pau
     finally:
         server.close()
         client.close()
+
+
+def test_shadow_metrics_count_what_a_shadow_limit_would_have_refused(redis_server):
+    client = redis_server.client()
+    tried = Semaphore(client, "tried", 1, rate="1/m", shadow=["limit", "rate"])
+    permits = [tried.attempt(f"t{i}") for i in range(4)]  # all granted: nothing is enforced
+    assert all(p.shadow_refused == {"limit", "rate"} for p in permits[1:])  # type: ignore[union-attr]
+    enforced = Semaphore(client, "enforced", 1)
+    assert enforced.try_acquire("e") is not None
+    assert enforced.try_acquire("f") is None
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        m = scrape(port)
+        assert m['celery_semaphore_shadow_limit_refusals_total{semaphore="tried"}'] == 3
+        assert m['celery_semaphore_shadow_rate_refusals_total{semaphore="tried"}'] == 3
+        delay = m['celery_semaphore_shadow_rate_delay_seconds_total{semaphore="tried"}']
+        assert delay == pytest.approx(60 + 120 + 180, abs=1), "1/m: 1, 2 and 3 minutes late"
+        assert m['celery_semaphore_holders{semaphore="tried"}'] == 4
+        assert m['celery_semaphore_shadow_limit_refusals_total{semaphore="enforced"}'] == 0
+    finally:
+        server.close()
+        client.close()
