@@ -32,6 +32,7 @@ from kombu.entity import Queue
 from .config import get_config, task_config
 from .core import Place
 from .core.errors import SemaphoreError
+from .core.protocol import rate_window
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import installed_apps, state_of
 from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
@@ -138,11 +139,12 @@ def drop_unsent() -> None:
             logger.info("places of unsent task %s not given back: %s", task_id, error)
 
 
-def turn_is_near(place: Place, max_block: float) -> bool:
+def turn_is_near(place: Place, rate_window: float) -> bool:
     """Whether a new task at ``place`` may be served soon after it reaches a worker:
     fewer waiters ahead of it than free permits plus one more round of the limit,
-    and, under a rate, a slot within ``max_block`` (the hand-over window)."""
-    if place.draining or (place.rate_due is not None and place.rate_due > max_block):
+    and, under a rate, a slot within ``rate_window`` (how far ahead the scripts hand
+    parked tasks over: `celery_semaphore.core.protocol.rate_window`)."""
+    if place.draining or (place.rate_due is not None and place.rate_due > rate_window):
         return False
     return place.position - 1 < max(0, place.limit - place.holders) + place.limit
 
@@ -184,7 +186,8 @@ class ParkingProducer:
             return False  # no gate, or a queue cap and a task cap: each waits at a worker
         ((gate, place),) = places.items()
         config = task_config(task)
-        if turn_is_near(place, config.max_block):
+        window = config.max_block if gate.rate is None else rate_window(gate.rate, config.max_block)
+        if turn_is_near(place, window):
             return False
         semaphore = semaphore_of(app, gate, config, quick=True)
         if not state_of(app).parking.allows(app, config, semaphore.client):

@@ -27,6 +27,10 @@ STATUS_MOST = 1000
 #: while it has not reached a worker; then it is presumed lost (a purged queue,
 #: an expired message, a failed publish) and no longer counted.
 SENT_HORIZON = 3600.0
+#: Under a rate, parked waiters are handed over this long before their slots (or
+#: three intervals, if longer; at most the handover window): long enough for a
+#: published task to reach a worker, short enough that the workers hold few.
+RATE_LEAD = 0.2
 #: How long admissions stay paused after a data loss beyond the renewal interval:
 #: time for a worker that notices the loss at its next beat to write its permits back.
 PAUSE_MARGIN = 0.5
@@ -387,6 +391,12 @@ class StatusReply(NamedTuple):
     rate_paused_until_ms: int  # 0: no pause
 
 
+def rate_window(rate: RateLimit, handover_window: float) -> float:
+    """How far ahead of their slots waiters under ``rate`` are handed over (dispatch()
+    in common.lua computes the same from the rate in force)."""
+    return min(handover_window, max(RATE_LEAD, 3 * rate.interval_us / 1_000_000))
+
+
 def _seconds(microseconds: int | None) -> float | None:
     return None if microseconds is None else microseconds / 1_000_000
 
@@ -449,7 +459,7 @@ class SemaphoreSpec:
         if handover_window is not None:
             window = validation.check_seconds(handover_window, "handover_window", allow_zero=True)
             deadline = validation.check_seconds(handover_deadline, "handover_deadline")
-            self.dispatch = f"{int(window * 1000)}|{int(deadline * 1000)}"
+            self.dispatch = f"{int(window * 1000)}|{int(deadline * 1000)}|{int(RATE_LEAD * 1000)}"
 
     def lease_ms(self, lease_timeout: float | None) -> int:
         seconds = self.lease_timeout if lease_timeout is None else lease_timeout

@@ -138,7 +138,7 @@ def test_a_grant_message_admits_its_waiter_only() -> None:
 
 def test_the_dispatch_setting_names_what_a_publisher_needs() -> None:
     assert spec().dispatch == ""
-    assert spec(handover_window=0.5, handover_deadline=30.0).dispatch == "500|30000"
+    assert spec(handover_window=0.5, handover_deadline=30.0).dispatch == "500|30000|200"
     with pytest.raises(ValueError, match="on_handover"):
         spec().park_args("h", None, "payload", park_lease=10, info="", due=None)
     args = spec(handover_window=1.0).park_args("h", 4, "p", park_lease=10, info="i", due=0.0)

@@ -10,7 +10,7 @@
 -- ARGV[7] idle ms          every key expires after this long without use
 -- ARGV[8] wake channel     for after_free(), when reclaiming made room
 -- ARGV[9] handover token   the token of the handed-over copy this is, or ''
--- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
 -- ARGV[11] in place        '1': the contender, if refused, waits in place (subscribed
 --                          to the wake channel): a release may grant it the permit
 --                          directly (see grant_in_place()); '': it does not

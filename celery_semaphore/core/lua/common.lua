@@ -503,7 +503,7 @@ local function hand_over(m, holder, record, payload, deadline_ms, out, delay_ms)
 end
 
 -- Hands over the parked waiters that are due: ``cfg`` is '' when the caller does
--- not publish (nothing is handed over), else "<max block ms>|<deadline ms>".
+-- not publish (nothing is handed over), else "<max block ms>|<deadline ms>|<rate lead ms>".
 -- Returns {holder, token, payload, delay ms, ...}. A waiter is due when
 --   * it is among the first ``free`` waiters (a permit is free for it now), or
 --   * it is among the next ``window`` waiters and parked before the latest
@@ -511,8 +511,9 @@ end
 --     comes (the window is the number of waiters served within max_block at
 --     the average hold time, at most the limit);
 -- and, under a rate, it is among the first the rate allows now (``free`` counts
--- no more), or its slot (slot_in()) is within max_block: it waits in place
--- for it. The first waiter past that, if parked, is handed over with a delay that
+-- no more), or its slot (slot_in()) is within the rate's window (the rate lead, or
+-- three intervals if longer; at most max_block): it waits in place for it. The
+-- first waiter past that, if parked, is handed over with a delay that
 -- brings it to a worker at its slot (at most the deadline ahead), so a slow rate
 -- or a paused one needs nobody to ask again; one such waiter at a time.
 -- Also due: a waiter handed over that did not arrive by its deadline (its
@@ -522,8 +523,8 @@ end
 local function dispatch(m, declared, cfg)
   local out = {}
   if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
-  local max_block_ms, deadline_ms = string.match(cfg, '^(%d+)|(%d+)$')
-  max_block_ms, deadline_ms = tonumber(max_block_ms), tonumber(deadline_ms)
+  local max_block_ms, deadline_ms, lead_ms = string.match(cfg, '^(%d+)|(%d+)|(%d+)$')
+  max_block_ms, deadline_ms, lead_ms = tonumber(max_block_ms), tonumber(deadline_ms), tonumber(lead_ms)
   local limit = effective_limit(m, declared)
   local free, window = 0, 0
   if not paused(m) then
@@ -539,8 +540,10 @@ local function dispatch(m, declared, cfg)
   local permits = free
   free = math.min(free, room)
   local count = free + window
+  local rate_window_ms = max_block_ms
   if rate then
-    count = math.min(count, room + math.floor(max_block_ms * 1000 / rate.interval) + 2)
+    rate_window_ms = math.min(max_block_ms, math.max(lead_ms, 3 * rate.interval / 1000))
+    count = math.min(count, room + math.floor(rate_window_ms * 1000 / rate.interval) + 2)
   end
   if count > 0 then
     local first = redis.call('ZRANGE', waiters, 0, count - 1)
@@ -550,7 +553,7 @@ local function dispatch(m, declared, cfg)
       local progress = state == 'p' and tonumber(mark) < released
       local near = state == 'p' and (i <= free or progress)
       local slot_ms = rate and math.ceil(slot_in(m, room, next_us, i) / 1000) or 0
-      if slot_ms > max_block_ms or rate_paused then
+      if slot_ms > rate_window_ms or rate_paused then
         if state == 'p' and (i <= permits or progress) and slot_ms <= deadline_ms then
           hand_over(m, holder, record, payload, deadline_ms, out, slot_ms)
         end

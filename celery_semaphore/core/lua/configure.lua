@@ -9,7 +9,7 @@
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
--- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
 -- ARGV[6] rate       the caller's rate, or '' for none declared (see "Rates" in common.lua)
 --
 -- Returns {the previous value or '', handovers}. Then after_free() (the caller

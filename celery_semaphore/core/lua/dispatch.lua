@@ -9,7 +9,7 @@
 -- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
 -- ARGV[1] idle ms
 -- ARGV[2] wake channel
--- ARGV[3] dispatch         "<max block ms>|<deadline ms>"
+-- ARGV[3] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>"
 -- ARGV[4..] holders to drop from the line if they are parked or handed over
 --           (a holder asking in person, or holding a permit, is left alone)
 --

@@ -7,7 +7,7 @@
 -- ARGV[4] park lease ms    how long the place holds without being handed over
 -- ARGV[5] info             free text stored with the waiter
 -- ARGV[6] idle ms
--- ARGV[7] dispatch         "<max block ms>|<deadline ms>" (see dispatch() in common.lua)
+-- ARGV[7] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>" (see dispatch() in common.lua)
 -- ARGV[8] due ms           hand it over after this long even if its turn has not
 --                          come (its wait budget runs out then), or 0
 -- ARGV[9] wake channel     for after_free(), when reclaiming made room

@@ -6,7 +6,7 @@
 --         its place in line (the by-id release of a worker that lost the child)
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
--- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
 -- ARGV[6] declared limit  the caller's: what follows the release (after_free()) stays
 --                        within it (see effective_limit())
 -- ARGV[7] unused    '1': the permit is given back unused (its task did not start: another

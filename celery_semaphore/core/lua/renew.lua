@@ -4,7 +4,7 @@
 -- ARGV[1] lease ms    new lease, counted from now
 -- ARGV[2] idle ms
 -- ARGV[3] wake channel
--- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
 -- ARGV[5..] pairs: holder, fencing token ('' = any token of this holder)
 --
 -- Returns {new lease expiry ms, {lost holder, ...}, handovers, restored}. A holder whose
