@@ -32,8 +32,8 @@ MIN_COUNTDOWN = 0.02
 #: How long a place taken or refreshed by a waiting task holds beyond its next
 #: ask (the place lapses if the task never comes back: a lost message).
 PLACE_GRACE = 5.0
-#: How long a task waiting in place for a rate's slot waits past it.
-SLOT_GRACE = 0.1
+#: A countdown aimed at a rate's slot brings the task back this long before it.
+SLOT_LEAD = 0.05
 
 
 class Random(Protocol):
@@ -91,8 +91,12 @@ def estimate_turn(place: Place) -> float | None:
 
 
 def should_wait_in_place(place: Place, max_block: float) -> bool:
-    """Only the next ``limit`` in line wait in place, and only for a turn due soon."""
+    """Only the next ``limit`` in line wait in place, and only for a turn due soon;
+    nobody while a task's `RateLimited` pauses the rate (that task comes back first
+    when the pause ends, and needs a worker process then)."""
     if max_block <= 0 or place.draining or place.position > place.limit:
+        return False
+    if place.rate_paused_for is not None:
         return False
     if place.resumes_in is not None and place.resumes_in > max_block:
         return False
@@ -100,27 +104,16 @@ def should_wait_in_place(place: Place, max_block: float) -> bool:
     return turn is None or turn <= max_block
 
 
-def in_place_for(place: Place, max_block: float) -> float:
-    """How long to wait in place: ``max_block``, or, where a rate's slot decides the
-    turn, until shortly after the slot: a waiter still refused then waits for someone
-    ahead that is not there yet (a task that raised `RateLimited` comes back first), and
-    should give its worker process back to it rather than hold it."""
-    turn = estimate_turn(place)
-    if place.rate_due is not None and turn == place.rate_due:
-        return min(max_block, place.rate_due + SLOT_GRACE)
-    return max_block
-
-
 def countdown(
     waits: int, place: Place | None, config: SemaphoreConfig, rng: Random = random
 ) -> float:
     """When to ask again: half a hold before the estimated turn (so the request
-    arrives among the next ``limit`` and waits in place briefly), or just before
-    the slot a rate gives it, else exponential backoff with full jitter when the
+    arrives among the next ``limit`` and waits in place briefly), or `SLOT_LEAD`
+    before the slot a rate gives it, else exponential backoff with full jitter when the
     semaphore can't estimate; never before admissions resume after a data loss."""
     turn = estimate_turn(place) if place is not None else None
     if turn is not None and place is not None and turn == place.rate_due:
-        delay = turn * (rng.uniform(0.9, 0.95) if config.backoff_jitter else 0.95)
+        delay = turn - SLOT_LEAD  # a slot is exact and each its own: no jitter
     elif turn is not None and place is not None and place.hold_estimate is not None:
         early = turn - place.hold_estimate / 2
         delay = early * (rng.uniform(0.85, 0.95) if config.backoff_jitter else 0.9)
@@ -159,7 +152,7 @@ def decide(
     less safely than the broker: `celery_semaphore.durability`).
     """
     if may_wait_in_place and place is not None and should_wait_in_place(place, config.max_block):
-        return WaitInPlace(in_place_for(place, config.max_block))
+        return WaitInPlace(config.max_block)
     over_count = config.max_waits is not None and waits >= config.max_waits
     over_time = config.max_wait_time is not None and waited >= config.max_wait_time
     if over_count or over_time:

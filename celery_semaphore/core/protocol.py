@@ -51,7 +51,8 @@ class Place:
     permit is granted after Redis lost its data, the time until admissions
     resume (None otherwise). ``rate_due``: under a rate, the time until the rate
     allows this place a grant (its slot, counting the places ahead of it; None
-    without a rate).
+    without a rate); ``rate_paused_for``: while a task's `RateLimited` pauses the
+    rate, the time until the pause ends (None otherwise).
     """
 
     ticket: int
@@ -64,6 +65,7 @@ class Place:
     grant_interval: float | None = None
     resumes_in: float | None = None
     rate_due: float | None = None
+    rate_paused_for: float | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,7 @@ class Refused(NamedTuple):
     grant_gap_ms: int  # 0: none yet
     resumes_ms: int  # 0: not paused after a data loss
     slot_us: int | None  # None: no rate
+    rate_pause_ms: int  # 0: the rate is not paused by RateLimited
     handovers: list[Handover]
 
 
@@ -634,6 +637,9 @@ class SemaphoreSpec:
                 if refused.resumes_ms
                 else None,
                 rate_due=_seconds(refused.slot_us),
+                rate_paused_for=max(0.0, (refused.rate_pause_ms - now) / 1000)
+                if refused.rate_pause_ms
+                else None,
             ), refused.handovers
         if code == 2:
             raise StaleHandover(self.name, read(StaleCopy, values).token)

@@ -41,25 +41,26 @@ def test_a_granted_reply() -> None:
 
 
 def test_a_refused_reply() -> None:
-    reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", []]
+    reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", 0, []]
     place, handovers = spec().parse_acquire(reply)
     assert place == Place(9, 2, 3, 3, False, 0.5, 0.3, 0.08)
     assert handovers == []
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 0, b"250000", []])
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 0, b"250000", 1400, []])
     assert isinstance(place, Place)
     assert place.rate_due == 0.25  # its slot under a rate
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, b"", []])
+    assert place.rate_paused_for == 0.4  # a RateLimited pause
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, b"", 0, []])
     assert isinstance(place, Place)
     assert (place.draining, place.next_expiry_in, place.hold_estimate) == (True, None, None)
     assert (place.grant_interval, place.resumes_in) == (None, None)
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, b"", []])
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, b"", 0, []])
     assert isinstance(place, Place)
     assert place.resumes_in == 2.5  # paused after a data loss
 
 
 def test_an_epoch_reply_is_told_apart_from_every_other_reply() -> None:
     assert epochs.is_epoch_reply([b"celery_semaphore:epoch", b"17", 0, 0, 1000])
-    assert not epochs.is_epoch_reply([0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", []])
+    assert not epochs.is_epoch_reply([0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", 0, []])
     assert not epochs.is_epoch_reply([b"3", []])
     assert not epochs.is_epoch_reply(5)
 
@@ -82,7 +83,7 @@ def test_handovers_come_in_fours() -> None:
 
 
 def test_a_reply_of_another_length_is_refused_naming_its_shape() -> None:
-    with pytest.raises(ValueError, match="a Refused reply has 12 values, got 9"):
+    with pytest.raises(ValueError, match="a Refused reply has 13 values, got 9"):
         read(Refused, [9, 2, 3, 3, 0, 1500, 1000, 300, 80])
     with pytest.raises(ValueError, match="a Granted reply has 7 values, got 4"):
         spec().parse_acquire([1, 42, 5000, 4000, 250])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from celery_semaphore.config import SemaphoreConfig
@@ -103,15 +105,18 @@ def rated(position: int, rate_due: float) -> Place:
 
 
 def test_under_a_rate_the_slot_decides_whether_to_wait_in_place() -> None:
-    assert decide(rated(10, 0.5), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(0.6)
-    assert decide(rated(18, 0.95), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
+    assert decide(rated(10, 0.5), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
+    paused = replace(rated(1, 0.5), rate_paused_for=0.45)
+    assert decide(paused, waits=0, waited=0.0, config=HANDOVER) == Park(due=None), (
+        "nobody waits in place while RateLimited pauses the rate"
+    )
     assert decide(rated(40, 2.0), waits=0, waited=0.0, config=HANDOVER) == Park(due=None)
 
 
 def test_a_countdown_aims_just_before_the_slot_of_a_rate() -> None:
     decision = decide(rated(40, 2.0), waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
     assert isinstance(decision, Countdown)
-    assert decision.delay == pytest.approx(2.0 * 0.925)
+    assert decision.delay == pytest.approx(2.0 - 0.05), "just before the slot, no jitter"
 
 
 def test_the_slot_of_a_rate_is_never_later_than_the_turn() -> None:

@@ -31,7 +31,8 @@
 -- earliest lease expiry ms or 0, now ms, average hold ms or 0, average ms
 -- between grants while others wait or 0, when admissions resume after a data
 -- loss (ms) or 0, µs until the rate allows this contender a grant (its slot;
--- '' without a rate), handovers} when refused (ticket 0:
+-- '' without a rate), when a RateLimited pause of the rate ends (ms) or 0,
+-- handovers} when refused (ticket 0:
 -- not queued), {2, current handover token} when this is a
 -- stale copy of a handed-over waiter (changes nothing). ``handovers``:
 -- {holder, token, payload, delay ms, ...} due after reclaiming, or, under a rate,
@@ -170,8 +171,10 @@ else
   if ahead < free then bump('m_throttled', 1) end
   local slot = ''
   if room ~= math.huge then slot = fmt(slot_in(m, room, next_us, ahead + 1)) end
+  local rate_pause = tonumber(m.rate_pause) or 0
+  if room == math.huge or rate_pause <= now_ms then rate_pause = 0 end
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms,
-    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0, resumes_ms, slot}
+    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0, resumes_ms, slot, rate_pause}
 end
 if #meta_writes > 0 then
   write_meta(m, meta_writes)
