@@ -15,7 +15,8 @@ this module and before it starts the workers):
   the pause one task asks for once;
 - ``BENCH_BUCKET_JITTER``: the token-bucket recipe's jitter, seconds (uniform from 0).
 
-Tasks, by scenario (every one ``ignore_result``; the harness waits for the records):
+Tasks, by scenario (every one ``ignore_result``, on a queue named after it; the harness
+waits for the records):
 
 - accuracy, ``(index, hold)``: ``rate_ours`` (``LimitedTask`` with ``rate=``,
   handover mode), ``rate_ours_countdown`` (countdown mode, a semaphore of its own),
@@ -96,8 +97,10 @@ app = Celery("bench_rate_app", broker=BROKER_URL)
 app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
-    task_default_queue="bench-rate",
     task_ignore_result=True,
+    # Each task on a queue of its own, named after it: the harness starts the workers of
+    # one variant at a time (-Q), so a variant's leftovers never reach the next one.
+    task_routes=(lambda name, *_, **__: {"queue": name.rsplit(".", 1)[-1]},),
 )
 _records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
 _pending: list[tuple[str, str]] = []
