@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         Parked,
         Permit,
         Place,
+        RateLimit,
         Semaphore,
         SemaphoreBackendError,
         SemaphoreConnectionError,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
         WaitingForPermit,
     )
     from .gates import per_key
+    from .limits import Concurrency, Rate, RateLimited
     from .state import reset
     from .task import LimitedTask
     from .wiring import install
@@ -46,12 +48,16 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncPermit",
     "AsyncSemaphore",
+    "Concurrency",
     "Handover",
     "HolderInfo",
     "LimitedTask",
     "Parked",
     "Permit",
     "Place",
+    "Rate",
+    "RateLimit",
+    "RateLimited",
     "Semaphore",
     "SemaphoreBackendError",
     "SemaphoreConnectionError",
@@ -68,6 +74,9 @@ __all__ = [
     "reset",
 ]
 _CELERY_SIDE = {
+    "Concurrency": ".limits",
+    "Rate": ".limits",
+    "RateLimited": ".limits",
     "LimitedTask": ".task",
     "install": ".wiring",
     "per_key": ".gates",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 
 from . import signals
 from .config import SemaphoreConfig, task_config
@@ -37,7 +37,8 @@ from .core import (
     SemaphoreTimeout,
     StaleHandover,
 )
-from .gates import semaphore_of, task_gate
+from .gates import semaphore_of, task_gates
+from .limits import RateLimited
 from .retry import WAITS_MARK, Waits
 from .state import state_of
 from .waiting import PLACE_GRACE, Countdown, GiveUp, Park
@@ -63,8 +64,7 @@ def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any
     raw = getattr(request, GATES_HEADER, None)
     if raw is not None:
         return decode_gates(raw)
-    gate = task_gate(task, args, kwargs)
-    return [gate] if gate else []
+    return task_gates(task, args, kwargs)
 
 
 def _info(task: Any, request: Any) -> str:
@@ -218,16 +218,63 @@ def admitted_call(
     admission = Admission(task, request, gates, task_config(task), state)
     if request.is_eager:
         return _eager_call(admission, body, args, kwargs)
-    admit(admission, Waits(task, request, state, admission.config, admission.info))
-    total, waits = request.retries, state.waits
-    request.retries = max(0, total - waits)
-    setattr(request, WAITS_MARK, waits)
+    waits = Waits(task, request, state, admission.config, admission.info)
+    admit(admission, waits)
+    total = request.retries
+    request.retries = max(0, total - state.waits)
+    setattr(request, WAITS_MARK, state.waits)
     try:
         return body(*args, **kwargs)
+    except RateLimited as limited:
+        request.retries = total  # its wait is a wait, counted as the others
+        setattr(request, WAITS_MARK, None)  # and it keeps its places (not a new contender)
+        raise slow_down(admission, waits, limited) from None
     finally:
         request.retries = total
         setattr(request, WAITS_MARK, None)
         admission.exit()
+
+
+def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry:
+    """The body raised `RateLimited`: give the permits back, pause the rates it names
+    (all of the request's, or ``limited.limit``'s) for ``retry_after``, and come back
+    then, first in line: the request stands in each paused line with its place (its
+    ticket, or, where it was granted without waiting, its fencing token: its place
+    when it was granted) until it comes back, and presents that place at its other
+    gates too. The ``Retry`` to end with (a countdown, whatever the wait mode)."""
+    task, request, seconds = admission.task, admission.request, limited.retry_after
+    paused = [
+        gate
+        for gate in admission.gates
+        if gate.rate is not None and limited.limit in (None, gate.name)
+    ]
+    if not paused:
+        rates = [gate.name for gate in admission.gates if gate.rate is not None]
+        admission.exit()
+        raise ValueError(
+            f"task {task.name} raised {limited!r}, but "
+            + (f"its rates are on {', '.join(rates)}" if rates else "it declares no rate")
+            + ": declare rate= on its semaphore (or Rate(...) in limits=), or name one of "
+            "its rates with RateLimited(retry_after, limit=NAME)"
+        )
+    tickets = admission.state.tickets
+    for gate, permit in admission.permits.items():
+        tickets.setdefault(gate.name, permit.fencing_token)
+    admission.exit()
+    place: Place | None = None
+    for gate in paused:
+        semaphore = semaphore_of(task.app, gate, admission.config)
+        semaphore.pause_rate(seconds)
+        admission._send(signals.rate_limited, gate, retry_after=seconds)
+        result = semaphore.attempt(
+            request.id, tickets.get(gate.name), wait_lease=seconds + PLACE_GRACE,
+            info=admission.info,
+        )  # fmt: skip
+        if isinstance(result, Place):
+            place = place or result
+        else:  # not paused after all (its rate was taken away meanwhile)
+            result.release()
+    return waits.countdown(paused[0], place, seconds)
 
 
 def admit(admission: Admission, waits: Waits) -> None:

@@ -36,6 +36,9 @@
   worker since it started fails the task instead), ``"fail"`` the task, or ``"run"``
   it without a permit.
 - ``semaphore_queue_limits`` (``{}``): ``{queue name: limit}`` caps per queue.
+- ``semaphore_queue_rates`` (``{}``): ``{queue name: rate}`` start rates per queue,
+  in Celery's rate syntax (``{"emails": "50/s"}``); with a cap on the same queue,
+  both are granted in one step.
 - ``semaphore_send_events`` (None: as the worker's ``-E``): send the Celery
   events ``semaphore-waiting``, ``semaphore-granted`` and ``semaphore-lost``.
 - ``semaphore_metrics_per_key`` (False): the metrics show each semaphore of a
@@ -43,8 +46,8 @@
 
 A `LimitedTask` takes the same names as decorator
 options to override them per task (all but the app-wide Redis URL, namespace,
-queue limits, events and per-key metrics), next to its own ``semaphore`` and
-``limit``.
+queue limits and rates, events and per-key metrics), next to its own limits
+(``semaphore``, ``limit``, ``rate`` or ``limits``: `celery_semaphore.limits`).
 """
 
 from __future__ import annotations
@@ -54,12 +57,15 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .core import validation
+from .core.rates import RateLimit, parse_rate
 from .state import state_of
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 WAIT_MODES = ("handover", "countdown")
 PREFIX = "semaphore_"
-APP_WIDE = frozenset({"redis_url", "namespace", "queue_limits", "send_events", "metrics_per_key"})
+APP_WIDE = frozenset(
+    {"redis_url", "namespace", "queue_limits", "queue_rates", "send_events", "metrics_per_key"}
+)
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
@@ -84,6 +90,7 @@ class SemaphoreConfig:
     max_wait_time: float | None = None
     on_redis_error: str = "retry"
     queue_limits: dict[str, int] = field(default_factory=dict)
+    queue_rates: dict[str, RateLimit] = field(default_factory=dict)
     send_events: bool | None = None
     metrics_per_key: bool = False
 
@@ -133,6 +140,15 @@ class SemaphoreConfig:
         for queue, limit in self.queue_limits.items():
             validation.check_name(queue, "queue_limits key")
             validation.check_limit(limit, f"queue_limits[{queue!r}]")
+        if not isinstance(self.queue_rates, dict):
+            raise TypeError(
+                f"queue_rates must be a dict of queue name -> rate like '50/s', "
+                f"got {self.queue_rates!r}"
+            )
+        for queue in self.queue_rates:
+            validation.check_name(queue, "queue_rates key")
+        rates = {q: parse_rate(r, f"queue_rates[{q!r}]") for q, r in self.queue_rates.items()}
+        object.__setattr__(self, "queue_rates", rates)  # read once: texts become RateLimits
 
     @property
     def parks(self) -> bool:

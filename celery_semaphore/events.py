@@ -1,4 +1,5 @@
-"""Celery events for permit waits, grants and losses, and for a loss of Redis's data.
+"""Celery events for permit waits, grants and losses, rates paused by a task
+(``semaphore-rate-limited``), and a loss of Redis's data.
 
 Their types do not start with ``task-``: Flower would take a custom ``task-*``
 event as the task's new state. Event consumers count them (Flower's
@@ -54,6 +55,7 @@ _handlers = {
     signals.permit_waiting: _from_task("semaphore-waiting"),
     signals.permit_granted: _from_task("semaphore-granted"),
     signals.permit_lost: _from_task("semaphore-lost"),
+    signals.rate_limited: _from_task("semaphore-rate-limited"),
 }
 
 

@@ -1,8 +1,10 @@
 """Which semaphores a task request must pass ("gates"): decided here, once.
 
-A request passes at most two gates, always in this order: the cap of the queue
-it is consumed from (``semaphore_queue_limits``), then its task's own
-semaphore (`LimitedTask`). `request_gates()` is the
+A request passes the gate of the queue it is consumed from (its cap and rate:
+``semaphore_queue_limits``, ``semaphore_queue_rates``), then its task's own
+(`LimitedTask`: one per semaphore it names, `celery_semaphore.limits`); the gates
+with a rate come last, so a start is spent only once every concurrency
+limit has admitted the request. `request_gates()` is the
 one decision; both the publisher (places in line at publish) and the worker's
 main process (when the message arrives) call it, naming the queue the same
 way (`queue_of()`). The worker stores the result in the request's
@@ -19,6 +21,7 @@ from typing import Any
 
 from .config import SemaphoreConfig, get_config
 from .core import Semaphore, validation
+from .limits import Declared
 from .state import state_of
 from .wire import Gate
 
@@ -76,23 +79,24 @@ def queue_of(queues: Iterable[Any], exchange: Any, routing_key: str | None) -> s
 
 
 def queue_gate(queue: str | None, config: SemaphoreConfig) -> Gate | None:
-    if queue is None or queue not in config.queue_limits:
+    if queue is None or (queue not in config.queue_limits and queue not in config.queue_rates):
         return None
-    return Gate(QUEUE_PREFIX + queue, config.queue_limits[queue])
+    limit = config.queue_limits.get(queue, validation.MAX_LIMIT)
+    return Gate(QUEUE_PREFIX + queue, limit, rate=config.queue_rates.get(queue))
 
 
-def task_gate(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate | None:
-    """The task's own gate (None for a task that has no ``semaphore`` option).
+def task_gates(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Gate]:
+    """The task's own gates (none for a task that declares no limits).
 
-    Raises ValueError / TypeError naming the task when its key function fails.
+    Raises ValueError / TypeError naming the task when a key function fails.
     """
-    # A key function is stored as a class attribute: looked up on the task it
-    # would become a bound method and receive the task as its first argument.
-    spec: Any = inspect.getattr_static(task, "semaphore", None)
-    if isinstance(spec, staticmethod):
-        spec = spec.__func__
-    if spec is None:
-        return None
+    declared: list[Declared] = getattr(task, "declared_limits", None) or []
+    return [_gate(task, limits, args, kwargs) for limits in declared]
+
+
+def _gate(task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate:
+    spec = limits.name
+    limit = validation.MAX_LIMIT if limits.limit is None else limits.limit
     if callable(spec):
         try:
             name = spec(*args, **kwargs)
@@ -109,16 +113,18 @@ def task_gate(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate
         family = spec.family if isinstance(spec, KeyFunction) else task.name
     else:
         name, family = spec, ""
-    return Gate(validation.check_name(name, f"task {task.name}: semaphore"), task.limit, family)
+    name = validation.check_name(name, f"task {task.name}: semaphore")
+    return Gate(name, limit, family, limits.rate)
 
 
 def request_gates(
     task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None
 ) -> list[Gate]:
     """The gates of one request of ``task`` consumed from ``queue``, in the order
-    they are taken. Raises like `task_gate()`."""
-    gates = [queue_gate(queue, get_config(task.app)), task_gate(task, args, kwargs)]
-    return [gate for gate in gates if gate is not None]
+    they are taken (those with a rate last). Raises like `task_gates()`."""
+    queue_gates = [gate for gate in [queue_gate(queue, get_config(task.app))] if gate]
+    gates = queue_gates + task_gates(task, args, kwargs)
+    return sorted(gates, key=lambda gate: gate.rate is not None)
 
 
 def semaphore_of(
@@ -126,7 +132,7 @@ def semaphore_of(
 ) -> Semaphore:
     """The gate's semaphore in this process, with ``config`` (the app's or a task's)."""
     return state_of(app).semaphores.get(
-        gate.name, gate.limit, config, quick=quick, family=gate.family
+        gate.name, gate.limit, config, quick=quick, family=gate.family, rate=gate.rate
     )
 
 

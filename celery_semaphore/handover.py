@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .core import Handover
@@ -34,21 +35,27 @@ logger = logging.getLogger(__name__)
 
 
 def publish(app: Any, semaphore: str, handover: Handover) -> None:
-    """Publish one handed-over task, marked with its handover token."""
+    """Publish one handed-over task, marked with its handover token; one handed over
+    for a rate's slot (``handover.delay``) is due then (an ETA)."""
     parked = decode_payload(app, handover.payload)
     if isinstance(parked, ParkedMessage):
-        _publish_message(app, semaphore, handover.token, parked)
+        _publish_message(app, semaphore, handover, parked)
         return
     options = parked.options
     options["headers"] = with_handover(options.get("headers"), semaphore, handover.token)
+    if handover.delay > 0:
+        options["countdown"] = handover.delay
     parked.apply_async()
 
 
-def _publish_message(app: Any, semaphore: str, token: int, parked: ParkedMessage) -> None:
+def _publish_message(app: Any, semaphore: str, handover: Handover, parked: ParkedMessage) -> None:
     """Publish a message parked at publish time to its queue's handover queue (or,
     where its queue was not known, as it was addressed)."""
     options = dict(parked.options)
-    options["headers"] = with_handover(options.get("headers"), semaphore, token)
+    options["headers"] = with_handover(options.get("headers"), semaphore, handover.token)
+    if handover.delay > 0:  # Celery's message protocol 2 carries the ETA in its headers
+        eta = datetime.now(timezone.utc) + timedelta(seconds=handover.delay)
+        options["headers"]["eta"] = eta.isoformat()
     if parked.queue:
         queue = app.amqp.queues[handover_queue(parked.queue)]
         options.update(exchange="", routing_key=queue.name, declare=[queue])

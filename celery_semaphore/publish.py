@@ -138,10 +138,11 @@ def drop_unsent() -> None:
             logger.info("places of unsent task %s not given back: %s", task_id, error)
 
 
-def turn_is_near(place: Place) -> bool:
+def turn_is_near(place: Place, max_block: float) -> bool:
     """Whether a new task at ``place`` may be served soon after it reaches a worker:
-    fewer waiters ahead of it than free permits plus one more round of the limit."""
-    if place.draining:
+    fewer waiters ahead of it than free permits plus one more round of the limit,
+    and, under a rate, a slot within ``max_block`` (the hand-over window)."""
+    if place.draining or (place.rate_due is not None and place.rate_due > max_block):
         return False
     return place.position - 1 < max(0, place.limit - place.holders) + place.limit
 
@@ -182,9 +183,9 @@ class ParkingProducer:
         if len(places) != 1:
             return False  # no gate, or a queue cap and a task cap: each waits at a worker
         ((gate, place),) = places.items()
-        if turn_is_near(place):
-            return False
         config = task_config(task)
+        if turn_is_near(place, config.max_block):
+            return False
         semaphore = semaphore_of(app, gate, config, quick=True)
         if not state_of(app).parking.allows(app, config, semaphore.client):
             return False

@@ -39,3 +39,9 @@ client noticed; 0 if none had seen the data), ``resumes_at`` (server time),
 permit_released = Signal(name="semaphore_permit_released")
 """A task gave a permit back. Arguments: ``semaphore``, ``task_id``,
 ``task_name``, ``released`` (False if it was already lost)."""
+
+rate_limited = Signal(name="semaphore_rate_limited")
+"""A task body raised `RateLimited`: the rate of ``semaphore`` starts no task for
+``retry_after`` seconds (from the raise, on the Redis server's clock), and the task
+goes back to the head of the line. Sent in the process that ran the body, once per
+semaphore paused. Arguments: ``semaphore``, ``task_id``, ``task_name``, ``retry_after``."""

@@ -33,6 +33,7 @@ from redis.retry import Retry
 from .core import Semaphore
 from .core.connection import SyncClient, connect
 from .core.protocol import PAUSE_MARGIN
+from .core.rates import RateLimit
 from .durability import ParkingSafety
 from .handover import publisher
 
@@ -89,11 +90,13 @@ class Semaphores:
         *,
         quick: bool = False,
         family: str = "",
+        rate: RateLimit | None = None,
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
-               config.max_block, config.handover_deadline, family, config.renew_every)  # fmt: skip
+               config.max_block, config.handover_deadline, family, config.renew_every,
+               rate)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is not None:  # no lock: see _lock
             with suppress(KeyError):  # dropped by another thread meanwhile
@@ -114,6 +117,7 @@ class Semaphores:
                 handover_window=config.max_block,
                 handover_deadline=config.handover_deadline,
                 family=family,
+                rate=rate,
                 url=config.redis_url,
                 # a worker whose heartbeat noticed a loss only at its next beat
                 # still writes its permits back in time

@@ -11,7 +11,7 @@ from celery import Task
 
 from .admission import admitted_call
 from .config import APP_WIDE, PREFIX, SemaphoreConfig, task_config
-from .core import validation
+from .limits import Concurrency, Declared, Rate, declared
 from .patching import PATCHED
 from .publish import ParkingProducer, drop_unsent, is_new
 from .retry import home_queue, with_waits_added
@@ -32,6 +32,13 @@ class LimitedTask(Task):  # type: ignore[misc]
       in ``per_key("customer", ...)`` to name the family the metrics show its
       semaphores as);
     - ``limit``: the cap, an int from 1 to 1,000,000;
+    - ``rate``: how fast tasks may start on that semaphore, cluster-wide, in
+      Celery's rate syntax (``"20/s"``, ``"100/m"``, ``"1000/h"``); with ``limit``,
+      both are granted in one step (give ``limit``, ``rate`` or both);
+    - ``limits``: instead of the three above, a list of
+      [Concurrency][celery_semaphore.Concurrency] and
+      [Rate][celery_semaphore.Rate] limits, each on a semaphore of its own or a
+      shared one (`celery_semaphore.limits`);
     - ``semaphore_<setting>``: this task's value of a ``semaphore_*`` setting,
       all but the app-wide Redis URL, namespace, queue limits, events and
       per-key metrics (see
@@ -44,12 +51,17 @@ class LimitedTask(Task):  # type: ignore[misc]
 
     semaphore: ClassVar[str | Callable[..., str] | None] = None
     limit: ClassVar[int | None] = None
+    rate: ClassVar[str | None] = None
+    limits: ClassVar[list[Concurrency | Rate] | None] = None
     semaphore_options: ClassVar[dict[str, Any]] = {}
+    #: The limits above, checked once (`celery_semaphore.limits.declared`).
+    declared_limits: ClassVar[list[Declared]] = []
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
         try:
+            cls.declared_limits = declared(cls)
             cls.semaphore_options = cls._checked_options()
         except (TypeError, ValueError) as error:
             raise declaration_error(error) from None
@@ -59,13 +71,6 @@ class LimitedTask(Task):  # type: ignore[misc]
     def _checked_options(cls) -> dict[str, Any]:
         """The task's ``semaphore_*`` options; TypeError / ValueError naming the task."""
         name = f"task {cls.name}"
-        if cls.semaphore is None:
-            raise TypeError(f"{name}: LimitedTask needs semaphore= (a name or a key function)")
-        if not callable(cls.semaphore):
-            validation.check_name(cls.semaphore, f"{name}: semaphore")
-        if cls.limit is None:
-            raise TypeError(f"{name}: LimitedTask needs limit= (an int >= 1)")
-        validation.check_limit(cls.limit, f"{name}: limit")
         options = {}
         for attribute in dir(cls):
             if attribute.startswith(PREFIX) and attribute != "semaphore_options":
@@ -73,7 +78,7 @@ class LimitedTask(Task):  # type: ignore[misc]
                 if option not in TASK_OPTIONS:
                     raise ValueError(
                         f"{name}: unknown option {attribute}; accepted: semaphore, limit, "
-                        + ", ".join(PREFIX + o for o in TASK_OPTIONS)
+                        "rate, limits, " + ", ".join(PREFIX + o for o in TASK_OPTIONS)
                     )
                 options[option] = getattr(cls, attribute)
         for option in TASK_OPTIONS:

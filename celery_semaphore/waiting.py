@@ -72,16 +72,20 @@ def estimate_turn(place: Place) -> float | None:
     than hold / limit when hand-overs are slow), at most twice hold / limit: when
     tasks come back late the permits idle and the measured pace slows down, which
     would send them back later still. While admissions are paused after a data
-    loss, the turn comes after the pause."""
+    loss, the turn comes after the pause. Under a rate, never before the slot the
+    rate gives the place (``Place.rate_due``, exact)."""
     if place.draining:
         return None
     capacity = place.hold_estimate / max(place.limit, 1) if place.hold_estimate else None
     pace = place.grant_interval or capacity
-    if pace is None:
-        return None
-    if capacity is not None:
-        pace = min(pace, 2 * capacity)
-    return (place.resumes_in or 0.0) + place.position * pace
+    turn = None
+    if pace is not None:
+        if capacity is not None:
+            pace = min(pace, 2 * capacity)
+        turn = (place.resumes_in or 0.0) + place.position * pace
+    if place.rate_due is not None:
+        return place.rate_due if turn is None else max(turn, place.rate_due)
+    return turn
 
 
 def should_wait_in_place(place: Place, max_block: float) -> bool:
@@ -98,11 +102,13 @@ def countdown(
     waits: int, place: Place | None, config: SemaphoreConfig, rng: Random = random
 ) -> float:
     """When to ask again: half a hold before the estimated turn (so the request
-    arrives among the next ``limit`` and waits in place briefly), else
-    exponential backoff with full jitter when the semaphore can't estimate; never
-    before admissions resume after a data loss."""
+    arrives among the next ``limit`` and waits in place briefly), or just before
+    the slot a rate gives it, else exponential backoff with full jitter when the
+    semaphore can't estimate; never before admissions resume after a data loss."""
     turn = estimate_turn(place) if place is not None else None
-    if turn is not None and place is not None and place.hold_estimate is not None:
+    if turn is not None and place is not None and turn == place.rate_due:
+        delay = turn * (rng.uniform(0.9, 0.95) if config.backoff_jitter else 0.95)
+    elif turn is not None and place is not None and place.hold_estimate is not None:
         early = turn - place.hold_estimate / 2
         delay = early * (rng.uniform(0.85, 0.95) if config.backoff_jitter else 0.9)
     else:

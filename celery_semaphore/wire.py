@@ -44,6 +44,8 @@ from celery.canvas import Signature
 from kombu.serialization import dumps, loads, prepare_accept_content
 from kombu.utils import json as kombu_json
 
+from .core.rates import RateLimit
+
 WAIT_HEADER = "celery_semaphore"
 GATES_HEADER = "celery_semaphore_gates"  # the gates the worker's main process decided
 QUEUE_HEADER = "celery_semaphore_queue"  # the queue the worker's main process resolved
@@ -88,22 +90,31 @@ def base_queue(name: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Gate:
-    """A semaphore a request passes: its name, the limit it declares, and the family
-    of a key function's semaphores (metrics.py shows a family as one series)."""
+    """A semaphore a request passes: its name, the limit it declares (the largest
+    there is where it declares only a rate), the family of a key function's
+    semaphores (metrics.py shows a family as one series), and its rate, if any."""
 
     name: str
     limit: int
     family: str = ""
+    rate: RateLimit | None = None
 
     def encode(self) -> list[Any]:
+        if self.rate is not None:
+            return [self.name, self.limit, self.family, self.rate.encode()]
         return [self.name, self.limit, self.family] if self.family else [self.name, self.limit]
 
     @classmethod
     def decode(cls, raw: Any) -> Gate:
-        name, limit, *family = raw
-        if len(family) > 1 or (family and not isinstance(family[0], str)):
-            raise ValueError(f"a gate is [name, limit] or [name, limit, family], got {raw!r}")
-        return cls(str(name), int(limit), family[0] if family else "")
+        name, limit, *rest = raw
+        if len(rest) > 2 or not all(isinstance(item, str) for item in rest):
+            raise ValueError(
+                f"a gate is [name, limit], [name, limit, family] or [name, limit, family, "
+                f"rate], got {raw!r}"
+            )
+        family = rest[0] if rest else ""
+        rate = RateLimit.decode(rest[1]) if len(rest) == 2 else None
+        return cls(str(name), int(limit), family, rate)
 
 
 def encode_gates(gates: Sequence[Gate]) -> list[list[Any]]:

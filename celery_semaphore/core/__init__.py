@@ -5,6 +5,7 @@
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
 - ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
 - ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
+- ``rates.py``: rates ("20/s") and their scripts' form;
 - ``validation.py``: argument checks; ``discovery.py``: listing semaphores (operators).
 
 Nothing here imports Celery or click (a test in ``tests/unit`` keeps it so).
@@ -23,6 +24,7 @@ from .errors import (
     WaitingForPermit,
 )
 from .protocol import Handover, HolderInfo, Parked, Place, SemaphoreStatus, WaiterInfo
+from .rates import RateLimit
 
 __all__ = [
     "AsyncPermit",
@@ -32,6 +34,7 @@ __all__ = [
     "Parked",
     "Permit",
     "Place",
+    "RateLimit",
     "Semaphore",
     "SemaphoreBackendError",
     "SemaphoreConnectionError",

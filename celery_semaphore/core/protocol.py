@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 from . import validation
 from .errors import StaleHandover
 from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
+from .rates import RateLimit, parse_rate
 
 DEFAULT_NAMESPACE = "celery_semaphore"
 DEFAULT_LEASE_TIMEOUT = 60.0
@@ -44,7 +45,9 @@ class Place:
     two grants while others waited (None before there was a line): the pace at
     which the line moves, measured on the server. ``resumes_in``: while no
     permit is granted after Redis lost its data, the time until admissions
-    resume (None otherwise).
+    resume (None otherwise). ``rate_due``: under a rate, the time until the rate
+    allows this place a grant (its slot, counting the places ahead of it; None
+    without a rate).
     """
 
     ticket: int
@@ -56,6 +59,7 @@ class Place:
     hold_estimate: float | None = None
     grant_interval: float | None = None
     resumes_in: float | None = None
+    rate_due: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,11 +95,13 @@ class WaiterInfo:
 @dataclass(frozen=True)
 class Handover:
     """A parked waiter now due: publish ``payload`` so that it arrives presenting
-    ``token`` (``attempt(holder, handover=token)``)."""
+    ``token`` (``attempt(holder, handover=token)``), ``delay`` seconds from now
+    (under a rate: when its slot comes)."""
 
     holder: str
     token: int
     payload: str
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,16 @@ class SemaphoreStatus:
     #: While no permit is granted after Redis lost its data: when admissions resume
     #: (server time); None otherwise.
     resumes_at: float | None = None
+    #: The rate that applies (the override, else the one recorded by the last task
+    #: that asked, or this client's), and the override; None: none.
+    rate: RateLimit | None = None
+    rate_override: RateLimit | None = None
+    #: Under a rate: how many grants it allows now, and when the next one after
+    #: those is allowed (server time).
+    rate_room: int = 0
+    next_start_at: float | None = None
+    #: Until when the rate grants nothing after a task raised `RateLimited`; None: no pause.
+    rate_paused_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +201,10 @@ def _reader(hint: Any) -> Callable[[Any], Any]:
     if item is str:
         return lambda value: [text(x) for x in value]
     if item is Handover:
-        return lambda value: [Handover(*row) for row in read_all(HandoverRow, value)]
+        return lambda value: [
+            Handover(row.holder, row.token, row.payload, row.delay_ms / 1000)
+            for row in read_all(HandoverRow, value)
+        ]
     if item in _READERS:
         return lambda value: read_all(item, value)
     raise TypeError(f"no reader for a reply field of type {hint!r}")
@@ -216,6 +235,7 @@ class HandoverRow(NamedTuple):
     holder: str
     token: int
     payload: str
+    delay_ms: int
 
 
 @reply_shape
@@ -243,6 +263,7 @@ class Refused(NamedTuple):
     hold_ms: int  # 0: none yet
     grant_gap_ms: int  # 0: none yet
     resumes_ms: int  # 0: not paused after a data loss
+    slot_us: int | None  # None: no rate
     handovers: list[Handover]
 
 
@@ -262,6 +283,7 @@ class Enqueued(NamedTuple):
     holders: int
     limit: int
     draining: bool
+    slot_us: int | None  # None: no rate
 
 
 @reply_shape
@@ -302,9 +324,9 @@ class RenewReply(NamedTuple):
 
 @reply_shape
 class ConfigureReply(NamedTuple):
-    """configure.lua: the setting's previous value (None: unset)."""
+    """configure.lua: the setting's previous value ('': unset)."""
 
-    previous: int | None
+    previous: str
     handovers: list[Handover]
 
 
@@ -349,6 +371,15 @@ class StatusReply(NamedTuple):
     sent_without_place: list[SentRow]
     sent_without_place_count: int
     resumes_ms: int
+    rate: str  # "<interval µs>|<burst>", or '': none
+    rate_override: str
+    rate_room: int
+    next_start_ms: int
+    rate_paused_until_ms: int  # 0: no pause
+
+
+def _seconds(microseconds: int | None) -> float | None:
+    return None if microseconds is None else microseconds / 1_000_000
 
 
 def new_holder_id() -> str:
@@ -361,7 +392,7 @@ class SemaphoreSpec:
     def __init__(
         self,
         name: str,
-        limit: int,
+        limit: int | None,
         *,
         lease_timeout: float,
         namespace: str,
@@ -373,10 +404,19 @@ class SemaphoreSpec:
         family: str = "",
         pause_after_loss: float | None = None,
         cluster: bool = False,
+        rate: str | RateLimit | None = None,
     ) -> None:
         self.name = validation.check_name(name)
         self.family = validation.check_name(family, "family") if family != "" else ""
-        self.limit = validation.check_limit(limit)
+        if limit is None and rate is None:
+            raise TypeError(
+                f"limit (how many at once) or rate (how fast, like '20/s') must be given "
+                f"for semaphore {name!r}, or both"
+            )
+        self.rate = None if rate is None else parse_rate(rate)
+        self.rate_arg = "" if self.rate is None else self.rate.encode()
+        #: Without a concurrency limit (a rate alone) the limit is the largest there is.
+        self.limit = validation.MAX_LIMIT if limit is None else validation.check_limit(limit)
         self.lease_timeout = validation.check_seconds(lease_timeout, "lease_timeout")
         self.namespace = validation.check_namespace(namespace)
         self.waiter_lease = validation.check_seconds(waiter_lease, "waiter_lease")
@@ -432,6 +472,7 @@ class SemaphoreSpec:
             self.dispatch,
             "1" if in_place else "",
             self.family,
+            self.rate_arg,
         ]
 
     def park_args(
@@ -473,13 +514,13 @@ class SemaphoreSpec:
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
-                self.sent_horizon_ms, self.keys.channel]  # fmt: skip
+                self.sent_horizon_ms, self.keys.channel, self.rate_arg]  # fmt: skip
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
         place = read(Enqueued, reply)
         return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
-                     next_expiry_in=None)  # fmt: skip
+                     next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
 
     def release_args(self, holder: str, token: int | None) -> list[Any]:
         validation.check_holder(holder)
@@ -497,7 +538,7 @@ class SemaphoreSpec:
         return [field, value, self.idle_ms, self.keys.channel, self.dispatch]
 
     def status_args(self) -> list[Any]:
-        return [STATUS_MOST, self.sent_horizon_ms, self.limit]
+        return [STATUS_MOST, self.sent_horizon_ms, self.limit, self.rate_arg]
 
     def pause(self, place: Place, remaining: float | None) -> float:
         """How long a blocked waiter sleeps unless woken: never past the earliest
@@ -507,6 +548,8 @@ class SemaphoreSpec:
             pause = min(pause, place.next_expiry_in + 0.002)
         if place.resumes_in is not None:
             pause = min(pause, place.resumes_in + 0.002)
+        if place.rate_due is not None and place.rate_due > 0:
+            pause = min(pause, place.rate_due + 0.001)
         if remaining is not None:
             pause = min(pause, remaining)
         return max(pause, 0.001)
@@ -561,6 +604,7 @@ class SemaphoreSpec:
                 resumes_in=max(0.0, (refused.resumes_ms - now) / 1000)
                 if refused.resumes_ms
                 else None,
+                rate_due=_seconds(refused.slot_us),
             ), refused.handovers
         if code == 2:
             raise StaleHandover(self.name, read(StaleCopy, values).token)
@@ -586,9 +630,9 @@ class SemaphoreSpec:
         return renewed.expires_ms / 1000, set(renewed.lost), renewed.handovers, renewed.restored
 
     @staticmethod
-    def parse_configure(reply: Sequence[Any]) -> tuple[int | None, list[Handover]]:
+    def parse_configure(reply: Sequence[Any]) -> tuple[str | None, list[Handover]]:
         configured = read(ConfigureReply, reply)
-        return configured.previous, configured.handovers
+        return configured.previous or None, configured.handovers
 
     def parse_status(self, reply: Sequence[Any]) -> SemaphoreStatus:
         status = read(StatusReply, reply)
@@ -639,6 +683,13 @@ class SemaphoreSpec:
             ],
             sent_without_place_count=status.sent_without_place_count,
             resumes_at=status.resumes_ms / 1000 if status.resumes_ms else None,
+            rate=RateLimit.decode(status.rate),
+            rate_override=RateLimit.decode(status.rate_override),
+            rate_room=status.rate_room,
+            next_start_at=status.next_start_ms / 1000 if status.rate else None,
+            rate_paused_until=status.rate_paused_until_ms / 1000
+            if status.rate_paused_until_ms
+            else None,
         )
 
     def expected_types(self) -> Iterable[tuple[str, str]]:

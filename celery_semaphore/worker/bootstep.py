@@ -173,7 +173,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         except (TypeError, ValueError) as error:
             # The worker's command line prints a ClickException as one line and exits 1.
             raise click.ClickException(f"celery-semaphore: {error}") from None
-        if config.queue_limits:
+        if config.queue_limits or config.queue_rates:
             admit_every_task(worker.app)
         warn_disagreeing_limits(worker.app)
         check_reachable(worker.app, config)

@@ -21,7 +21,8 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject
 from kombu import Exchange, Queue
 
-from celery_semaphore import LimitedTask, install
+from celery_semaphore import Concurrency, LimitedTask, Rate, RateLimited, install, per_key
+from celery_semaphore.limits import declared
 
 BROKER = os.environ.get("CS_BROKER_URL", "redis://127.0.0.1:6399/0")
 REDIS_URL = os.environ.get("CS_REDIS_URL", BROKER)
@@ -261,3 +262,56 @@ def declare_limit(limit: int) -> None:
     for task in app.tasks.values():
         if inspect.getattr_static(task, "semaphore", None) == "hold":
             task.limit = limit
+            task.declared_limits = declared(task)
+
+
+# -- tasks of test_rates ----------------------------------------------------------------
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="paced", rate="20/s")
+def paced(self: Any, seconds: float, tag: Any = None) -> Any:
+    """At most 20 starts a second, no cap on how many run at once (handover mode)."""
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="paced-countdown", rate="20/s",
+          semaphore_wait_mode="countdown")  # fmt: skip
+def paced_countdown(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Like ``paced``, in countdown mode, on a semaphore of its own."""
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, limits=[Concurrency("both", 3), Rate("both", 10)])
+def both(self: Any, seconds: float, tag: Any = None) -> Any:
+    """At most 3 at once and 10 starts a second, granted in one step."""
+    return _held(self, seconds, tag)
+
+
+ACCOUNT = per_key("account", lambda account, *_, **__: f"account-{account}")
+
+
+@app.task(bind=True, base=LimitedTask, max_retries=0, limits=[Rate(ACCOUNT, 5)])
+def per_account(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    """At most 5 starts a second per account."""
+    return _held(self, seconds, tag)
+
+
+def _slow_down(task: Any, tag: Any, retry_after: float) -> Any:
+    """Raises RateLimited(retry_after) on its first run (a 429 from the partner)."""
+    record(task, "start", tag)
+    if retry_after and _log.set(f"slowed:{task.request.id}", 1, nx=True):
+        record(task, "rate-limited", tag)
+        raise RateLimited(retry_after=retry_after)
+    record(task, "end", tag)
+    return tag
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="paced", rate="20/s", max_retries=0)
+def slow_down(self: Any, tag: Any, retry_after: float) -> Any:
+    return _slow_down(self, tag, retry_after)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="paced-countdown", rate="20/s", max_retries=0,
+          semaphore_wait_mode="countdown")  # fmt: skip
+def slow_down_countdown(self: Any, tag: Any, retry_after: float) -> Any:
+    return _slow_down(self, tag, retry_after)

@@ -70,6 +70,11 @@ CONSTRUCTOR_CASES = [
     ({"redis": "redis+nonsense://127.0.0.1:6379"}, ValueError, "redis"),
     ({"redis": 6379}, TypeError, "redis"),
     ({"redis": None}, TypeError, "redis"),
+    ({"rate": "0/s"}, ValueError, "rate"),
+    ({"rate": "5/d"}, ValueError, "rate"),
+    ({"rate": "fast"}, ValueError, "rate"),
+    ({"rate": 20}, TypeError, "rate"),
+    ({"rate": "2000000/s"}, ValueError, "rate"),
 ]
 
 

@@ -14,7 +14,7 @@ from kombu import Exchange, Queue
 import celery_semaphore
 from celery_semaphore import LimitedTask
 from celery_semaphore.config import SemaphoreConfig, get_config, task_config
-from celery_semaphore.gates import queue_of, request_gates, task_gate
+from celery_semaphore.gates import queue_of, request_gates, task_gates
 from celery_semaphore.publish import published_queue
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import GATES_HEADER, Gate, base_queue, encode_gates, recorded_gates
@@ -120,14 +120,14 @@ def test_a_failing_key_function_names_the_task(app: Celery) -> None:
     def keyed(key: str) -> None: ...
 
     with pytest.raises(ValueError, match=r"task unit\.keyed: the semaphore key function"):
-        task_gate(keyed, ("missing",), {})
+        task_gates(keyed, ("missing",), {})
 
     @app.task(base=LimitedTask, semaphore=lambda key: 3, limit=1, shared=False,
               name="unit.bad")  # fmt: skip
     def bad(key: str) -> None: ...
 
     with pytest.raises(TypeError, match="must return a non-empty str"):
-        task_gate(bad, ("x",), {})
+        task_gates(bad, ("x",), {})
 
 
 def test_gates_recorded_on_a_request_or_a_revoke_context() -> None:

@@ -15,7 +15,7 @@ from celery.app.task import Context
 from kombu import Exchange, Queue
 
 from celery_semaphore import LimitedTask, per_key
-from celery_semaphore.gates import queue_gate, queue_of, request_gates, task_gate
+from celery_semaphore.gates import queue_gate, queue_of, request_gates, task_gates
 from celery_semaphore.publish import published_queue
 from celery_semaphore.wire import GATES_HEADER, Gate, decode_gates, encode_gates, recorded_gates
 
@@ -108,7 +108,7 @@ def test_a_named_semaphore(make_app: MakeApp) -> None:
     def report(x: int) -> int:
         return x
 
-    assert task_gate(report, (1,), {}) == Gate("reports", 3)
+    assert task_gates(report, (1,), {}) == [Gate("reports", 3)]
 
 
 def test_a_key_function_gets_the_tasks_arguments_not_the_task(make_app: MakeApp) -> None:
@@ -123,8 +123,8 @@ def test_a_key_function_gets_the_tasks_arguments_not_the_task(make_app: MakeApp)
     def charge(self: Any, customer: int, *, region: str = "eu") -> None: ...
 
     # a plain key function's semaphores are a family named after the task
-    assert task_gate(charge, (7,), {"region": "us"}) == Gate("customer-7-us", 1, charge.name)
-    assert task_gate(charge, [8], {}) == Gate("customer-8-eu", 1, charge.name)
+    assert task_gates(charge, (7,), {"region": "us"}) == [Gate("customer-7-us", 1, charge.name)]
+    assert task_gates(charge, [8], {}) == [Gate("customer-8-eu", 1, charge.name)]
     assert seen == [(7, "us"), (8, "eu")]
 
 
@@ -149,8 +149,8 @@ def test_key_functions_defined_on_a_subclass(make_app: MakeApp) -> None:
     @app.task(base=PerRegion, shared=False)
     def per_region(region: str) -> None: ...
 
-    assert task_gate(per_customer, ("acme",), {}) == Gate("c-acme", 2, per_customer.name)
-    assert task_gate(per_region, ("eu",), {}) == Gate("r-eu", 4, per_region.name)
+    assert task_gates(per_customer, ("acme",), {}) == [Gate("c-acme", 2, per_customer.name)]
+    assert task_gates(per_region, ("eu",), {}) == [Gate("r-eu", 4, per_region.name)]
 
 
 def test_a_key_function_declares_its_family(make_app: MakeApp) -> None:
@@ -164,7 +164,7 @@ def test_a_key_function_declares_its_family(make_app: MakeApp) -> None:
     )
     def sync(customer_id: int) -> None: ...
 
-    assert task_gate(sync, (7,), {}) == Gate("customer-7", 1, "customer")
+    assert task_gates(sync, (7,), {}) == [Gate("customer-7", 1, "customer")]
     assert sync.semaphore.family == "customer"
 
 
@@ -187,7 +187,7 @@ def test_a_plain_task_has_no_gate_of_its_own(make_app: MakeApp) -> None:
     @app.task(shared=False)
     def plain() -> None: ...
 
-    assert task_gate(plain, (), {}) is None
+    assert task_gates(plain, (), {}) == []
 
 
 def test_a_failing_key_function_names_the_task_and_the_error(make_app: MakeApp) -> None:
@@ -200,13 +200,13 @@ def test_a_failing_key_function_names_the_task_and_the_error(make_app: MakeApp) 
     def ship(order: dict[str, Any]) -> None: ...
 
     with pytest.raises(ValueError) as info:
-        task_gate(ship, ({"id": 3},), {})
+        task_gates(ship, ({"id": 3},), {})
     message = str(info.value)
     assert message.startswith("task shop.ship: the semaphore key function <function ")
     assert message.endswith("failed on this task's arguments: KeyError('customer')")
     assert isinstance(info.value.__cause__, KeyError)
     with pytest.raises(ValueError, match="failed on this task's arguments: TypeError"):
-        task_gate(ship, (), {})  # arguments that do not fit the key function
+        task_gates(ship, (), {})  # arguments that do not fit the key function
 
 
 @pytest.mark.parametrize("returned", [5, None, "", b"name", ["a"]])
@@ -217,7 +217,7 @@ def test_a_key_function_must_return_a_non_empty_str(make_app: MakeApp, returned:
     def bad() -> None: ...
 
     with pytest.raises(TypeError) as info:
-        task_gate(bad, (), {})
+        task_gates(bad, (), {})
     assert str(info.value) == (
         f"task shop.bad: the semaphore key function must return a non-empty str, got {returned!r}"
     )
@@ -230,7 +230,7 @@ def test_a_key_function_returning_a_too_long_name(make_app: MakeApp) -> None:
     def long() -> None: ...
 
     with pytest.raises(ValueError, match=r"^task t.long: semaphore must be 1 to 200 characters"):
-        task_gate(long, (), {})
+        task_gates(long, (), {})
 
 
 # ----------------------------------------------------------- request gates
@@ -253,7 +253,7 @@ def test_queue_cap_comes_before_the_tasks_own(make_app: MakeApp) -> None:
     assert request_gates(plain, (), {}, "fast") == []
 
 
-def test_request_gates_raise_like_task_gate(make_app: MakeApp) -> None:
+def test_request_gates_raise_like_task_gates(make_app: MakeApp) -> None:
     app = finalized(make_app, semaphore_queue_limits={"slow": 2})
 
     @app.task(base=LimitedTask, semaphore=lambda: 1, limit=3, shared=False)

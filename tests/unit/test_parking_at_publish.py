@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -47,11 +48,17 @@ def place(position: int, holders: int, limit: int, draining: bool = False) -> Pl
 def test_a_turn_is_near_within_the_free_permits_plus_one_round(
     position: int, holders: int, limit: int, near: bool
 ) -> None:
-    assert turn_is_near(place(position, holders, limit)) is near
+    assert turn_is_near(place(position, holders, limit), 1.0) is near
 
 
 def test_nothing_is_near_while_draining() -> None:
-    assert turn_is_near(place(1, 0, 4, draining=True)) is False
+    assert turn_is_near(place(1, 0, 4, draining=True), 1.0) is False
+
+
+def test_under_a_rate_a_turn_is_near_when_its_slot_is_within_the_window() -> None:
+    free = place(1, 0, 1_000_000)
+    assert turn_is_near(replace(free, rate_due=0.9), 1.0) is True
+    assert turn_is_near(replace(free, rate_due=1.1), 1.0) is False, "parked at publish"
 
 
 def test_only_new_tasks_sent_by_a_wrappable_producer_in_handover_mode_may_park(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import Handover, Place, StaleHandover
+from celery_semaphore import Handover, Place, RateLimit, StaleHandover
 from celery_semaphore.core import epochs
 from celery_semaphore.core.protocol import (
     WAITER_STATES,
@@ -15,39 +15,47 @@ from celery_semaphore.core.protocol import (
     read,
     read_all,
 )
+from celery_semaphore.core.rates import parse_rate
+
+OPTIONS = dict(
+    lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0
+)
 
 
 def spec(**kw: object) -> SemaphoreSpec:
-    options = dict(
-        lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0
-    )
+    options = dict(OPTIONS)
     options.update(kw)
     return SemaphoreSpec("s", 3, **options)  # type: ignore[arg-type]
 
 
 def test_a_granted_reply() -> None:
-    grant, handovers = spec().parse_acquire([1, 42, 5000, 4000, 250, [b"h", b"7", b"p"]])
+    grant, handovers = spec().parse_acquire([1, 42, 5000, 4000, 250, [b"h", b"7", b"p", b"0"]])
     assert grant == Grant(42, 5.0, 0.25)
     assert handovers == [Handover("h", 7, "p")]
+    _, handovers = spec().parse_acquire([1, 42, 5000, 4000, 250, [b"h", b"7", b"p", b"1500"]])
+    assert handovers == [Handover("h", 7, "p", delay=1.5)]  # timed for its slot under a rate
 
 
 def test_a_refused_reply() -> None:
-    reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, []]
+    reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", []]
     place, handovers = spec().parse_acquire(reply)
     assert place == Place(9, 2, 3, 3, False, 0.5, 0.3, 0.08)
     assert handovers == []
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, []])
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 0, b"250000", []])
+    assert isinstance(place, Place)
+    assert place.rate_due == 0.25  # its slot under a rate
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, b"", []])
     assert isinstance(place, Place)
     assert (place.draining, place.next_expiry_in, place.hold_estimate) == (True, None, None)
     assert (place.grant_interval, place.resumes_in) == (None, None)
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, []])
+    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, b"", []])
     assert isinstance(place, Place)
     assert place.resumes_in == 2.5  # paused after a data loss
 
 
 def test_an_epoch_reply_is_told_apart_from_every_other_reply() -> None:
     assert epochs.is_epoch_reply([b"celery_semaphore:epoch", b"17", 0, 0, 1000])
-    assert not epochs.is_epoch_reply([0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, []])
+    assert not epochs.is_epoch_reply([0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", []])
     assert not epochs.is_epoch_reply([b"3", []])
     assert not epochs.is_epoch_reply(5)
 
@@ -60,39 +68,43 @@ def test_a_stale_copy_and_an_unknown_code() -> None:
         spec().parse_acquire([5])
 
 
-def test_handovers_come_in_triples() -> None:
+def test_handovers_come_in_fours() -> None:
     assert spec().parse_dispatch([0, []]) == []
-    flat = [b"a", b"1", b"x|y", "b", "2", ""]
-    assert spec().parse_dispatch([0, flat]) == [Handover("a", 1, "x|y"), Handover("b", 2, "")]
+    flat = [b"a", b"1", b"x|y", b"0", "b", "2", "", "20"]
+    assert spec().parse_dispatch([0, flat]) == [
+        Handover("a", 1, "x|y"),
+        Handover("b", 2, "", delay=0.02),
+    ]
 
 
 def test_a_reply_of_another_length_is_refused_naming_its_shape() -> None:
-    with pytest.raises(ValueError, match="a Refused reply has 11 values, got 9"):
+    with pytest.raises(ValueError, match="a Refused reply has 12 values, got 9"):
         read(Refused, [9, 2, 3, 3, 0, 1500, 1000, 300, 80])
     with pytest.raises(ValueError, match="a Granted reply has 5 values, got 4"):
         spec().parse_acquire([1, 42, 5000, 4000, 250])
-    with pytest.raises(ValueError, match="a HandoverRow reply has 3 values, got 2"):
-        read_all(HandoverRow, [b"a", b"1", b"p", b"b", b"2"])
+    with pytest.raises(ValueError, match="a HandoverRow reply has 4 values, got 2"):
+        read_all(HandoverRow, [b"a", b"1", b"p", b"0", b"b", b"2"])
 
 
 def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
-    handover = [b"h", b"7", b"p"]
+    handover = [b"h", b"7", b"p", b"0"]
     assert spec().parse_release([1, 250, handover]) == (True, [Handover("h", 7, "p")])
     assert spec().parse_release([0, 0, []]) == (False, [])
     assert spec().parse_renew([5000, [b"a", b"b"], [], 2]) == (5.0, {"a", "b"}, [], 2)
-    assert spec().parse_configure([b"3", handover]) == (3, [Handover("h", 7, "p")])
+    assert spec().parse_configure([b"3", handover]) == ("3", [Handover("h", 7, "p")])
     assert spec().parse_configure([b"", []]) == (None, [])
     assert spec().parse_dispatch([2, handover]) == [Handover("h", 7, "p")]
     parked, handovers = spec().parse_park([9, 4, []])
     assert (parked.ticket, parked.position, handovers) == (9, 4, [])
-    place = spec().parse_enqueue([9, 4, 2, 5, 1])
+    place = spec().parse_enqueue([9, 4, 2, 5, 1, b""])
     assert place == Place(9, 4, 2, 5, True, None)
+    assert spec().parse_enqueue([9, 4, 2, 5, 1, b"1200000"]).rate_due == 1.2
 
 
 def test_waiter_states_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p",
                                               b"w2", b"6", b"9000", b"", b""], 1, 0,
-             3, [b"t9", b"800"], 1, 0]  # fmt: skip
+             3, [b"t9", b"800"], 1, 0, b"", b"", 0, 0, 0]  # fmt: skip
     status = spec().parse_status(reply)
     assert (status.declared_limit, status.override, status.effective_limit) == (3, None, 5)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
@@ -152,3 +164,23 @@ def test_a_wake_up_admits_tickets_up_to_its_bound() -> None:
     assert not SemaphoreSpec.admits({"data": b"10"}, 11)
     assert SemaphoreSpec.admits({"data": b"inf"}, 10**9)
     assert SemaphoreSpec.admits({"data": b"garbage"}, 5)  # unreadable: try anyway
+
+
+def test_a_rate_in_status() -> None:
+    reply = [1000, b"3", b"", 5, 0, 0, 0, [], [], 0, 0, 0, [], 0, 0,
+             b"50000|1", b"600000|2", 0, 1040, 3000]  # fmt: skip
+    status = spec().parse_status(reply)
+    assert status.rate == RateLimit(20, 1.0)
+    assert status.rate_override == RateLimit(100, 60.0, burst=2)
+    assert (status.rate_room, status.next_start_at, status.rate_paused_until) == (0, 1.04, 3.0)
+
+
+def test_the_scripts_form_of_a_rate() -> None:
+    assert spec(rate="20/s").rate_arg == "50000|1"
+    assert spec().rate_arg == ""
+    assert SemaphoreSpec("r", None, rate="100/m", **OPTIONS).limit == 1_000_000  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"limit .* or rate .* must be given"):
+        SemaphoreSpec("r", None, **OPTIONS)  # type: ignore[arg-type]
+    for text in ("20/s", "100/m", "1000/h", "7/s"):
+        assert str(RateLimit.decode(parse_rate(text).encode())) == text
+    assert str(RateLimit.decode("600000|3")) == "100/m (burst 3)"

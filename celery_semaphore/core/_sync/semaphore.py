@@ -43,6 +43,7 @@ from celery_semaphore.core.handover_calls import (
     check_on_handover,
 )
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
+from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.scripts import registered
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
@@ -123,7 +124,14 @@ class Semaphore:
     - a holder whose lease ran out is reclaimed by the next operation, and that
       wakes blocked waiters;
     - release and renew are idempotent and answer with a bool; acquiring with a
-      holder id that holds a live permit returns that permit with a new token.
+      holder id that holds a live permit returns that permit with a new token;
+    - with ``rate`` ("20/s", "100/m", "1000/h", or a
+      [RateLimit][celery_semaphore.RateLimit] with a burst), also never more grants
+      than the rate allows (GCRA on the server clock: at most ``burst`` at once,
+      then one every interval), in the same step and the same line: a waiter the
+      rate refuses learns its slot (``Place.rate_due``) and sleeps until then;
+      ``limit`` may then be left out (no cap on how many hold at once).
+      `set_rate()` overrides it at run time, `pause_rate()` stops it for a while.
 
     Parking (for callers that can bring a waiter back by publishing a message,
     such as a task queue): a waiter may `park()` with a payload instead of
@@ -157,8 +165,9 @@ class Semaphore:
         self,
         redis: str | redis.Redis | redis.RedisCluster,
         name: str,
-        limit: int,
+        limit: int | None = None,
         *,
+        rate: str | RateLimit | None = None,
         lease_timeout: float = 60.0,
         namespace: str = "celery_semaphore",
         waiter_lease: float = 20.0,
@@ -187,6 +196,7 @@ class Semaphore:
             family=family,
             pause_after_loss=pause_after_loss,
             cluster=is_cluster(self.client),
+            rate=rate,
         )
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
@@ -200,13 +210,15 @@ class Semaphore:
 
     name = property(lambda self: self._spec.name)
     limit = property(lambda self: self._spec.limit)
+    rate = property(lambda self: self._spec.rate)
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
     family = property(lambda self: self._spec.family)
     url = property(lambda self: self._url)
 
     def __repr__(self) -> str:
-        return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit})"
+        rate = "" if self.rate is None else f", rate={str(self.rate)!r}"
+        return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit}{rate})"
 
     def _call(self, script: str, args: list[Any], *, reader: bool = False) -> Any:
         """Run ``script``; a script that answers with another epoch than this process
@@ -568,17 +580,35 @@ class Semaphore:
         until they drop below. Raising it wakes waiters at once.
         """
         validation.check_limit(limit)
-        return self._configure("override", str(limit))
+        return _int(self._configure("override", str(limit)))
 
     def clear_limit(self) -> int | None:
         """Drop the runtime override: back to each client's declared limit."""
-        return self._configure("override", "")
+        return _int(self._configure("override", ""))
+
+    def set_rate(self, rate: str | RateLimit) -> RateLimit | None:
+        """Override the rate at run time for every client ("100/m"); returns the
+        previous override. It applies from the next grant on; a raised rate hands
+        over the waiters now due at once."""
+        spec = parse_rate(rate)
+        return RateLimit.decode(self._configure("rate_override", spec.encode()) or "")
+
+    def clear_rate(self) -> RateLimit | None:
+        """Drop the runtime rate override: back to each client's declared rate."""
+        return RateLimit.decode(self._configure("rate_override", "") or "")
+
+    def pause_rate(self, seconds: float) -> None:
+        """The rate grants nothing for ``seconds`` from now (the partner said "slow
+        down": `RateLimited`); holders keep their permits. A pause that would end
+        earlier than one already set changes nothing. Without a rate, nothing is paused."""
+        validation.check_seconds(seconds, "seconds")
+        self._configure("rate_pause", str(max(1, round(seconds * 1000))))
 
     def set_draining(self, draining: bool) -> bool:
         """While draining, nobody new is admitted; holders finish. Returns the previous state."""
-        return self._configure("draining", "1" if draining else "") == 1
+        return self._configure("draining", "1" if draining else "") == "1"
 
-    def _configure(self, field: str, value: str) -> int | None:
+    def _configure(self, field: str, value: str) -> str | None:
         reply = self._call("configure", self._spec.configure_args(field, value))
         previous, handovers = self._spec.parse_configure(reply)
         self._hand_over(handovers)
@@ -603,3 +633,7 @@ class Semaphore:
         """Close the client if this semaphore created it from a URL."""
         if self._owns_client:
             self.client.close()
+
+
+def _int(value: str | None) -> int | None:
+    return None if value is None else int(value)

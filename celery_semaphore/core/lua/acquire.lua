@@ -16,15 +16,20 @@
 --                          directly (see grant_in_place()); '': it does not
 -- ARGV[12] family          '' or the family of semaphores this one belongs to (recorded
 --                          in meta.family for metrics.py)
+-- ARGV[13] rate            '' or the caller's rate, "<interval µs>|<burst>" (see "Rates"
+--                          in common.lua); recorded in meta.rate
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
 -- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
 -- earliest lease expiry ms or 0, now ms, average hold ms or 0, average ms
 -- between grants while others wait or 0, when admissions resume after a data
--- loss (ms) or 0, handovers} when refused (ticket 0:
+-- loss (ms) or 0, µs until the rate allows this contender a grant (its slot;
+-- '' without a rate), handovers} when refused (ticket 0:
 -- not queued), {2, current handover token} when this is a
 -- stale copy of a handed-over waiter (changes nothing). ``handovers``:
--- {holder, token, payload, ...} due after reclaiming (see dispatch()).
+-- {holder, token, payload, delay ms, ...} due after reclaiming, or, under a rate,
+-- after a grant (the next slots: see dispatch()). A contender the rate alone refuses
+-- (a permit was free for it) counts in m_throttled.
 -- A holder that already holds a live permit is granted again: same slot, new token;
 -- but one restored by id after a data loss (token 0) asks because it held nothing
 -- (it was waiting): that entry is dropped and it asks like anyone else.
@@ -34,6 +39,7 @@ local lease_ms, waiter_lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
 local handover, cfg, in_place = ARGV[9], ARGV[10], ARGV[11] == '1'
 local family = ARGV[12]
+declared_rate = ARGV[13]
 
 if handover ~= '' and arrival(holder, handover) == 'stale' then
   return {2, token_of(redis.call('HGET', parked, holder))}
@@ -44,7 +50,8 @@ local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 local m = load_meta({'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
-  'grant_gap_ms', 'family'}, reclaimed > 0)
+  'grant_gap_ms', 'family', 'rate', 'rate_override', 'tat', 'rate_pause', 'released', 'handover'},
+  reclaimed > 0)
 local limit, draining = effective_limit(m, declared), m.draining == '1'
 local meta_writes = {}  -- field, value, ...: one HSET at the end
 if m.limit ~= declared then
@@ -54,6 +61,11 @@ if family ~= '' and m.family ~= family then
   table.insert(meta_writes, 'family')
   table.insert(meta_writes, family)
 end
+if declared_rate ~= (m.rate or '') then
+  table.insert(meta_writes, 'rate')
+  table.insert(meta_writes, declared_rate)
+end
+local room, next_us = rate_room(m)
 
 local held = redis.call('ZSCORE', holders, holder)
 if held and token_of(redis.call('HGET', hinfo, holder)) == '0' then
@@ -84,7 +96,7 @@ local free = limit - count
 if paused(m) then free = 0 end
 
 local result
-if held or (free > 0 and ahead < free) then
+if held or (ahead < free and ahead < room) then
   local acquired = now_ms
   if held then
     acquired = tonumber(string.match(redis.call('HGET', hinfo, holder) or '', '^%d+|(%d+)|')) or now_ms
@@ -107,6 +119,7 @@ if held or (free > 0 and ahead < free) then
   end
   meta_writes[#meta_writes + 1] = 'grant_at'
   meta_writes[#meta_writes + 1] = fmt(now_ms)
+  if not held then spend_rate(m, 1, meta_writes) end
   local expires = now_ms + lease_ms
   redis.call('ZADD', holders, expires, holder)
   redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
@@ -131,8 +144,11 @@ else
     waiting = waiting + 1
   end
   bump('m_refused', 1)
+  if ahead < free then bump('m_throttled', 1) end
+  local slot = ''
+  if room ~= math.huge then slot = fmt(slot_in(m, room, next_us, ahead + 1)) end
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms,
-    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0, resumes_ms}
+    tonumber(m.hold_ms) or 0, tonumber(m.grant_gap_ms) or 0, resumes_ms, slot}
 end
 if #meta_writes > 0 then
   write_meta(m, meta_writes)
@@ -140,6 +156,8 @@ end
 local out = {}
 if reclaimed > 0 then
   out = after_free(m, declared, channel, cfg)
+elseif result[1] == 1 and room ~= math.huge then
+  out = dispatch(m, declared, cfg)  -- the next slots' waiters (see dispatch())
 end
 result[#result + 1] = out
 touch(idle_ms, waiting == 0)

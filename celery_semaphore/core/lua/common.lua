@@ -8,8 +8,9 @@
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
 --   KEYS[6] meta     HASH  limit (recorded: the last declarer's), override, draining, fence,
 --                          ticket, handover, released, hold_ms, grant_at, grant_gap_ms,
---                          family, n_parked, n_handed, and the m_* counters metrics.py
---                          exports
+--                          family, n_parked, n_handed, rate, rate_override, tat,
+--                          rate_pause (see "Rates" below), and the m_* counters
+--                          metrics.py exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<mark>|<payload>": a waiter
 --                          that left its payload to be handed over when due, or one
 --                          waiting in place (see "Parked records" below)
@@ -53,6 +54,22 @@
 -- one that is not), the others are woken, the parked waiters now due are handed
 -- over. Every script that frees anything calls it; enqueue hands over nothing (a
 -- publisher calls it inside before_task_publish; the next release or heartbeat does).
+--
+-- Rates --------------------------------------------------------------------------
+--
+-- A semaphore may also cap how fast permits are granted: at most ``burst`` grants at
+-- once after an idle spell, then one every ``interval`` µs (GCRA, the generic cell rate
+-- algorithm: one timestamp, meta.tat, the theoretical arrival time of the next grant;
+-- a grant is allowed while tat - now <= (burst - 1) * interval, and moves tat on by
+-- one interval). A rate is "<interval µs>|<burst>"; the effective one, effective_rate():
+-- meta.rate_override (set-rate), else the caller's where it declares one
+-- (``declared_rate``, '' for none: acquire and enqueue), else the recorded one
+-- (meta.rate: the last acquirer's), else none. meta.rate_pause (ms): until then the
+-- rate grants nothing (RateLimited raised by a task body, configure.lua). A grant spends
+-- its interval whatever happens to the permit afterwards. rate_room() says how many
+-- grants the rate allows now and when the next one after those is allowed; every
+-- grant (acquire, grant_in_place()) takes at most that many, in line order, and
+-- dispatch() hands waiters over at their slots (see there).
 --
 -- Parked records ---------------------------------------------------------------
 --
@@ -113,6 +130,7 @@ local now_ms = math.floor(now_us / 1000)
 local BATCH = 1000
 local EPOCH_ARG = #ARGV  -- the last argument of every script; the others come before it
 local resumes_ms = 0  -- while admissions are paused after a data loss: when they resume
+local declared_rate = nil  -- the caller's rate ('': none), where it declares one (see "Rates")
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -130,7 +148,7 @@ local function load_meta(fields, freeing)
     for i = 1, #fields do wanted[fields[i]] = true end
     fields = {unpack(fields)}
     for _, field in ipairs({'limit', 'override', 'draining', 'fence', 'grant_at', 'grant_gap_ms',
-        'released', 'hold_ms', 'handover'}) do
+        'released', 'hold_ms', 'handover', 'rate', 'rate_override', 'tat', 'rate_pause'}) do
       if not wanted[field] then fields[#fields + 1] = field end
     end
   end
@@ -356,6 +374,62 @@ local function reclaim(m, waiting)
   return #gone + lapsed, lapsed
 end
 
+-- Rates (see the header) ------------------------------------------------------------
+
+-- {interval = µs, burst = n} of the effective rate, or nil. ``m``: with rate and
+-- rate_override loaded.
+local function effective_rate(m)
+  local spec = m.rate_override
+  if not spec or spec == '' then
+    if declared_rate ~= nil then spec = declared_rate else spec = m.rate end
+  end
+  local interval, burst = string.match(spec or '', '^(%d+)|(%d+)$')
+  if not interval then return nil end
+  return {interval = tonumber(interval), burst = tonumber(burst)}
+end
+
+-- meta.tat as the next grant sees it: a grant that comes up to half an interval
+-- after its slot (the waiter's round trip, a hand-over) keeps the schedule, so the
+-- long-run rate is the rate, not the rate less those delays; any window of
+-- ``per`` seconds still sees at most count + burst grants.
+local function rate_tat(m, rate)
+  local tat = tonumber(m.tat) or 0
+  if tat < now_us - math.floor(rate.interval / 2) then return now_us end  -- idle: from now
+  return tat
+end
+
+-- How many grants the rate allows now (math.huge without a rate), and µs from now
+-- until the first one after those (0 without a rate). ``m``: with tat and
+-- rate_pause loaded too.
+local function rate_room(m)
+  local rate = effective_rate(m)
+  if not rate then return math.huge, 0 end
+  local pause_us = (tonumber(m.rate_pause) or 0) * 1000 - now_us
+  if pause_us > 0 then return 0, pause_us end
+  local tat = rate_tat(m, rate)
+  local room = math.max(0, math.floor((now_us + rate.burst * rate.interval - tat) / rate.interval))
+  return room, tat + (room - rate.burst + 1) * rate.interval - now_us
+end
+
+-- µs from now until the rate allows a grant to the waiter at ``position`` (1: the
+-- head of the line), given rate_room()'s ``room`` and ``next_us``: 0 for the first
+-- ``room``, then one interval apart.
+local function slot_in(m, room, next_us, position)
+  if position <= room then return 0 end
+  return next_us + (position - room - 1) * effective_rate(m).interval
+end
+
+-- Spends ``n`` grants made now: tat moves on by n intervals (returns the fields to
+-- write, or nothing without a rate).
+local function spend_rate(m, n, writes)
+  local rate = effective_rate(m)
+  if not rate or n == 0 then return end
+  local tat = rate_tat(m, rate) + n * rate.interval
+  m.tat = fmt(tat)
+  writes[#writes + 1] = 'tat'
+  writes[#writes + 1] = m.tat
+end
+
 -- What follows freed capacity (see the header) -----------------------------------
 
 -- Tells blocked waiters that permits are free, with the highest ticket that
@@ -364,6 +438,7 @@ end
 local function wake(m, declared, channel)
   if paused(m) or redis.call('ZCARD', waiters) == 0 then return end
   local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
+  free = math.min(free, (rate_room(m)))  -- (): rate_room's first value only
   if free <= 0 then return end
   local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
   redis.call('PUBLISH', channel, last[2] or 'inf')
@@ -385,6 +460,7 @@ end
 local function grant_in_place(m, declared, channel)
   if paused(m) then return end
   local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
+  free = math.min(free, (rate_room(m)))  -- (): rate_room's first value only
   if free <= 0 then return end
   local fence, last_at, average, granted = m.fence, m.grant_at, m.grant_gap_ms, 0
   for _, holder in ipairs(redis.call('ZRANGE', waiters, 0, free - 1)) do
@@ -409,33 +485,40 @@ local function grant_in_place(m, declared, channel)
       writes[#writes + 1] = 'grant_gap_ms'
       writes[#writes + 1] = fmt(average)
     end
+    spend_rate(m, granted, writes)
     write_meta(m, writes)
     bump('m_granted', granted)
   end
 end
 
-local function hand_over(m, holder, record, payload, deadline_ms, out)
+local function hand_over(m, holder, record, payload, deadline_ms, out, delay_ms)
   local token = fmt(seq_after(m.handover))
   m.handover = token  -- dispatch() writes it to meta once
   put_record(holder, token .. '|h|0|' .. payload, record)
-  redis.call('ZADD', handed, now_ms + deadline_ms, holder)
+  redis.call('ZADD', handed, now_ms + delay_ms + deadline_ms, holder)
   out[#out + 1] = holder
   out[#out + 1] = token
   out[#out + 1] = payload
+  out[#out + 1] = fmt(delay_ms)
 end
 
 -- Hands over the parked waiters that are due: ``cfg`` is '' when the caller does
 -- not publish (nothing is handed over), else "<max block ms>|<deadline ms>".
--- Returns {holder, token, payload, ...}. A waiter is due when
+-- Returns {holder, token, payload, delay ms, ...}. A waiter is due when
 --   * it is among the first ``free`` waiters (a permit is free for it now), or
 --   * it is among the next ``window`` waiters and parked before the latest
 --     release: its turn is near, so it should be waiting at a worker when it
 --     comes (the window is the number of waiters served within max_block at
 --     the average hold time, at most the limit);
--- or it was handed over and did not arrive by its deadline (its publisher
--- may have died): handed over again, with a new token, so the stale copy is
--- recognised when it arrives (acquire.lua answers code 2); or it parked
--- with a time by which it must come back (its wait budget), and that passed.
+-- and, under a rate, it is among the first the rate allows now (``free`` counts
+-- no more), or its slot (slot_in()) is within max_block: it waits in place
+-- for it. The first waiter past that, if parked, is handed over with a delay that
+-- brings it to a worker at its slot (at most the deadline ahead), so a slow rate
+-- or a paused one needs nobody to ask again; one such waiter at a time.
+-- Also due: a waiter handed over that did not arrive by its deadline (its
+-- publisher may have died): handed over again, with a new token, so the stale
+-- copy is recognised when it arrives (acquire.lua answers code 2); or one that
+-- parked with a time by which it must come back (its wait budget), and that passed.
 local function dispatch(m, declared, cfg)
   local out = {}
   if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
@@ -449,16 +532,31 @@ local function dispatch(m, declared, cfg)
   end
   local released, hold_ms = tonumber(m.released) or 0, tonumber(m.hold_ms) or 0
   if hold_ms > 0 then window = math.min(window, math.floor(max_block_ms * limit / hold_ms)) end
-  if free + window > 0 then
-    local first = redis.call('ZRANGE', waiters, 0, free + window - 1)
+  local rate, room, next_us = effective_rate(m), rate_room(m)
+  -- A RateLimited pause hands over nobody for the window: the task that raised
+  -- comes back first, to free worker processes; only the timed one (below).
+  local rate_paused = rate and (tonumber(m.rate_pause) or 0) > now_ms
+  local permits = free
+  free = math.min(free, room)
+  local count = free + window
+  if rate then
+    count = math.min(count, room + math.floor(max_block_ms * 1000 / rate.interval) + 2)
+  end
+  if count > 0 then
+    local first = redis.call('ZRANGE', waiters, 0, count - 1)
     for i, holder in ipairs(first) do
       local record = redis.call('HGET', parked, holder)
-      if record then
-        local _, state, mark, payload = string.match(record, PARKED_RECORD)
-        if state == 'p' and (i <= free or tonumber(mark) < released) then
-          hand_over(m, holder, record, payload, deadline_ms, out)
+      local _, state, mark, payload = string.match(record or '', PARKED_RECORD)
+      local progress = state == 'p' and tonumber(mark) < released
+      local near = state == 'p' and (i <= free or progress)
+      local slot_ms = rate and math.ceil(slot_in(m, room, next_us, i) / 1000) or 0
+      if slot_ms > max_block_ms or rate_paused then
+        if state == 'p' and (i <= permits or progress) and slot_ms <= deadline_ms then
+          hand_over(m, holder, record, payload, deadline_ms, out, slot_ms)
         end
+        break
       end
+      if near then hand_over(m, holder, record, payload, deadline_ms, out, 0) end
     end
   end
   local late = redis.call('ZRANGEBYSCORE', handed, '-inf', now_ms, 'LIMIT', 0, BATCH)
@@ -467,14 +565,14 @@ local function dispatch(m, declared, cfg)
     local _, state, _, payload = string.match(record or '', PARKED_RECORD)
     if (state == 'h' or state == 'p') and redis.call('ZSCORE', waiters, holder) then
       if state == 'h' then bump('m_handover_retried', 1) end
-      hand_over(m, holder, record, payload, deadline_ms, out)
+      hand_over(m, holder, record, payload, deadline_ms, out, 0)
     else
       forget({holder}, {record})
     end
   end
   if #out > 0 then
     set_meta(m, 'handover', m.handover)
-    bump('m_handed_over', #out / 3)
+    bump('m_handed_over', #out / 4)
   end
   return out
 end

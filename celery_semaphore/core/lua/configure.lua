@@ -1,7 +1,10 @@
 -- configure.lua: set or clear a runtime setting of a live semaphore.
 --
 -- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
--- ARGV[1] field     'override' (the runtime limit) or 'draining' ('1': admit nobody)
+-- ARGV[1] field     'override' (the runtime limit), 'draining' ('1': admit nobody),
+--                   'rate_override' (the runtime rate, "<interval µs>|<burst>"), or
+--                   'rate_pause' (the rate grants nothing for this many ms from now:
+--                   a pause that ends later than one already set replaces it)
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
@@ -16,11 +19,15 @@
 -- the limit and touches every key, so idle expiry applies from then on.
 
 local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-if field ~= 'override' and field ~= 'draining' then
+local SETTINGS = {override = true, draining = true, rate_override = true, rate_pause = true}
+if not SETTINGS[field] then
   return redis.error_reply('ERR unknown semaphore setting ' .. field)
 end
 local m = load_meta({}, true)
 local previous = m[field] or ''
+if field == 'rate_pause' and value ~= '' then
+  value = fmt(math.max(now_ms + tonumber(value), tonumber(m.rate_pause) or 0))
+end
 if value == '' then
   redis.call('HDEL', meta, field)
   m[field] = false

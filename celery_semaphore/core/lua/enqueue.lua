@@ -12,16 +12,20 @@
 --                          reached a worker (see KEYS[9] in common.lua)
 -- ARGV[8] wake channel     for after_free() (handing over nothing), when reclaiming
 --                          made room
+-- ARGV[9] rate             '' or the caller's rate (see "Rates" in common.lua)
 --
--- Returns {ticket, position, holders, effective limit, draining 0/1}: the
--- ticket already held by this holder, or a new one, and where it stands.
+-- Returns {ticket, position, holders, effective limit, draining 0/1, µs until the
+-- rate allows it a grant ('' without a rate)}: the ticket already held by this
+-- holder, or a new one, and where it stands.
 
 local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local declared, family, horizon_ms, channel = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
+declared_rate = ARGV[9]
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed = reclaim(nil, waiting)
-local m = load_meta({'limit', 'override', 'draining', 'ticket'}, reclaimed > 0)
+local m = load_meta({'limit', 'override', 'draining', 'ticket', 'rate', 'rate_override', 'tat',
+  'rate_pause'}, reclaimed > 0)
 if reclaimed > 0 then
   after_free(m, declared, channel, '')
   waiting = redis.call('ZCARD', waiters)
@@ -43,5 +47,8 @@ else
 end
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
+local room, next_us = rate_room(m)
+local slot = ''
+if room ~= math.huge then slot = fmt(slot_in(m, room, next_us, ahead + 1)) end
 return {ticket, ahead + 1, redis.call('ZCARD', holders), effective_limit(m, declared),
-  m.draining == '1' and 1 or 0}
+  m.draining == '1' and 1 or 0, slot}

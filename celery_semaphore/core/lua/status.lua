@@ -4,6 +4,7 @@
 -- ARGV[1] most   at most this many holders and waiters are listed
 -- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
 -- ARGV[3] declared limit   the caller's (see effective_limit())
+-- ARGV[4] declared rate    the caller's, or '' for none declared (see "Rates" in common.lua)
 --
 -- Returns {now ms, recorded limit or '', override or '', effective limit, draining 0/1,
 -- live holders, live waiters,
@@ -16,12 +17,19 @@
 -- not), {holder, published ms, ...} of the first ``most`` of them whose place
 -- lapsed (their message waits in the broker, outside the line), oldest first,
 -- and how many of them lapsed among the oldest 10 x ``most`` (a count that
--- stops there; the newer ones most likely still hold their places), and when
--- admissions resume after a data loss (ms; 0: not paused).
+-- stops there; the newer ones most likely still hold their places), when
+-- admissions resume after a data loss (ms; 0: not paused); then the rate (see
+-- "Rates" in common.lua): the effective one, the override (each "<interval µs>|<burst>"
+-- or ''), how many grants it allows now, when the next one after those is
+-- allowed (ms), and until when a RateLimited pause lasts (ms; 0: none).
 -- Entries whose lease ran out (not yet reclaimed) are left out.
 
 local most, horizon_ms, declared = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed'})
+if ARGV[4] ~= '' then declared_rate = ARGV[4] end
+local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed', 'rate',
+  'rate_override', 'tat', 'rate_pause'})
+
+local rate, room, next_us = effective_rate(m), rate_room(m)
 
 local listed_holders = {}
 local h = redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
@@ -71,4 +79,7 @@ return {
   redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
   listed_holders, listed_waiters, math.max(0, tonumber(m.n_parked) or 0),
   math.max(0, tonumber(m.n_handed) or 0), sent_count, listed_sent, lapsed_count, resumes_ms,
+  rate and fmt(rate.interval) .. '|' .. fmt(rate.burst) or '', m.rate_override or '',
+  rate and room or 0, rate and fmt(now_ms + math.ceil(next_us / 1000)) or 0,
+  math.max(0, (tonumber(m.rate_pause) or 0) > now_ms and tonumber(m.rate_pause) or 0),
 }

@@ -1,0 +1,168 @@
+"""What a `LimitedTask` declares: its limits, each on a named semaphore.
+
+The short form names one semaphore and its limits there::
+
+    @app.task(base=LimitedTask, semaphore="partner-api", limit=5, rate="100/m")
+
+The general form lists them, each on a name of its own or a shared one::
+
+    @app.task(base=LimitedTask, limits=[
+        Concurrency("partner-api", 5),
+        Rate("partner-api", 100, per=60),
+        Rate(per_key("account", lambda account, **_: f"account-{account}"), 10, per=60),
+    ])
+
+Limits that name the same semaphore are one gate: its concurrency limit and its
+rate are granted by one script call, in one line (see "Rates" in
+``core/lua/common.lua``). Different names are different gates, taken one after
+the other (`celery_semaphore.admission`): a task never holds one while it waits
+for another. `declared()` turns either form into `Declared` limits, checked, with
+errors that name the task; `celery_semaphore.gates` makes them gates per request.
+
+A task body that learns the partner is unhappy (a 429) raises `RateLimited`:
+its rates start nobody new for ``retry_after`` seconds, and the task goes back to
+the head of their lines.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .core import validation
+from .core.rates import RateLimit, parse_rate
+
+Name = str | Callable[..., str]
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` tasks at once hold semaphore ``name`` (a name, or a key
+    function of the task's arguments: `per_key()`)."""
+
+    name: Name
+    limit: int
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``count`` starts per ``per`` seconds on semaphore ``name``, cluster-wide,
+    ``burst`` at once after an idle spell (1: evenly spaced starts)."""
+
+    name: Name
+    count: int
+    per: float = 1.0
+    burst: int = 1
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The limits a task declares on one semaphore: the gate it passes per request."""
+
+    name: Name
+    limit: int | None
+    rate: RateLimit | None
+
+
+class RateLimited(Exception):
+    """Raised by a task body: the rates of its semaphores (or of ``limit``, one
+    semaphore's name) start no task for ``retry_after`` seconds, running tasks go
+    on, and this task goes back to the head of their lines; its wait is not counted
+    against ``max_retries``. Typical after the protected service answered 429::
+
+        if response.status_code == 429:
+            raise RateLimited(retry_after=float(response.headers.get("Retry-After", 30)))
+    """
+
+    def __init__(self, retry_after: float, limit: str | None = None) -> None:
+        self.retry_after = validation.check_seconds(retry_after, "RateLimited(retry_after)")
+        if limit is not None:
+            validation.check_name(limit, "RateLimited(limit)")
+        self.limit = limit
+        super().__init__(retry_after, limit)
+
+    def __str__(self) -> str:
+        where = f" on {self.limit}" if self.limit else ""
+        return f"rate limited{where} for {self.retry_after:g}s"
+
+
+def declared(task: Any) -> list[Declared]:
+    """The limits ``task`` (a `LimitedTask` class or instance) declares, one per
+    semaphore name, those without a rate first (see `celery_semaphore.gates`);
+    TypeError / ValueError naming the task and the fix."""
+    owner = f"task {task.name}"
+    spec = _static(task, "semaphore")
+    limit, rate, listed = (_static(task, attribute) for attribute in ("limit", "rate", "limits"))
+    if listed is not None:
+        if spec is not None or limit is not None or rate is not None:
+            raise TypeError(
+                f"{owner}: give either semaphore= with limit= and/or rate=, or limits=[...], "
+                "not both"
+            )
+        return _grouped(owner, listed)
+    if spec is None:
+        raise TypeError(
+            f"{owner}: LimitedTask needs semaphore= (a name or a key function) with limit= "
+            "and/or rate=, or limits=[Concurrency(...), Rate(...)]"
+        )
+    if limit is None and rate is None:
+        raise TypeError(
+            f"{owner}: LimitedTask needs limit= (an int >= 1) or rate= (like '20/s'), or both"
+        )
+    _check_name(owner, spec)
+    if limit is not None:
+        validation.check_limit(limit, f"{owner}: limit")
+    checked = None if rate is None else parse_rate(rate, f"{owner}: rate")
+    return [Declared(spec, limit, checked)]
+
+
+def _grouped(owner: str, listed: Any) -> list[Declared]:
+    if not isinstance(listed, list | tuple) or not listed:
+        raise TypeError(
+            f"{owner}: limits must be a non-empty list of Concurrency(...) and Rate(...), "
+            f"got {listed!r}"
+        )
+    limits: dict[Any, int] = {}
+    rates: dict[Any, RateLimit] = {}
+    order: list[Any] = []
+    for item in listed:
+        if not isinstance(item, Concurrency | Rate):
+            raise TypeError(
+                f"{owner}: each of limits= must be Concurrency(name, limit) or "
+                f"Rate(name, count, per=seconds), got {item!r}"
+            )
+        _check_name(owner, item.name)
+        kind = "Concurrency" if isinstance(item, Concurrency) else "Rate"
+        if item.name in (limits if isinstance(item, Concurrency) else rates):
+            raise ValueError(
+                f"{owner}: two {kind} limits on {item.name!r}; give one, or give them "
+                "semaphores of their own"
+            )
+        if item.name not in order:
+            order.append(item.name)
+        if isinstance(item, Concurrency):
+            limits[item.name] = validation.check_limit(item.limit, f"{owner}: {item!r}: limit")
+        else:
+            rates[item.name] = _checked_rate(owner, item)
+    found = [Declared(name, limits.get(name), rates.get(name)) for name in order]
+    return sorted(found, key=lambda d: d.rate is not None)
+
+
+def _checked_rate(owner: str, item: Rate) -> RateLimit:
+    try:
+        return RateLimit(item.count, item.per, item.burst)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{owner}: {item!r}: {error}") from None
+
+
+def _check_name(owner: str, name: Any) -> None:
+    if not callable(name):
+        validation.check_name(name, f"{owner}: semaphore")
+
+
+def _static(task: Any, attribute: str) -> Any:
+    """An option as declared (a key function stays a plain function, not a method)."""
+    value = inspect.getattr_static(task, attribute, None)
+    return value.__func__ if isinstance(value, staticmethod) else value

@@ -1,0 +1,115 @@
+"""Rates in real ``celery worker`` processes (celery_apps/limited_app.py).
+
+What an observer sees from the task bodies' own records: starts never faster than
+the rate across workers, the concurrency limit and the rate together, a rate per
+account, and `RateLimited` pausing the line with the raising task first after it,
+in both wait modes. Tolerant bounds; the tight figures are benchmarks/bench_rate.py's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery_harness import max_overlap
+from cluster_tools import Clusters
+
+from devkit.measures import kendall_tau
+
+pytestmark = pytest.mark.slow
+
+WORKER = {"concurrency": 2}
+
+
+@pytest.fixture
+def clusters(celery_cluster: Any) -> Iterator[Clusters]:
+    with Clusters(celery_cluster) as made:
+        yield made
+
+
+def starts(events: list[dict[str, Any]], ids: set[str] | None = None) -> list[dict[str, Any]]:
+    found = [e for e in events if e["event"] == "start" and (ids is None or e["id"] in ids)]
+    return sorted(found, key=lambda e: e["at"])
+
+
+def most_in_window(times: list[float], window: float) -> int:
+    return max(sum(1 for t in times[i:] if t < start + window) for i, start in enumerate(times))
+
+
+@pytest.mark.parametrize("task", ["paced", "paced_countdown"])
+def test_a_rate_holds_across_workers_in_order(clusters: Clusters, task: str) -> None:
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER)
+    paced = getattr(cluster.app_module, task)
+    results = [paced.delay(0.01, i) for i in range(60)]
+    assert [r.get(timeout=60) for r in results] == list(range(60))
+    begun = starts(cluster.events())
+    assert len(begun) == 60, "each task ran once"
+    times = [e["at"] for e in begun]
+    most = most_in_window(times, 1.0)
+    assert most <= 22, f"{most} starts in a second: 20/s, burst 1 (+1: the bodies' own jitter)"
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    gaps = sorted(later - earlier for earlier, later in itertools.pairwise(times))
+    assert 12 <= rate <= 21, f"{rate:.1f} starts/s under 20/s with a backlog; gaps {gaps[-5:]}"
+    assert kendall_tau([e["tag"] for e in begun]) >= 0.9, "in submission order"
+    waits = sum(e["retries"] for e in begun) / len(begun)
+    assert waits <= 2.5, f"{waits:.2f} waits per task"
+
+
+def test_the_limit_and_the_rate_of_one_semaphore_together(clusters: Clusters) -> None:
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=3)
+    both = cluster.app_module.both
+    results = [both.delay(0.2, i) for i in range(30)]
+    assert [r.get(timeout=60) for r in results] == list(range(30))
+    events = cluster.events()
+    assert max_overlap(events) <= 3, "limit 3"
+    times = [e["at"] for e in starts(events)]
+    assert most_in_window(times, 1.0) <= 12, "10/s"
+    assert times[-1] - times[0] >= 2.7, "30 starts at 10/s take 2.9 s at the least"
+
+
+def test_a_rate_per_account(clusters: Clusters) -> None:
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER)
+    per_account = cluster.app_module.per_account
+    results = [per_account.delay(account, 0.01, f"{account}{i}") for i in range(8)
+               for account in ("a", "b")]  # fmt: skip
+    for result in results:
+        result.get(timeout=60)
+    begun = starts(cluster.events())
+    for account in ("a", "b"):
+        times = [e["at"] for e in begun if e["tag"].startswith(account)]
+        assert len(times) == 8
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert min(gaps) >= 0.1 - 0.02, f"account {account}: 5/s, with a late-grant credit"
+    first_a = [e["at"] for e in begun if e["tag"].startswith("a")]
+    first_b = [e["at"] for e in begun if e["tag"].startswith("b")]
+    assert abs(first_a[-1] - first_b[-1]) < 1.0, "the accounts do not wait for each other"
+
+
+@pytest.mark.parametrize("task", ["slow_down", "slow_down_countdown"])
+def test_rate_limited_pauses_the_line_and_its_task_goes_first(
+    clusters: Clusters, task: str
+) -> None:
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER)
+    slow_down = getattr(cluster.app_module, task)
+    results = [slow_down.delay(i, 1.0 if i == 3 else 0.0) for i in range(20)]
+    assert [r.get(timeout=60) for r in results] == list(range(20)), "max_retries=0: not spent"
+    events = cluster.events()
+    (raised,) = [e for e in events if e["event"] == "rate-limited"]
+    after = [e for e in starts(events) if e["at"] > raised["at"]]
+    assert after, "tasks started after the pause"
+    assert after[0]["tag"] == 3, "the task that raised goes first after the pause"
+    assert after[0]["at"] - raised["at"] >= 0.95, "no start within the 1 s pause"
+    assert after[0]["at"] - raised["at"] < 3.0, "it comes back when the pause ends"
+    assert after[0]["retries"] == 1, "its wait is shown as a retry"
+    tags = [e["tag"] for e in after[1:]]
+    assert tags == sorted(tags), "the line resumes in order"
