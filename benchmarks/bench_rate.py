@@ -162,17 +162,20 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 class HeldSampler:
     """Every 50 ms, the messages the workers hold: the Redis transport's ``unacked``
-    hash (delivered and not acked: prefetched, held by a rate limit, countdown retries)."""
+    hash (delivered and not acked: prefetched, held by a rate limit, countdown retries),
+    and how many of them carry an ETA (countdowns, hand-overs for a later slot)."""
 
     def __init__(self, broker: redis.Redis) -> None:
         self.broker = broker
-        self.samples: list[int] = []
+        self.samples: list[tuple[int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-held", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_EVERY):
-            self.samples.append(int(self.broker.hlen("unacked")))
+            held = self.broker.hvals("unacked")
+            with_eta = sum(1 for m in held if json.loads(m)[0]["headers"].get("eta"))
+            self.samples.append((len(held), with_eta))
 
     @contextmanager
     def running(self) -> Iterator[HeldSampler]:
@@ -198,7 +201,7 @@ def run_phase(
     seconds) until every body has run; what the bodies and the sampler saw."""
     task = getattr(bench, task_name)
     key, raises = bench.records_key(task_name), bench.raises_key(task_name)
-    records.delete(key, raises)
+    records.delete(key, raises, *(bench.in_place_key(s) for s in bench.SEMAPHORES.values()))
     load_before = os.getloadavg()[0]
     sampler = HeldSampler(broker)
     with sampler.running():
@@ -211,6 +214,8 @@ def run_phase(
             time.sleep(0.05)
         time.sleep(0.2)  # the last body's record is written after its task ended
     runs = [json.loads(r) for r in records.lrange(key, 0, -1)]
+    semaphore = bench.SEMAPHORES.get(task_name)
+    in_place = records.lrange(bench.in_place_key(semaphore), 0, -1) if semaphore else []
     if len(runs) < count:
         log(f"  {task_name}: only {len(runs)} of {count} ran within {timeout:.0f} s")
     return {
@@ -219,6 +224,7 @@ def run_phase(
         "runs": runs,
         "raises": [json.loads(r) for r in records.lrange(raises, 0, -1)],
         "held": sampler.samples,
+        "in_place": [json.loads(w) for w in in_place],
         "load_average_1min": [load_before, os.getloadavg()[0]],
         "timed_out": len(runs) < count,
     }
@@ -285,7 +291,9 @@ def common(phase: dict[str, Any], rate: float) -> dict[str, Any]:
         "waits_mean": statistics.fmean(waits),
         "waits_max": max(waits),
         "body_retries_mean": statistics.fmean(float(r["retries"]) for r in runs),
-        "held_peak": max(phase["held"], default=0),
+        "held_peak": max((held for held, _ in phase["held"]), default=0),
+        "held_with_eta_peak": max((eta for _, eta in phase["held"]), default=0),
+        "in_place": in_place(phase["in_place"]),
         "kendall_tau": kendall_tau([r["index"] for r in runs]),
         "peak_running": peak_overlap([(r["start"], r["end"]) for r in runs]),
         "makespan_s": last_end - first,
@@ -294,6 +302,18 @@ def common(phase: dict[str, Any], rate: float) -> dict[str, Any]:
         "first_start_after_submit_s": first - phase["first_submit"],
         "worker_share": _worker_share(runs),
         "load_average_1min": phase["load_average_1min"],
+    }
+
+
+def in_place(waits: list[dict[str, Any]]) -> dict[str, Any]:
+    """Waits in place: worker processes blocked in ``Semaphore.wait_for_turn``."""
+    durations = [w["end"] - w["start"] for w in waits]
+    return {
+        "count": len(waits),
+        "granted": sum(1 for w in waits if w["granted"]),
+        "process_seconds": sum(durations),
+        "mean_s": statistics.fmean(durations) if durations else 0.0,
+        "peak_processes": peak_overlap([(w["start"], w["end"]) for w in waits]),
     }
 
 
@@ -475,6 +495,8 @@ def print_scenario(scenario: str, results: dict[str, Any]) -> None:
             row("messages held by workers, peak", lambda f: str(f["held_peak"]),
                 f"<= {held_max} (2 x {s.processes} processes)  "
                 f"{ours(lambda f: f['held_peak'] <= held_max)}"),
+            row("  of which with an ETA, peak", lambda f: str(f["held_with_eta_peak"])),
+            *_in_place_rows(row),
             row("Kendall tau, start vs submit order", lambda f: f"{f['kendall_tau']:.3f}",
                 f">= {TARGETS['kendall_tau_min']}  "
                 f"{ours(lambda f: f['kendall_tau'] >= TARGETS['kendall_tau_min'])}"),
@@ -504,6 +526,7 @@ def print_scenario(scenario: str, results: dict[str, Any]) -> None:
             row("makespan from first submit (s)", lambda f: f"{f['makespan_from_submit_s']:.2f}"),
             *_waits_rows(row, ours),
             row("messages held by workers, peak", lambda f: str(f["held_peak"])),
+            *_in_place_rows(row),
             row("Kendall tau, start vs submit order", lambda f: f"{f['kendall_tau']:.3f}"),
             *_tail_rows(row, s.both_tasks),
         ]  # fmt: skip
@@ -545,6 +568,7 @@ def print_scenario(scenario: str, results: dict[str, Any]) -> None:
             row("most starts in 1 s, after the raise", pause("window_starts_max_after"),
                 f"<= {s.pause_rate + 1:g}"),
             *_waits_rows(row, ours),
+            *_in_place_rows(row),
             row("makespan, first start..last end (s)", lambda f: f"{f['makespan_s']:.2f}",
                 f"ideal {ideal:.2f}"),
             *_tail_rows(row, s.pause_tasks),
@@ -559,6 +583,16 @@ def _waits_rows(row: Callable[..., list[str]], ours: Callable[..., str]) -> list
             lambda f: f"{f['waits_mean']:.2f} ({f['waits_max']:.0f})",
             f"<= {limit}  {ours(lambda f: f['waits_mean'] <= limit)}"),
         row("request.retries seen by the body, mean", lambda f: f"{f['body_retries_mean']:.2f}"),
+    ]  # fmt: skip
+
+
+def _in_place_rows(row: Callable[..., list[str]]) -> list[list[str]]:
+    return [
+        row("waits in place (granted)",
+            lambda f: f"{f['in_place']['count']} ({f['in_place']['granted']})"),
+        row("processes blocked in place: peak, proc-s",
+            lambda f: f"{f['in_place']['peak_processes']}, "
+                      f"{f['in_place']['process_seconds']:.1f}"),
     ]  # fmt: skip
 
 

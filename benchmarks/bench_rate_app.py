@@ -33,6 +33,8 @@ waits for the records):
   bucket for everyone and retries itself with the same countdown.
 
 The ``*_ours`` tasks exist only when the package has rate limits (``HAVE_RATES``).
+Their waits in place (worker processes blocked in ``Semaphore.wait_for_turn``, timed
+from outside the package) go to the list ``bench-rate:inplace:<semaphore>``.
 
 Each body run appends, once its task has ended (off the path between a start and the
 next), one JSON record to the Redis list ``bench-rate:records:<task>``: index, start,
@@ -43,6 +45,7 @@ asked for is recorded in ``bench-rate:raises:<task>`` with the time of the raise
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -56,6 +59,7 @@ from celery.signals import task_postrun, worker_ready
 from redis_semaphore import Semaphore as PrsSemaphore
 from redis_semaphore import SemaphoreConfig as PrsConfig
 
+import celery_semaphore.core._sync.semaphore as semaphore_module
 from celery_semaphore import LimitedTask
 
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6399/0")
@@ -79,6 +83,12 @@ else:
 
 READY_KEY = "bench-rate:ready"
 BOTH_BASELINE_SEMAPHORE = "bench-both-baseline"
+SEMAPHORES = {  # ours: the semaphore of each task
+    "rate_ours": "bench-rate",
+    "rate_ours_countdown": "bench-rate-countdown",
+    "both_ours": "bench-both",
+    "pause_ours": "bench-pause",
+}
 
 
 def per_s(rate: float) -> str:
@@ -91,6 +101,10 @@ def records_key(task: str) -> str:
 
 def raises_key(task: str) -> str:
     return f"bench-rate:raises:{task}"
+
+
+def in_place_key(semaphore: str) -> str:
+    return f"bench-rate:inplace:{semaphore}"
 
 
 app = Celery("bench_rate_app", broker=BROKER_URL)
@@ -277,3 +291,28 @@ def warm(index: int) -> None:
 @worker_ready.connect
 def _announce(sender: Any = None, **_: Any) -> None:
     _records.sadd(READY_KEY, getattr(sender, "hostname", None) or socket.gethostname())
+
+
+# -- waits in place of ours, timed from outside the package (worker processes only) ----------
+
+
+def _timed_wait_for_turn(original: Any) -> Any:
+    @functools.wraps(original)
+    def wait_for_turn(self: Any, *args: Any, **kwargs: Any) -> Any:
+        begin = time.time()
+        result = original(self, *args, **kwargs)
+        if self.name in SEMAPHORES.values():
+            wait = {
+                "start": begin,
+                "end": time.time(),
+                "granted": isinstance(result, semaphore_module.Permit),
+            }
+            _pending.append((in_place_key(self.name), json.dumps(wait)))
+        return result
+
+    return wait_for_turn
+
+
+_Semaphore = semaphore_module.Semaphore
+if not getattr(_Semaphore.wait_for_turn, "__wrapped__", None):
+    _Semaphore.wait_for_turn = _timed_wait_for_turn(_Semaphore.wait_for_turn)  # type: ignore[method-assign]
