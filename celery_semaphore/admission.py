@@ -106,7 +106,7 @@ class Admission:
                 if isinstance(result, Permit):
                     self._granted(gate, result)
                     continue
-                self.exit()
+                self.exit(unused=True)
                 seconds = in_place_for(result)
                 if seconds is not None:
                     result = self._wait_for_turn(gate, result, seconds)
@@ -116,11 +116,11 @@ class Admission:
                 for earlier in self.gates[:index]:
                     again = self._attempt(earlier)
                     if isinstance(again, Place):
-                        self.exit()
+                        self.exit(unused=True)
                         return Refused(earlier, again)
                     self._granted(earlier, again)
         except BaseException:
-            self.exit()
+            self.exit(unused=True)
             raise
         return None
 
@@ -129,7 +129,7 @@ class Admission:
         for gate in self.gates:
             result = self._sem(gate).attempt(self.request.id, queue=False, info=self.info)
             if isinstance(result, Place):
-                self.exit()
+                self.exit(unused=True)
                 return Refused(gate, result)
             self._granted(gate, result)
         return None
@@ -166,13 +166,22 @@ class Admission:
         self.permits[gate] = permit
         first_ask = self.state.first_ask or time.time()
         self._send(signals.permit_granted, gate, waited=time.time() - first_ask)
+        if permit.shadow_refused:
+            self._send(
+                signals.shadow_refused,
+                gate,
+                limits=sorted(permit.shadow_refused),
+                would_wait=permit.shadow_wait,
+            )
 
-    def exit(self) -> None:
-        """Give back every permit taken; errors are logged (the lease is the backstop)."""
+    def exit(self, *, unused: bool = False) -> None:
+        """Give back every permit taken; errors are logged (the lease is the backstop).
+        ``unused``: before the body ran (another gate refused): under a rate, the
+        grants are given back too, so a start that did not happen spends nothing."""
         while self.permits:
             gate, permit = self.permits.popitem()
             try:
-                released = permit.release()
+                released = permit.give_back_unused() if unused else permit.release()
             except (SemaphoreConnectionError, SemaphoreBackendError) as error:
                 logger.warning("could not release %r (its lease will run out): %s", permit, error)
                 continue
@@ -302,7 +311,7 @@ def admit(admission: Admission, waits: Waits) -> None:
             if seconds is not None and admission.refresh(gate, place, seconds):
                 if turn < REFRESH_TURNS:
                     continue  # the turn came meanwhile: take the other gates now
-                admission.exit()
+                admission.exit(unused=True)
             raise waits.countdown(gate, place, decision.delay)
     except StaleHandover as stale:
         logger.info(
@@ -322,7 +331,7 @@ def _on_redis_error(admission: Admission, waits: Waits, error: Exception) -> Non
     that has answered this worker since it started; one that never has (a wrong URL or
     password, a server that is not running: a test's worker pointed at nothing) is a
     setting to fix, which no retry would: the task fails at once, as with "fail"."""
-    admission.exit()
+    admission.exit(unused=True)
     task, request = admission.task, admission.request
     policy = admission.config.on_redis_error
     if policy == "fail":

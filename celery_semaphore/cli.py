@@ -11,13 +11,14 @@ for every argument (`Number`, `_usage_message`).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import inspect
 import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -31,9 +32,18 @@ from .core.discovery import open_semaphore, semaphore_names
 from .core.errors import UnknownSemaphore
 from .core.keys import semaphore_keys, watch_channel
 from .core.protocol import PAUSE_MARGIN, text
+from .core.rates import RateLimit, parse_rate
 from .core.validation import MAX_LIMIT, MAX_SECONDS
 from .gates import QUEUE_PREFIX
 from .worker.bootstep import add_worker_options
+
+
+@dataclass(frozen=True)
+class InApp:
+    """What the app declares for one semaphore: its limit and its rate (either may be None)."""
+
+    limit: int | None
+    rate: RateLimit | None
 
 
 class Operator:
@@ -45,30 +55,38 @@ class Operator:
         self.prog = prog
         self.namespace = config.namespace
         self.queue_limits = dict(config.queue_limits)
+        self.queue_rates = dict(config.queue_rates)
         self.url = mask_url(config.redis_url)
         self.client, _ = connect(config.redis_url)
         # A command that notices a loss of Redis's data pauses admissions as the
         # app's workers would (see celery_semaphore.core.epochs).
         self.pause_after_loss = config.renew_every + PAUSE_MARGIN
-        self._declared: dict[str, int] | None = None
+        self._declared: dict[str, InApp] | None = None
 
     def names(self) -> list[str]:
         return semaphore_names(self.client, self.namespace, self.url)
 
-    def declared(self) -> dict[str, int]:
-        """The semaphores this app declares, with their limits: the static
-        ``semaphore=`` names of its tasks and ``queue:<name>`` for its queue caps
+    def declared(self) -> dict[str, InApp]:
+        """The semaphores this app declares, with their limits and rates: the static
+        names of its tasks' limits and ``queue:<name>`` for its queue caps and rates
         (per-key names, from a key function, are known only once used)."""
         if self._declared is None:
-            self._declared = {QUEUE_PREFIX + q: limit for q, limit in self.queue_limits.items()}
+            declared = {
+                QUEUE_PREFIX + q: InApp(limit, None) for q, limit in self.queue_limits.items()
+            }
+            for queue, rate in self.queue_rates.items():
+                limit = declared.get(QUEUE_PREFIX + queue, InApp(None, None)).limit
+                declared[QUEUE_PREFIX + queue] = InApp(limit, rate)
             with suppress(Exception):  # the tasks that -A imported still count
                 self.app.loader.import_default_modules()
             for task in list(self.app.tasks.values()):
-                name = inspect.getattr_static(task, "semaphore", None)
-                limit = getattr(task, "limit", None)
-                if isinstance(name, str) and name and isinstance(limit, int):
-                    self._declared[name] = limit
+                declared.update(_declared_by(task))
+            self._declared = declared
         return self._declared
+
+    def in_app(self, name: str) -> InApp:
+        """What the app declares for ``name`` (nothing: None and None)."""
+        return self.declared().get(name, InApp(None, None))
 
     def open_all(self) -> list[Semaphore]:
         """Every semaphore in Redis and every one the app declares (less those whose
@@ -98,7 +116,8 @@ class Operator:
             )
         except UnknownSemaphore:
             if name in self.declared():
-                return self.open_new(name, self.declared()[name])
+                in_app = self.declared()[name]
+                return self.open_new(name, in_app.limit, in_app.rate)
             if not suggest:
                 raise
             members = self.family(name)
@@ -168,16 +187,30 @@ class Operator:
         workers = "1 worker hands" if heard == 1 else f"{heard} workers hand"
         return f"{workers} over its parked tasks now due"
 
-    def open_new(self, name: str, limit: int) -> Semaphore:
+    def open_new(self, name: str, limit: int | None, rate: RateLimit | None = None) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""
         return Semaphore(
             self.client,
             name,
             limit,
+            rate=rate,
             namespace=self.namespace,
             url=self.url,
             pause_after_loss=self.pause_after_loss,
         )
+
+    def summary(self, sem: Semaphore) -> dict[str, Any]:
+        """``sem``'s row of ``status``."""
+        return _summary(sem.status(), self.recorded_rate(sem))
+
+    def recorded_rate(self, sem: Semaphore) -> RateLimit | None:
+        """The rate ``sem``'s tasks declare, as the last of them to ask recorded it
+        (None: none, or not used yet); `SemaphoreStatus` shows only the effective one."""
+        try:
+            recorded = self.client.hget(sem.keys.meta, "rate")
+        except redis.RedisError as error:
+            raise translate(error, self.url) from error
+        return RateLimit.decode(text(recorded or ""))
 
     def unknown(self, name: str) -> str:
         """One line on a name neither in Redis nor declared: the closest known names."""
@@ -192,6 +225,16 @@ class Operator:
             f"no semaphore named {name!r} in Redis (namespace {self.namespace!r}; never "
             f"used, or expired while idle), nor declared by this app; {hint}"
         )
+
+
+def _declared_by(task: Any) -> dict[str, InApp]:
+    """The static semaphore names ``task`` declares limits on (a `LimitedTask`'s
+    ``declared_limits``; a key function's names are known only once used)."""
+    return {
+        item.name: InApp(item.limit, item.rate)
+        for item in getattr(task, "declared_limits", [])
+        if isinstance(item.name, str)
+    }
 
 
 def _one_line(message: str) -> str:
@@ -229,7 +272,23 @@ class Number(click.ParamType):  # type: ignore[type-arg]  # generic only from cl
         return number
 
 
+class Rate(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.5
+    """A rate in Celery's syntax ("20/s", "100/m", "1000/h"), worded as `Number` when bad."""
+
+    name = "rate"
+    accepts = f"a count from 1 to {MAX_LIMIT} per second, minute or hour (20/s, 100/m, 1000/h)"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_rate(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not {self.accepts}", param, ctx)
+
+
 LIMIT = Number(int, 1, MAX_LIMIT, f"a whole number from 1 to {MAX_LIMIT}")
+BURST = Number(int, 1, MAX_LIMIT, f"a whole number from 1 to {MAX_LIMIT}")
 INTERVAL = Number(float, 0.1, MAX_SECONDS, f"a number of seconds from 0.1 to {MAX_SECONDS:.0f}")
 
 
@@ -260,9 +319,11 @@ class SemaphoreCommand(click.Command):
         """click takes a negative number for an option: given to a number argument,
         fail as any bad value of that argument does."""
         numbers = [
-            p for p in self.params if isinstance(p, click.Argument) and isinstance(p.type, Number)
+            p
+            for p in self.params
+            if isinstance(p, click.Argument) and isinstance(p.type, Number | Rate)
         ]
-        negative = [arg for arg in args if arg.startswith("-") and _is_number(arg)]
+        negative = [arg for arg in args if arg.startswith("-") and _is_number(arg.split("/")[0])]
         if numbers and negative:
             numbers[0].type.convert(negative[0], numbers[0], ctx)
 
@@ -286,7 +347,7 @@ class SemaphoreGroup(click.Group):
         name = args[0]
         if self.get_command(ctx, name) is None and not name.startswith("-"):
             commands = self.list_commands(ctx)
-            close = difflib.get_close_matches(name, commands, n=2, cutoff=0.5)
+            close = _closest(name, commands)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise click.ClickException(
                 f"no command {name!r} in `{_prog(ctx)}`; {hint}commands: {', '.join(commands)}"
@@ -296,6 +357,17 @@ class SemaphoreGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with _errors_in_one_line(ctx):
             return super().invoke(ctx)
+
+
+def _closest(word: str, choices: Sequence[str]) -> list[str]:
+    """The choice closest to ``word``, and the next if nearly as close (set-limt:
+    set-limit or reset-limit; stauts: status, not set-rate)."""
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, word, choice).ratio(), choice) for choice in choices),
+        reverse=True,
+    )
+    best = scored[0][0] if scored else 0.0
+    return [choice for ratio, choice in scored[:2] if ratio >= max(0.5, best - 0.15)]
 
 
 @contextmanager
@@ -355,8 +427,12 @@ def _describe(info: str) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"info": info}
 
 
-def _summary(status: SemaphoreStatus) -> dict[str, Any]:
+def _summary(status: SemaphoreStatus, declared_rate: RateLimit | None = None) -> dict[str, Any]:
+    """``status`` as a row of ``status``; ``declared_rate``: the rate its tasks
+    declare (see `Operator.recorded_rate`)."""
     now = status.server_time
+    rated = status.rate is not None
+    paused = status.rate_paused_until if rated else None
     return {
         "name": status.name,
         "declared_limit": status.declared_limit,
@@ -376,15 +452,51 @@ def _summary(status: SemaphoreStatus) -> dict[str, Any]:
         "shortest_lease_left": round(min(h.expires_at for h in status.holders) - now, 3)
         if status.holders
         else None,
+        "rate": _rate_text(status.rate),
+        "declared_rate": _rate_text(declared_rate),
+        "rate_override": _rate_text(status.rate_override),
+        "rate_room": status.rate_room if rated else None,
+        "next_start_in": round(max(0.0, status.next_start_at - now), 3)
+        if rated and status.next_start_at is not None
+        else None,
+        "rate_paused_until": paused,
+        "rate_paused_for": round(paused - now, 3) if paused is not None else None,
     }
 
 
+def _rate_text(rate: RateLimit | None) -> str | None:
+    return None if rate is None else str(rate)
+
+
+def _uncapped(row: dict[str, Any]) -> bool:
+    """Whether ``row``'s semaphore has a rate and no concurrency limit (a semaphore
+    with only a rate has the largest limit there is)."""
+    return row["rate"] is not None and row["effective_limit"] >= MAX_LIMIT
+
+
 def _limit_cell(row: dict[str, Any]) -> str:
-    limit = str(row["effective_limit"])
+    limit = "-" if _uncapped(row) else str(row["effective_limit"])
     if row["override"] is not None:
         declared = row["declared_limit"]
         limit += f"({'-' if declared is None else declared})"
     return limit + (" D" if row["draining"] else "")
+
+
+def _rate_cell(row: dict[str, Any]) -> str:
+    rate = row["rate"] or "-"
+    if row.get("rate_override") is not None:
+        rate += f"({row['declared_rate'] or '-'})"
+    return rate
+
+
+def _next_start_cell(row: dict[str, Any]) -> str:
+    """When the rate lets the next task start: ``now``, ``in 0.4s``, or ``paused
+    until 14:03:22`` (local time) after a task raised RateLimited."""
+    if row["rate_paused_until"] is not None:
+        return "paused until " + time.strftime("%H:%M:%S", time.localtime(row["rate_paused_until"]))
+    if row["rate"] is None or row.get("next_start_in") is None:
+        return "-"
+    return "now" if row["rate_room"] else f"in {row['next_start_in']:.1f}s"
 
 
 def _seconds_cell(value: float | None) -> str:
@@ -419,9 +531,11 @@ STATUS_COLUMNS: list[Column] = [
     ("WAIT", ">", lambda row: str(row["waiters"] + row["in_broker"])),
     ("PARKED", ">", lambda row: str(row["parked"])),
     ("SENT", ">", lambda row: str(row["sent"])),
-    ("UTIL", ">", lambda row: f"{row['utilization']:.0%}"),
+    ("UTIL", ">", lambda row: "-" if _uncapped(row) else f"{row['utilization']:.0%}"),
     ("OLDEST", ">", lambda row: _seconds_cell(row["oldest_holder_age"])),
     ("LEASE", ">", lambda row: _seconds_cell(row["shortest_lease_left"])),
+    ("RATE", ">", _rate_cell),
+    ("NEXT START", ">", _next_start_cell),
 ]
 HOLDERS_COLUMNS: list[Column] = [
     ("HOLDER", "<", lambda row: str(row["holder"])),
@@ -501,11 +615,11 @@ def status(
 def _status_rows(operator: Operator, names: Sequence[str]) -> list[dict[str, Any]]:
     """``status`` of NAMES (default: all), a family as its `_family_summary`."""
     if not names:
-        return [_summary(s.status()) for s in operator.open_all()]
+        return [operator.summary(s) for s in operator.open_all()]
     rows = []
     for name in names:
         found = operator.semaphores(name)
-        summaries = [_summary(s.status()) for s in found]
+        summaries = [operator.summary(s) for s in found]
         rows += summaries if _is_one(found, name) else [_family_summary(name, summaries)]
     return rows
 
@@ -527,6 +641,8 @@ def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
         row["shortest_lease_left"] for row in members if row["shortest_lease_left"] is not None
     ]
     limit = total("effective_limit")
+    rates = {row["rate"] for row in members}
+    paused = [row["rate_paused_until"] for row in members if row["rate_paused_until"] is not None]
     busiest = sorted(
         members,
         key=lambda row: (-(row["holders"] + row["waiters"] + row["in_broker"]), row["name"]),
@@ -543,6 +659,17 @@ def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
         "utilization": round(total("holders") / max(limit, 1), 3),
         "oldest_holder_age": max(ages, default=None),
         "shortest_lease_left": min(leases, default=None),
+        # each member's own rate (a rate per key), when they agree
+        "rate": rates.pop() if len(rates) == 1 else None,
+        "declared_rate": None,
+        "rate_override": None,
+        "rate_room": None,
+        "next_start_in": None,
+        "rate_paused_until": max(paused, default=None),
+        "rate_paused_for": max(
+            (row["rate_paused_for"] for row in members if row["rate_paused_for"] is not None),
+            default=None,
+        ),
         "busiest": busiest[:BUSIEST],
     }
 
@@ -554,7 +681,8 @@ def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "busiest" not in row:
             flat.append(row)
             continue
-        flat.append({**row, "name": f"{row['name']} (family of {row['members']})"})
+        rate = row["rate"] and f"{row['rate']} each"
+        flat.append({**row, "name": f"{row['name']} (family of {row['members']})", "rate": rate})
         flat += [{**member, "name": "  " + member["name"]} for member in row["busiest"]]
     return flat
 
@@ -624,9 +752,15 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(_table(_with_semaphore(WAITERS_COLUMNS, found, name), rows))
 
 
+def _limit_text(limit: int, status: SemaphoreStatus) -> str:
+    """``limit`` in words: "none" for the largest there is under a rate (a
+    semaphore with only a rate)."""
+    return "none" if status.rate is not None and limit >= MAX_LIMIT else str(limit)
+
+
 def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
     if status.declared_limit is not None:
-        return f"declared {status.declared_limit}"
+        return f"declared {_limit_text(status.declared_limit, status)}"
     if in_app is not None:
         return f"not used yet, declared {in_app} in the app"
     return "not used yet"
@@ -665,13 +799,13 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
                 ) from None
             sem = operator.open_new(name, limit)
         before = sem.status()
-        in_app = operator.declared().get(name) if before.declared_limit is None else None
+        in_app = operator.in_app(name).limit if before.declared_limit is None else None
         previous = sem.set_limit(limit)
         declared = _declared_text(before, in_app)
         if previous is not None:
             was = f"was {previous} by override; {declared}"
         elif before.declared_limit is not None:
-            was = f"was {before.declared_limit}, {declared}"
+            was = f"was {_limit_text(before.declared_limit, before)}, {declared}"
         else:
             was = declared
         note = "" if before.declared_limit is not None else ": its first tasks obey it"
@@ -691,10 +825,10 @@ def reset_limit(ctx: click.Context, name: str) -> None:
         previous = sem.clear_limit()
         declared = before.declared_limit
         if declared is None:
-            in_app = operator.declared().get(name)
+            in_app = operator.in_app(name).limit
             then = "" if in_app is None else f" ({in_app} in the app)"
             drain = ""
-            if before.draining and in_app is None:  # status could no longer show it
+            if before.draining and name not in operator.declared():  # status could not show it
                 sem.set_draining(False)
                 drain = "; its drain ended too"
             dropped = "no override" if previous is None else f"override {previous} dropped"
@@ -703,13 +837,101 @@ def reset_limit(ctx: click.Context, name: str) -> None:
                 f"use the limit they declare{then}"
             )
         elif previous is None:
-            click.echo(f"{name}: no override; limit {declared} as declared")
+            click.echo(f"{name}: no override; limit {_limit_text(declared, before)} as declared")
         else:
             woken = f"; {operator.wake(name)}" if declared > previous else ""
             click.echo(
-                f"{name}: back to the declared limit {declared} (was {previous} by override)"
-                + woken
+                f"{name}: back to the declared limit {_limit_text(declared, before)} "
+                f"(was {previous} by override){woken}"
             )
+
+
+def _faster(rate: RateLimit | None, than: RateLimit | None) -> bool:
+    """Whether ``rate`` may start tasks sooner than ``than`` (None: no rate)."""
+    if than is None:
+        return False
+    if rate is None:
+        return True
+    shorter, longer = rate.interval_us < than.interval_us, rate.interval_us > than.interval_us
+    return shorter or (not longer and rate.burst > than.burst)
+
+
+@semaphore.command("set-rate", example="set-rate partner-api 100/m")
+@click.argument("name")
+@click.argument("rate", type=Rate())
+@click.option(
+    "--burst",
+    default="1",
+    type=BURST,
+    metavar="N",
+    show_default=True,
+    help="Starts allowed at once after an idle spell (1: evenly spaced).",
+)
+@click.pass_context
+def set_rate(ctx: click.Context, name: str, rate: RateLimit, burst: int) -> None:
+    """Limit how fast NAME starts tasks, for every worker, now (a runtime override
+    of the rate its tasks declare): RATE starts per second, minute or hour, like
+    20/s, 100/m or 1000/h.
+
+    Works before NAME's first use too, for a name this app declares. Running
+    tasks go on; a lower rate spaces the next starts. The override stays until
+    reset-rate (once the semaphore is used, it expires with its other state
+    after 7 days idle).
+    """
+    with _operator(ctx) as operator:
+        sem = operator.open(name)
+        before = sem.status()
+        recorded = operator.recorded_rate(sem)
+        rate = dataclasses.replace(rate, burst=burst)
+        previous = sem.set_rate(rate)
+        used = before.declared_limit is not None
+        if used:
+            declared = f"declared {recorded}" if recorded else "none declared"
+        else:
+            in_app = operator.in_app(name).rate
+            declared = "not used yet" + (f", declared {in_app} in the app" if in_app else "")
+        if previous is not None:
+            was = f"was {previous} by override; {declared}"
+        elif recorded is not None:
+            was = f"was {recorded}, {declared}"
+        else:
+            was = declared
+        note = "" if used else ": its first tasks obey it"
+        if _faster(rate, before.rate):
+            note += f"; {operator.wake(name)}"
+        click.echo(f"{name}: rate {rate} ({was}){note}")
+
+
+@semaphore.command("reset-rate", example="reset-rate partner-api")
+@click.argument("name")
+@click.pass_context
+def reset_rate(ctx: click.Context, name: str) -> None:
+    """Drop NAME's runtime rate override: back to the rate its tasks declare (or none)."""
+    with _operator(ctx) as operator:
+        sem = operator.open(name)
+        before = sem.status()
+        recorded = operator.recorded_rate(sem)
+        previous = sem.clear_rate()
+        if before.declared_limit is None:
+            in_app = operator.in_app(name).rate
+            dropped = (
+                "no rate override" if previous is None else f"rate override {previous} dropped"
+            )
+            click.echo(
+                f"{name}: {dropped}; not used yet, so its tasks will use the rate they "
+                f"declare ({in_app or 'none'} in the app)"
+            )
+        elif previous is None:
+            now = f"rate {recorded} as declared" if recorded else "no rate declared"
+            click.echo(f"{name}: no rate override; {now}")
+        else:
+            back = (
+                f"back to the declared rate {recorded}"
+                if recorded
+                else "no rate declared, so no rate now"
+            )
+            woken = f"; {operator.wake(name)}" if _faster(recorded, previous) else ""
+            click.echo(f"{name}: {back} (was {previous} by override){woken}")
 
 
 @semaphore.command(example="drain partner-api")

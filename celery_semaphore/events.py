@@ -1,5 +1,6 @@
 """Celery events for permit waits, grants and losses, rates paused by a task
-(``semaphore-rate-limited``), and a loss of Redis's data.
+(``semaphore-rate-limited``), grants a shadow limit would have refused
+(``semaphore-shadow-refused``), and a loss of Redis's data.
 
 Their types do not start with ``task-``: Flower would take a custom ``task-*``
 event as the task's new state. Event consumers count them (Flower's
@@ -56,6 +57,7 @@ _handlers = {
     signals.permit_granted: _from_task("semaphore-granted"),
     signals.permit_lost: _from_task("semaphore-lost"),
     signals.rate_limited: _from_task("semaphore-rate-limited"),
+    signals.shadow_refused: _from_task("semaphore-shadow-refused"),
 }
 
 

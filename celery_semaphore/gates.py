@@ -114,7 +114,7 @@ def _gate(task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str,
     else:
         name, family = spec, ""
     name = validation.check_name(name, f"task {task.name}: semaphore")
-    return Gate(name, limit, family, limits.rate)
+    return Gate(name, limit, family, limits.rate, limits.shadow)
 
 
 def request_gates(
@@ -132,8 +132,9 @@ def semaphore_of(
 ) -> Semaphore:
     """The gate's semaphore in this process, with ``config`` (the app's or a task's)."""
     return state_of(app).semaphores.get(
-        gate.name, gate.limit, config, quick=quick, family=gate.family, rate=gate.rate
-    )
+        gate.name, gate.limit, config, quick=quick, family=gate.family, rate=gate.rate,
+        shadow=gate.shadow,
+    )  # fmt: skip
 
 
 def disagreeing_limits(app: Any) -> dict[str, list[tuple[str, int]]]:

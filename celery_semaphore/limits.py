@@ -40,21 +40,25 @@ Name = str | Callable[..., str]
 @dataclass(frozen=True)
 class Concurrency:
     """At most ``limit`` tasks at once hold semaphore ``name`` (a name, or a key
-    function of the task's arguments: `per_key()`)."""
+    function of the task's arguments: `per_key()`). ``shadow=True``: never refuse,
+    only count the tasks it would have made wait (to try a limit before enforcing it)."""
 
     name: Name
     limit: int
+    shadow: bool = False
 
 
 @dataclass(frozen=True)
 class Rate:
     """At most ``count`` starts per ``per`` seconds on semaphore ``name``, cluster-wide,
-    ``burst`` at once after an idle spell (1: evenly spaced starts)."""
+    ``burst`` at once after an idle spell (1: evenly spaced starts). ``shadow=True``:
+    never delay a start, only count those it would have delayed, and by how much."""
 
     name: Name
     count: int
     per: float = 1.0
     burst: int = 1
+    shadow: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Declared:
     name: Name
     limit: int | None
     rate: RateLimit | None
+    shadow: frozenset[str] = frozenset()
 
 
 class RateLimited(Exception):
@@ -126,6 +131,7 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
         )
     limits: dict[Any, int] = {}
     rates: dict[Any, RateLimit] = {}
+    shadow: dict[Any, set[str]] = {}
     order: list[Any] = []
     for item in listed:
         if not isinstance(item, Concurrency | Rate):
@@ -142,11 +148,18 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
             )
         if item.name not in order:
             order.append(item.name)
+        if not isinstance(item.shadow, bool):
+            raise TypeError(f"{owner}: {item!r}: shadow must be True or False")
+        if item.shadow:
+            shadow.setdefault(item.name, set()).add("limit" if kind == "Concurrency" else "rate")
         if isinstance(item, Concurrency):
             limits[item.name] = validation.check_limit(item.limit, f"{owner}: {item!r}: limit")
         else:
             rates[item.name] = _checked_rate(owner, item)
-    found = [Declared(name, limits.get(name), rates.get(name)) for name in order]
+    found = [
+        Declared(name, limits.get(name), rates.get(name), frozenset(shadow.get(name, ())))
+        for name in order
+    ]
     return sorted(found, key=lambda d: d.rate is not None)
 
 

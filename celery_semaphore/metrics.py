@@ -35,7 +35,16 @@ GAUGES = (
     ("sent", "Tasks published with a place in line, not at a worker yet (in the broker)."),
     ("members",
      "Semaphores in this series: 1, or the live members of a key function's family."),
+    ("rate_paused_seconds",
+     "Seconds left of a pause of the rate after a task raised RateLimited "
+     "(0: none; of a family: the longest)."),
 )  # fmt: skip
+#: The gauge of the effective rate: only for a series with a rate (no sample otherwise).
+RATE = (
+    "rate_per_second",
+    "Starts per second the effective rate allows (the override if set; of a family: the sum "
+    'of its members\' rates). Starts: acquire_attempts_total{outcome="granted"}.',
+)
 #: The counters besides the attempts by outcome: the ``meta`` field, the name, the help.
 COUNTED = (
     ("m_parked", "parks", "Tasks parked."),
@@ -46,6 +55,15 @@ COUNTED = (
     ("m_lost", "permits_lost",
      "Permits lost while their task ran (found gone by a worker's heartbeat)."),
     ("m_expired", "leases_expired", "Permits reclaimed after their lease ran out."),
+    ("m_throttled", "throttled",
+     "Refusals by the rate: a permit was free, but the rate allowed no start yet."),
+    ("m_shadow_limit", "shadow_limit_refusals",
+     "Grants a shadow concurrency limit (shadow=True: counted, never enforced) would have "
+     "refused: the limit was full."),
+    ("m_shadow_rate", "shadow_rate_refusals",
+     "Grants a shadow rate (shadow=True) would have delayed: they came before their slot."),
+    ("m_shadow_wait_ms", "shadow_rate_delay_seconds",
+     "How long a shadow rate would have delayed those grants, in all."),
 )  # fmt: skip
 #: Gauges of the last loss of the Redis's data (read from its epoch hash, see
 #: celery_semaphore.core.epochs; on a Cluster, of its slots: the latest loss, the
@@ -113,6 +131,11 @@ class SemaphoreCollector:
             row["handed_over"] += status.handed_over_count
             row["sent"] += status.sent_count
             row["members"] += 1
+            if status.rate is not None:
+                row["rated"] += 1
+                row["rate_per_second"] += status.rate.count / status.rate.per
+                paused = (status.rate_paused_until or 0.0) - status.server_time
+                row["rate_paused_seconds"] = max(row["rate_paused_seconds"], round(paused, 3))
             for field, value in counts.items():
                 row[field] += value
         for name, (label, counts) in self._members.items():
@@ -156,6 +179,7 @@ class SemaphoreCollector:
 
         p, by = "celery_semaphore_", ["semaphore"]
         gauges = {name: GaugeMetricFamily(p + name, doc, labels=by) for name, doc in GAUGES}
+        rate = GaugeMetricFamily(p + RATE[0], RATE[1], labels=by)
         counters = {
             field: CounterMetricFamily(p + name, doc, labels=by) for field, name, doc in COUNTED
         }
@@ -171,14 +195,17 @@ class SemaphoreCollector:
         for label, row in sorted(self.read().items()):
             for key, gauge in gauges.items():
                 gauge.add_metric([label], row[key])
+            if row["rated"]:
+                rate.add_metric([label], row[RATE[0]])
             for field, counter in counters.items():
-                counter.add_metric([label], row[field])
+                counter.add_metric([label], row[field] / (1000 if field.endswith("_ms") else 1))
             for field, outcome in OUTCOMES.items():
                 attempts.add_metric([label, outcome], row[field])
             for kind, histogram in histograms.items():
                 buckets, total = _histogram(row, kind)
                 histogram.add_metric([label], buckets, total)
         yield from gauges.values()
+        yield rate
         for (name, doc), value in zip(DATA_LOSS, self.read_data_loss(), strict=True):
             loss = GaugeMetricFamily(p + name, doc)
             loss.add_metric([], value)
@@ -189,7 +216,8 @@ class SemaphoreCollector:
 
 
 def _zeros() -> dict[str, float]:
-    return dict.fromkeys((*(name for name, _ in GAUGES), *COUNTERS), 0.0)
+    """A series' values before its first member; ``rated``: its members with a rate."""
+    return dict.fromkeys((*(name for name, _ in GAUGES), RATE[0], "rated", *COUNTERS), 0.0)
 
 
 def _histogram(row: dict[str, float], kind: str) -> tuple[list[tuple[str, float]], float]:

@@ -45,3 +45,10 @@ rate_limited = Signal(name="semaphore_rate_limited")
 ``retry_after`` seconds (from the raise, on the Redis server's clock), and the task
 goes back to the head of the line. Sent in the process that ran the body, once per
 semaphore paused. Arguments: ``semaphore``, ``task_id``, ``task_name``, ``retry_after``."""
+
+shadow_refused = Signal(name="semaphore_shadow_refused")
+"""A task was granted a permit that a shadow limit of its semaphore (``shadow=True``)
+would have refused, had it been enforced. Sent in the process that asked.
+Arguments: ``semaphore``, ``task_id``, ``task_name``, ``limits`` (``["limit"]``,
+``["rate"]`` or both), ``would_wait`` (seconds the shadow rate would have delayed it;
+0 for a shadow limit alone: how long is not known)."""

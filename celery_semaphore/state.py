@@ -91,12 +91,13 @@ class Semaphores:
         quick: bool = False,
         family: str = "",
         rate: RateLimit | None = None,
+        shadow: frozenset[str] = frozenset(),
     ) -> Semaphore:
         """Semaphore ``name``; ``quick``: on a client that gives up within
         `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
                config.max_block, config.handover_deadline, family, config.renew_every,
-               rate)  # fmt: skip
+               rate, shadow)  # fmt: skip
         semaphore = self._semaphores.get(key)
         if semaphore is not None:  # no lock: see _lock
             with suppress(KeyError):  # dropped by another thread meanwhile
@@ -118,6 +119,7 @@ class Semaphores:
                 handover_deadline=config.handover_deadline,
                 family=family,
                 rate=rate,
+                shadow=shadow,
                 url=config.redis_url,
                 # a worker whose heartbeat noticed a loss only at its next beat
                 # still writes its permits back in time

@@ -32,6 +32,8 @@ MIN_COUNTDOWN = 0.02
 #: How long a place taken or refreshed by a waiting task holds beyond its next
 #: ask (the place lapses if the task never comes back: a lost message).
 PLACE_GRACE = 5.0
+#: How long a task waiting in place for a rate's slot waits past it.
+SLOT_GRACE = 0.1
 
 
 class Random(Protocol):
@@ -98,6 +100,17 @@ def should_wait_in_place(place: Place, max_block: float) -> bool:
     return turn is None or turn <= max_block
 
 
+def in_place_for(place: Place, max_block: float) -> float:
+    """How long to wait in place: ``max_block``, or, where a rate's slot decides the
+    turn, until shortly after the slot: a waiter still refused then waits for someone
+    ahead that is not there yet (a task that raised `RateLimited` comes back first), and
+    should give its worker process back to it rather than hold it."""
+    turn = estimate_turn(place)
+    if place.rate_due is not None and turn == place.rate_due:
+        return min(max_block, place.rate_due + SLOT_GRACE)
+    return max_block
+
+
 def countdown(
     waits: int, place: Place | None, config: SemaphoreConfig, rng: Random = random
 ) -> float:
@@ -146,7 +159,7 @@ def decide(
     less safely than the broker: `celery_semaphore.durability`).
     """
     if may_wait_in_place and place is not None and should_wait_in_place(place, config.max_block):
-        return WaitInPlace(config.max_block)
+        return WaitInPlace(in_place_for(place, config.max_block))
     over_count = config.max_waits is not None and waits >= config.max_waits
     over_time = config.max_wait_time is not None and waited >= config.max_wait_time
     if over_count or over_time:

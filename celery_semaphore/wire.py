@@ -98,23 +98,28 @@ class Gate:
     limit: int
     family: str = ""
     rate: RateLimit | None = None
+    #: Its limits that only count, never refuse: some of "limit", "rate".
+    shadow: frozenset[str] = frozenset()
 
     def encode(self) -> list[Any]:
-        if self.rate is not None:
-            return [self.name, self.limit, self.family, self.rate.encode()]
-        return [self.name, self.limit, self.family] if self.family else [self.name, self.limit]
+        """[name, limit], then family, rate and shadow where any is set."""
+        rate = "" if self.rate is None else self.rate.encode()
+        tail = [self.family, rate, ",".join(sorted(self.shadow))]
+        while tail and not tail[-1]:
+            tail.pop()
+        return [self.name, self.limit, *tail]
 
     @classmethod
     def decode(cls, raw: Any) -> Gate:
         name, limit, *rest = raw
-        if len(rest) > 2 or not all(isinstance(item, str) for item in rest):
+        if len(rest) > 3 or not all(isinstance(item, str) for item in rest):
             raise ValueError(
-                f"a gate is [name, limit], [name, limit, family] or [name, limit, family, "
-                f"rate], got {raw!r}"
+                f"a gate is [name, limit] followed by up to three texts (family, rate, "
+                f"shadow limits), got {raw!r}"
             )
-        family = rest[0] if rest else ""
-        rate = RateLimit.decode(rest[1]) if len(rest) == 2 else None
-        return cls(str(name), int(limit), family, rate)
+        family, rate, shadow = [*rest, "", "", ""][:3]
+        kinds = frozenset(shadow.split(",")) if shadow else frozenset()
+        return cls(str(name), int(limit), family, RateLimit.decode(rate), kinds)
 
 
 def encode_gates(gates: Sequence[Gate]) -> list[list[Any]]:

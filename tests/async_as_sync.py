@@ -63,9 +63,14 @@ class BlockingPermit:
     fencing_token = property(lambda self: self.permit.fencing_token)
     expires_at = property(lambda self: self.permit.expires_at)
     waited = property(lambda self: self.permit.waited)
+    shadow_refused = property(lambda self: self.permit.shadow_refused)
+    shadow_wait = property(lambda self: self.permit.shadow_wait)
 
     def release(self) -> bool:
         return self._loop.run(self.permit.release())
+
+    def give_back_unused(self) -> bool:
+        return self._loop.run(self.permit.give_back_unused())
 
     def renew(self, lease_timeout: float | None = None) -> bool:
         return self._loop.run(self.permit.renew(lease_timeout))

@@ -159,6 +159,13 @@ class Grant:
     fencing_token: int
     expires_at: float
     waited: float
+    #: The shadow limits that would have refused it ("limit", "rate"), and by how much
+    #: the shadow rate's slot was ahead (seconds).
+    shadow_refused: frozenset[str] = frozenset()
+    shadow_wait: float = 0.0
+
+
+SHADOW_CODES = {"l": "limit", "r": "rate"}
 
 
 WAITER_STATES = {"p": "parked", "h": "handed over", "w": "waiting in place", "": "asking"}
@@ -246,6 +253,8 @@ class Granted(NamedTuple):
     expires_ms: int
     now_ms: int
     waited_ms: int
+    shadow: str  # the shadow limits that would have refused it: '', 'l', 'r' or 'lr'
+    shadow_wait_ms: int
     handovers: list[Handover]
 
 
@@ -405,6 +414,7 @@ class SemaphoreSpec:
         pause_after_loss: float | None = None,
         cluster: bool = False,
         rate: str | RateLimit | None = None,
+        shadow: Iterable[str] = (),
     ) -> None:
         self.name = validation.check_name(name)
         self.family = validation.check_name(family, "family") if family != "" else ""
@@ -415,6 +425,10 @@ class SemaphoreSpec:
             )
         self.rate = None if rate is None else parse_rate(rate)
         self.rate_arg = "" if self.rate is None else self.rate.encode()
+        self.shadow = frozenset(validation.check_shadow(shadow))
+        self.shadow_arg = "".join(
+            code for code, kind in SHADOW_CODES.items() if kind in self.shadow
+        )
         #: Without a concurrency limit (a rate alone) the limit is the largest there is.
         self.limit = validation.MAX_LIMIT if limit is None else validation.check_limit(limit)
         self.lease_timeout = validation.check_seconds(lease_timeout, "lease_timeout")
@@ -473,6 +487,7 @@ class SemaphoreSpec:
             "1" if in_place else "",
             self.family,
             self.rate_arg,
+            self.shadow_arg,
         ]
 
     def park_args(
@@ -522,10 +537,10 @@ class SemaphoreSpec:
         return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
                      next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
 
-    def release_args(self, holder: str, token: int | None) -> list[Any]:
+    def release_args(self, holder: str, token: int | None, *, unused: bool = False) -> list[Any]:
         validation.check_holder(holder)
         return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
-                self.dispatch, self.limit]  # fmt: skip
+                self.dispatch, self.limit, "1" if unused else ""]  # fmt: skip
 
     def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
         """Declares no limit, like `dispatch_args()` and `configure_args()`."""
@@ -535,7 +550,7 @@ class SemaphoreSpec:
         return args
 
     def configure_args(self, field: str, value: str) -> list[Any]:
-        return [field, value, self.idle_ms, self.keys.channel, self.dispatch]
+        return [field, value, self.idle_ms, self.keys.channel, self.dispatch, self.rate_arg]
 
     def status_args(self) -> list[Any]:
         return [STATUS_MOST, self.sent_horizon_ms, self.limit, self.rate_arg]
@@ -586,7 +601,11 @@ class SemaphoreSpec:
         if code == 1:
             granted = read(Granted, values)
             grant = Grant(
-                granted.fencing_token, granted.expires_ms / 1000, granted.waited_ms / 1000
+                granted.fencing_token,
+                granted.expires_ms / 1000,
+                granted.waited_ms / 1000,
+                frozenset(SHADOW_CODES[code] for code in granted.shadow),
+                granted.shadow_wait_ms / 1000,
             )
             return grant, granted.handovers
         if code == 0:

@@ -70,3 +70,21 @@ def check_info(info: Any) -> str:
     if not isinstance(info, str):
         raise TypeError(f"info must be a str, got {type(info).__name__}")
     return info
+
+
+SHADOW_KINDS = ("limit", "rate")
+
+
+def check_shadow(shadow: Any) -> list[str]:
+    """The limits of a semaphore that only count, never refuse: some of "limit", "rate"."""
+    if isinstance(shadow, str) or not hasattr(shadow, "__iter__"):
+        raise TypeError(
+            f"shadow must be a list of {' and '.join(map(repr, SHADOW_KINDS))}, got {shadow!r}"
+        )
+    kinds = list(shadow)
+    for kind in kinds:
+        if kind not in SHADOW_KINDS:
+            raise ValueError(
+                f"shadow must list only {' and '.join(map(repr, SHADOW_KINDS))}, got {kind!r}"
+            )
+    return kinds

@@ -3,7 +3,8 @@ in Redis, when they start and end and in which process, so an observer outside t
 package can count the bodies running at once.
 
 ``CS_BROKER_URL`` (broker), ``CS_REDIS_URL`` (results and the records, and the
-semaphores unless ``CS_SEMAPHORE_URL`` says where), ``CS_LIMIT``, ``CS_LEASE``.
+semaphores unless ``CS_SEMAPHORE_URL`` says where), ``CS_LIMIT``, ``CS_RATE`` (the
+semaphore's start rate too, if set), ``CS_LEASE``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from celery_semaphore import LimitedTask
 BROKER = os.environ.get("CS_BROKER_URL", "redis://127.0.0.1:6399/0")
 STATE = os.environ.get("CS_REDIS_URL", BROKER)
 LIMIT = int(os.environ.get("CS_LIMIT", "3"))
+RATE = os.environ.get("CS_RATE") or None
 LEASE = float(os.environ.get("CS_LEASE", "8"))
 RECORDS = "chaos:records"
 
@@ -54,7 +56,7 @@ def _prerun(task_id: str = "", **_: Any) -> None:
     record("prerun", task_id)
 
 
-@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT, shared=False)
+@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT, rate=RATE, shared=False)
 def body(self: Any, seconds: float) -> float:
     record("start", self.request.id)
     time.sleep(seconds)

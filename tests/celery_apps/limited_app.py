@@ -315,3 +315,12 @@ def slow_down(self: Any, tag: Any, retry_after: float) -> Any:
           semaphore_wait_mode="countdown")  # fmt: skip
 def slow_down_countdown(self: Any, tag: Any, retry_after: float) -> Any:
     return _slow_down(self, tag, retry_after)
+
+
+SHADOWED = [Concurrency("shadowed", 1, shadow=True), Rate("shadowed", 5, shadow=True)]
+
+
+@app.task(bind=True, base=LimitedTask, limits=SHADOWED)
+def shadowed(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Limits tried in shadow: they refuse nothing and count what they would have."""
+    return _held(self, seconds, tag)

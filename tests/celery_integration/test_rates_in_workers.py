@@ -110,6 +110,28 @@ def test_rate_limited_pauses_the_line_and_its_task_goes_first(
     assert after[0]["tag"] == 3, "the task that raised goes first after the pause"
     assert after[0]["at"] - raised["at"] >= 0.95, "no start within the 1 s pause"
     assert after[0]["at"] - raised["at"] < 3.0, "it comes back when the pause ends"
-    assert after[0]["retries"] == 1, "its wait is shown as a retry"
+    assert after[0]["retries"] == 0, "its body sees its own retries, not its waits"
     tags = [e["tag"] for e in after[1:]]
     assert tags == sorted(tags), "the line resumes in order"
+
+
+def test_shadow_limits_change_nothing_and_count_what_they_would_have_done(
+    clusters: Clusters,
+) -> None:
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER)
+    shadowed = cluster.app_module.shadowed
+    results = [shadowed.delay(0.3, i) for i in range(12)]
+    assert [r.get(timeout=60) for r in results] == list(range(12))
+    events = cluster.events()
+    begun = starts(events)
+    assert all(e["retries"] == 0 for e in begun), "nobody waited"
+    assert max_overlap(events) >= 3, "more than the shadow limit of 1 ran at once"
+    times = [e["at"] for e in begun]
+    assert most_in_window(times, 1.0) > 6, "more than the shadow rate of 5/s started"
+    meta = cluster.redis.hgetall(cluster.semaphore("shadowed").keys.meta)
+    over_limit, over_rate = int(meta[b"m_shadow_limit"]), int(meta[b"m_shadow_rate"])
+    assert 3 <= over_limit <= 11, "the starts that found the shadow limit full"
+    assert over_rate >= 5, "the starts ahead of the shadow rate's schedule"
+    assert int(meta[b"m_shadow_wait_ms"]) > 0

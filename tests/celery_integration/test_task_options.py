@@ -15,7 +15,16 @@ import pytest
 from celery import Celery
 from cluster_tools import point_client_at
 
-from celery_semaphore import LimitedTask, Permit, Semaphore, SemaphoreTimeout
+from celery_semaphore import (
+    Concurrency,
+    LimitedTask,
+    Permit,
+    Rate,
+    Semaphore,
+    SemaphoreTimeout,
+    per_key,
+)
+from celery_semaphore.gates import request_gates
 from celery_semaphore.state import installed_apps
 
 Make = Callable[..., Celery]
@@ -73,7 +82,7 @@ def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **op
         ({"limit": 0}, ValueError, r"task opts\.t: limit must be an int from 1 .* got 0"),
         ({"limit": "5"}, TypeError, r"task opts\.t: limit must be an int .* got '5'"),
         ({"limit": True}, TypeError, r"task opts\.t: limit must be an int"),
-        ({}, TypeError, r"task opts\.t: LimitedTask needs limit="),
+        ({}, TypeError, r"task opts\.t: LimitedTask needs limit= .* or rate="),
         ({"semaphore": None, "limit": 1}, TypeError, r"task opts\.t: LimitedTask needs semaphore="),
         ({"semaphore": "", "limit": 1}, ValueError, r"task opts\.t: semaphore must be 1 to 200"),
         ({"semaphore": 5, "limit": 1}, TypeError, r"task opts\.t: semaphore must be a str"),
@@ -118,6 +127,36 @@ def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **op
             {"limit": 1, "semaphore_max_waits": 0},
             ValueError,
             r"task opts\.t: semaphore_max_waits must be an int from 1",
+        ),
+        ({"rate": "0/s"}, ValueError, r"task opts\.t: rate must allow at least 1 start .* '0/s'"),
+        ({"rate": "5/d"}, ValueError, r"task opts\.t: rate must be a count per second, minute or"),
+        ({"rate": 20}, TypeError, r"task opts\.t: rate must be a str like '20/s'"),
+        (
+            {"limit": 1, "limits": [Rate("s", 5)]},
+            TypeError,
+            r"task opts\.t: give either semaphore=",
+        ),
+        ({"semaphore": None, "limits": []}, TypeError, r"task opts\.t: limits must be a non-empty"),
+        ({"semaphore": None, "limits": ["s"]}, TypeError, r"each of limits= must be Concurrency"),
+        (
+            {"semaphore": None, "limits": [Rate("s", 0)]},
+            ValueError,
+            r"task opts\.t: Rate\(name='s', count=0.*\): rate count must be an int from 1",
+        ),
+        (
+            {"semaphore": None, "limits": [Rate("s", 5, per=0)]},
+            ValueError,
+            r"task opts\.t: .*rate per must be a number of seconds > 0",
+        ),
+        (
+            {"semaphore": None, "limits": [Concurrency("s", 2), Concurrency("s", 3)]},
+            ValueError,
+            r"task opts\.t: two Concurrency limits on 's'",
+        ),
+        (
+            {"semaphore": None, "limits": [Concurrency("", 2)]},
+            ValueError,
+            r"task opts\.t: semaphore must be 1 to 200",
         ),
     ],
 )
@@ -462,3 +501,48 @@ def test_a_refreshed_place_that_finds_its_turn_keeps_the_permit(
     assert {h.holder for h in sem("b").status().holders} == {"t-1"}
     admission.exit()
     assert sem("b").status().holder_count == 0
+
+
+def test_the_declared_limits_become_gates_one_per_semaphore(make_app: Make) -> None:
+    app = make_app()
+    account = per_key("account", lambda account, **_: f"account-{account}")
+    task = limited(
+        app, "several", limits=[Rate("api", 100, per=60), Concurrency("api", 5), Rate(account, 10)]
+    )
+    gates = request_gates(task, (), {"account": "a1"}, None)
+    assert [(g.name, g.limit, str(g.rate), g.family) for g in gates] == [
+        ("api", 5, "100/m", ""),
+        ("account-a1", 1_000_000, "10/s", "account"),
+    ]
+    short = limited(app, "short", semaphore="api", limit=5, rate="100/m")
+    assert request_gates(short, (), {}, None) == gates[:1], "the short form is the same gate"
+    only_rate = limited(app, "only", semaphore="paced", rate="20/s")
+    assert [(g.limit, str(g.rate)) for g in request_gates(only_rate, (), {}, None)] == [
+        (1_000_000, "20/s")
+    ]
+
+
+def test_queue_rates_join_the_queue_cap(make_app: Make) -> None:
+    app = make_app()
+    app.conf.semaphore_queue_limits = {"reports": 2}
+    app.conf.semaphore_queue_rates = {"reports": "5/s", "emails": "50/s"}
+    task = limited(app, "queued", semaphore="own", limit=1)
+    assert [(g.name, g.limit, str(g.rate)) for g in request_gates(task, (), {}, "reports")] == [
+        ("own", 1, "None"),
+        ("queue:reports", 2, "5/s"),
+    ], "the gate with a rate last"
+    emails = request_gates(task, (), {}, "emails")
+    assert [(g.name, g.limit, str(g.rate)) for g in emails][1] == (
+        "queue:emails",
+        1_000_000,
+        "50/s",
+    )
+
+
+def test_a_bad_queue_rate_names_the_setting(make_app: Make) -> None:
+    app = make_app()
+    app.conf.semaphore_queue_rates = {"emails": "0/s"}
+    with pytest.raises(
+        ValueError, match=r"semaphore_queue_rates\['emails'\] must allow at least 1"
+    ):
+        limited(app, "q", semaphore="s", limit=1).delay()

@@ -183,3 +183,50 @@ def test_limit_and_rate_on_redis_cluster(
         time.sleep(place.rate_due)
         granted(sem.attempt("b"))
         assert refused(sem.attempt("c")).holders == 1
+
+
+def test_a_permit_given_back_unused_gives_its_grant_back(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    sem = make_semaphore(None, rate="2/s")
+    unused = granted(sem.attempt("a"))
+    assert unused.give_back_unused()
+    used = granted(sem.attempt("b"))  # at once: the first grant was given back
+    assert used.release()
+    place = refused(sem.attempt("c"))  # a used grant spends its interval
+    assert place.rate_due is not None and place.rate_due > 0.4
+
+
+def test_shadow_limits_count_and_refuse_nothing(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, rate="2/s", shadow=["limit", "rate"])
+    first = granted(sem.attempt("a"))
+    assert first.shadow_refused == frozenset()
+    second = granted(sem.attempt("b"))  # over both: granted, and said so
+    assert second.shadow_refused == {"limit", "rate"}
+    assert second.shadow_wait == pytest.approx(0.5, abs=0.02)
+    third = granted(sem.attempt("c"))
+    assert third.shadow_wait == pytest.approx(1.0, abs=0.02), "the schedule moves on as enforced"
+    status = sem.status()
+    assert status.holder_count == 3 and status.waiter_count == 0, "nobody waits"
+    counters = sem.client.hmget(sem.keys.meta, "m_shadow_limit", "m_shadow_rate")
+    assert [int(c) for c in counters] == [2, 2]
+    for permit in (first, second, third):
+        permit.release()
+
+
+def test_a_shadow_rate_beside_an_enforced_limit(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(1, rate="2/s", shadow=["rate"])
+    first = granted(sem.attempt("a"))
+    refused(sem.attempt("b"))  # the limit is enforced
+    first.release()
+    assert granted(sem.attempt("b")).shadow_refused == {"rate"}
+    sem.set_draining(True)
+    refused(sem.attempt("c"))  # a drain refuses whatever is shadowed
+
+
+def test_pausing_a_semaphore_without_a_rate_pauses_nothing(make_semaphore: MakeSemaphore) -> None:
+    sem = make_semaphore(2)
+    sem.pause_rate(30)
+    assert sem.status().rate_paused_until is None
+    sem.set_rate("10/s")  # a rate set later finds no pause left behind
+    granted(sem.attempt("a"))

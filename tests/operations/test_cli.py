@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,10 +15,11 @@ from celery_harness import max_overlap
 
 from celery_semaphore import Permit, Place, Semaphore
 from celery_semaphore.core.protocol import DEFAULT_IDLE_TTL, DEFAULT_LEASE_TIMEOUT
+from celery_semaphore.core.rates import RateLimit
 
 APPS = Path(__file__).parents[1] / "celery_apps"
 # The names cli_app declares (listed by `status` even before their first use).
-DECLARED = {"launch-api", "queue:reports"}
+DECLARED = {"launch-api", "mail-api", "queue:reports"}
 # What a command that may admit tasks says when no worker runs to hand them over.
 NOBODY_WOKEN = "; no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
 
@@ -29,7 +31,8 @@ def run(
     app: str = "cli_app",
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CS_REDIS_URL": redis_url, "PYTHONPATH": str(APPS), **(env or {})}
+    path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "CS_REDIS_URL": redis_url, "PYTHONPATH": path, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", app, "semaphore", *args],
         env=env,
@@ -195,6 +198,19 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -
         (("drain", "launch-apj"), "did you mean 'launch-api'?"),
         (("waiters", "queue:report"), "did you mean 'queue:reports'?"),
         (("release", "partner-api", "ghost", "--yes"), "'ghost' holds no permit"),
+        *(
+            (
+                ("set-rate", "partner-api", rate),
+                f"Error: RATE: {rate!r} is not a count from 1 to 1000000 per second, minute or "
+                "hour (20/s, 100/m, 1000/h); e.g. `celery -A cli_app semaphore set-rate "
+                "partner-api 100/m`",
+            )
+            for rate in ("0/s", "fast", "5/d", "-3/s", "2.5/s", "10000000/h", "")
+        ),
+        (("set-rate", "partner-api", "5/s", "--burst", "0"), "--burst: '0' is not a whole"),
+        (("set-rate", "partner-api"), "missing argument RATE; e.g. `celery -A cli_app semaphore"),
+        (("set-rate", "partner-apj", "5/s"), "did you mean 'partner-api'?"),
+        (("reset-rate", "launch-apj"), "did you mean 'launch-api'?"),
         (("release", "partner-api", "task-a"), "not released: not confirmed"),  # stdin: EOF
     ],
 )
@@ -383,7 +399,11 @@ def test_a_declared_semaphore_not_used_yet_is_known_to_every_command(redis_url):
     out = run(redis_url, "status")
     assert out.returncode == 0, out.stderr
     rows = {line.split()[0]: line.split()[1:4] for line in out.stdout.splitlines()[1:]}
-    assert rows == {"launch-api": ["5", "0", "0"], "queue:reports": ["2", "0", "0"]}
+    assert rows == {
+        "launch-api": ["5", "0", "0"],
+        "mail-api": ["-", "0", "0"],
+        "queue:reports": ["2", "0", "0"],
+    }
     (row,) = json.loads(run(redis_url, "status", "launch-api", "--json").stdout)
     assert (row["effective_limit"], row["holders"], row["waiters"]) == (5, 0, 0)
     for command in ("holders", "waiters"):
@@ -489,6 +509,8 @@ def test_a_family_name_shows_its_sums_and_busiest_members(redis_url, customers):
         ("set-limit", "customer", "3", "--new"),
         ("reset-limit", "customer"),
         ("release", "customer", "c1-a", "--yes"),
+        ("set-rate", "customer", "5/s"),
+        ("reset-rate", "customer"),
     ],
 )
 def test_a_command_that_changes_a_semaphore_refuses_a_family_naming_its_members(
@@ -504,4 +526,118 @@ def test_a_command_that_changes_a_semaphore_refuses_a_family_naming_its_members(
     )
     assert [m.status().draining for m in customers] == [False] * 3
     assert [m.status().override for m in customers] == [None] * 3
+    assert [m.status().rate_override for m in customers] == [None] * 3
     assert customers[0].status().holder_count == 1
+
+
+def test_set_rate_is_obeyed_and_reset_rate_restores_the_declared_rate(redis_url):
+    """``set-rate`` overrides the rate the tasks declare (100/s here) for every
+    client: after it, 1/m with a burst of 2 grants 2 of 3 free permits, and the
+    third is refused by the rate alone (throttled)."""
+    sem = Semaphore(redis_url, "paced", 10, rate="100/s")
+    assert isinstance(sem.attempt("first"), Permit)
+    time.sleep(0.05)  # the 100/s schedule is idle again
+    out = run(redis_url, "set-rate", "paced", "1/m", "--burst", "2")
+    assert out.stdout == "paced: rate 1/m (burst 2) (was 100/s, declared 100/s)\n", out.stderr
+    assert [sem.try_acquire(f"t{i}") is not None for i in range(3)] == [True, True, False]
+    state = sem.status()
+    assert (state.rate, state.rate_override, state.rate_room) == (
+        RateLimit(1, 60.0, 2),
+        RateLimit(1, 60.0, 2),
+        0,
+    )
+    assert sem.client.hget(sem.keys.meta, "m_throttled") == b"1"
+    (row,) = json.loads(run(redis_url, "status", "paced", "--json").stdout)
+    assert (row["rate"], row["rate_override"], row["declared_rate"], row["rate_room"]) == (
+        "1/m (burst 2)",
+        "1/m (burst 2)",
+        "100/s",
+        0,
+    )
+    assert 0 < row["next_start_in"] <= 60
+    assert row["rate_paused_until"] is None
+    header, line = run(redis_url, "status", "paced").stdout.splitlines()
+    assert header.split()[-3:] == ["RATE", "NEXT", "START"]
+    assert line.split()[-5:-1] == ["1/m", "(burst", "2)(100/s)", "in"]
+    assert re.fullmatch(r"\d+\.\ds", line.split()[-1]), line
+    out = run(redis_url, "set-rate", "paced", "2/m")  # faster: wakes the workers
+    assert (
+        out.stdout
+        == f"paced: rate 2/m (was 1/m (burst 2) by override; declared 100/s){NOBODY_WOKEN}\n"
+    )
+    out = run(redis_url, "reset-rate", "paced")
+    assert (
+        out.stdout
+        == f"paced: back to the declared rate 100/s (was 2/m by override){NOBODY_WOKEN}\n"
+    )
+    assert (sem.status().rate, sem.status().rate_override) == (RateLimit(100), None)
+    out = run(redis_url, "reset-rate", "paced")
+    assert out.stdout == "paced: no rate override; rate 100/s as declared\n"
+    sem.close()
+
+
+def test_status_shows_a_rate_alone_and_a_pause_after_rate_limited(redis_url):
+    """A semaphore with a rate and no concurrency limit shows LIMIT and UTIL "-"
+    (not 1000000 and 0%); a RateLimited pause shows when it ends."""
+    emails = Semaphore(redis_url, "emails", rate="100/m")
+    assert isinstance(emails.attempt("m1"), Permit)
+    paused_at = time.time()
+    emails.pause_rate(300)
+    plain = Semaphore(redis_url, "plain", 3)
+    assert isinstance(plain.attempt("p1"), Permit)
+    rows = {row["name"]: row for row in json.loads(run(redis_url, "status", "--json").stdout)}
+    row = rows["emails"]
+    assert (row["effective_limit"], row["rate"], row["rate_room"]) == (1000000, "100/m", 0)
+    assert 240 < row["rate_paused_for"] <= 300  # less the time to start the command
+    assert row["rate_paused_until"] == pytest.approx(paused_at + 300, abs=1)
+    assert rows["plain"]["rate"] is None and rows["plain"]["rate_paused_until"] is None
+    cells = {
+        line.split()[0]: line.split() for line in run(redis_url, "status").stdout.splitlines()[1:]
+    }
+    until = time.strftime("%H:%M:%S", time.localtime(row["rate_paused_until"]))
+    assert cells["emails"][1] == "-" and cells["emails"][6] == "-"  # LIMIT, UTIL
+    assert cells["emails"][-4:] == ["100/m", "paused", "until", until]
+    assert cells["plain"][1:3] == ["3", "1"] and cells["plain"][-2:] == ["-", "-"]
+    out = run(redis_url, "set-limit", "emails", "4")
+    assert out.stdout == "emails: limit 4 (was none, declared none)\n"
+    emails.close()
+    plain.close()
+
+
+def test_set_rate_before_first_use_of_a_declared_semaphore(redis_url):
+    out = run(redis_url, "set-rate", "launch-api", "3/s")
+    assert out.stdout == "launch-api: rate 3/s (not used yet): its first tasks obey it\n"
+    lines = run(redis_url, "status", "launch-api").stdout.splitlines()
+    assert lines[1].split()[1] == "5" and lines[1].split()[-2:] == ["3/s(-)", "now"]
+    sem = Semaphore(redis_url, "launch-api", 5)  # its first task declares no rate
+    assert [sem.try_acquire(f"t{i}") is not None for i in range(3)] == [True, False, False]
+    assert sem.status().rate == RateLimit(3)
+    out = run(redis_url, "reset-rate", "launch-api")
+    assert out.stdout == (
+        f"launch-api: no rate declared, so no rate now (was 3/s by override){NOBODY_WOKEN}\n"
+    )
+    sem.close()
+
+
+def test_the_rates_the_app_declares_show_and_can_be_overridden_before_first_use(redis_url):
+    """cli_app declares mail-api with a rate of 30/m and no limit, and a rate of 10/m
+    on the queue reports (capped at 2): status shows them before any task ran."""
+    rows = {row["name"]: row for row in json.loads(run(redis_url, "status", "--json").stdout)}
+    assert (rows["mail-api"]["rate"], rows["mail-api"]["effective_limit"]) == ("30/m", 1000000)
+    assert (rows["queue:reports"]["rate"], rows["queue:reports"]["effective_limit"]) == ("10/m", 2)
+    assert rows["launch-api"]["rate"] is None
+    out = run(redis_url, "set-rate", "mail-api", "90/m")
+    assert out.stdout == (
+        "mail-api: rate 90/m (not used yet, declared 30/m in the app): its first tasks obey it"
+        f"{NOBODY_WOKEN}\n"
+    )
+    line = run(redis_url, "status", "mail-api").stdout.splitlines()[1].split()
+    assert (line[1], line[-2], line[-1]) == ("-", "90/m(-)", "now")
+    out = run(redis_url, "reset-rate", "mail-api")
+    assert out.stdout == (
+        "mail-api: rate override 90/m dropped; not used yet, so its tasks will use the rate "
+        "they declare (30/m in the app)\n"
+    )
+    sem = Semaphore(redis_url, "mail-api", 5)
+    assert sem.client.keys("*") == [b"celery_semaphore:epoch"]  # nothing left behind
+    sem.close()

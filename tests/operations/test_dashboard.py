@@ -156,6 +156,10 @@ def exported() -> set[str]:
         for holder in "def":
             sem.park(holder, f"payload-{holder}")
         first.release()  # hands the next parked ones over
+        paced = Semaphore(client, "paced", 4, rate="1/m", namespace=NAMESPACE)
+        assert paced.try_acquire("started") is not None
+        assert paced.try_acquire("throttled") is None  # a permit is free: the rate says no
+        paced.pause_rate(60)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SemaphoreCollector(client, NAMESPACE))
         text = generate_latest(registry).decode()
@@ -165,6 +169,9 @@ def exported() -> set[str]:
     for gauge in ("holders", "waiters", "parked", "handed_over"):
         assert busy[f"celery_semaphore_{gauge}"] > 0, gauge
     assert handed_over
+    rated = {s.name: s.value for s in samples if s.labels.get("semaphore") == "paced"}
+    for name in ("rate_per_second", "rate_paused_seconds", "throttled_total"):
+        assert rated[f"celery_semaphore_{name}"] > 0, name
     return {sample.name for sample in samples}
 
 
@@ -330,5 +337,59 @@ def test_promtool_accepts_the_rules_and_every_dashboard_query(tmp_path):
     )
     checked = subprocess.run(
         ["promtool", "check", "rules", str(grafana)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+def test_promtool_fires_the_rate_paused_alert_only_after_5_minutes_of_pauses(tmp_path):
+    """``promtool test rules``: pauses of 25 s every other minute, served by two
+    workers, fire CelerySemaphoreRatePausedLong once after 5 minutes; one pause of
+    30 s does not."""
+    rule = next(
+        rule
+        for group in load_rules()["groups"]
+        for rule in group["rules"]
+        if rule["alert"] == "CelerySemaphoreRatePausedLong"
+    )
+    annotations = {
+        key: value.replace("{{ $labels.semaphore }}", "partner-api")
+        for key, value in rule["annotations"].items()
+    }
+    paused = "celery_semaphore_rate_paused_seconds"
+    series = [
+        {"series": f'{paused}{{semaphore="partner-api", instance="{worker}"}}',
+         "values": "25 0 " * 5 + "25"}
+        for worker in ("w1:9808", "w2:9808")
+    ]  # fmt: skip
+    series.append({"series": f'{paused}{{semaphore="emails", instance="w1:9808"}}',
+                   "values": "30 " + "0 " * 10})  # fmt: skip
+    test = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "4m", "alertname": rule["alert"], "exp_alerts": []},
+                    {
+                        "eval_time": "6m",
+                        "alertname": rule["alert"],
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "semaphore": "partner-api"},
+                                "exp_annotations": annotations,
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    tests = tmp_path / "rate-paused-test.yml"
+    tests.write_text(yaml.safe_dump(test), encoding="utf-8")
+    checked = subprocess.run(
+        ["promtool", "test", "rules", str(tests)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -218,3 +218,69 @@ def test_a_data_loss_shows_in_the_metrics_when_noticed_how_long_paused_and_resto
     assert after["celery_semaphore_data_loss_pause_seconds"] == pytest.approx(0.8, abs=0.01)
     assert after["celery_semaphore_data_loss_permits_restored"] == 2
     assert after['celery_semaphore_holders{semaphore="api"}'] == 2
+
+
+def test_rate_metrics_count_the_throttled_refusals_and_show_the_rate_and_its_pause(redis_server):
+    """``throttled_total`` counts the refusals of the rate alone (a permit was free),
+    not those of a full semaphore; the rate is a gauge only where there is one."""
+    client = redis_server.client()
+    paced = Semaphore(client, "paced", 10, rate="2/m")  # one start per 30 s
+    assert paced.try_acquire("first") is not None
+    for i in range(3):
+        assert paced.try_acquire(f"throttled-{i}") is None  # 9 permits free: the rate says no
+    full = Semaphore(client, "full", 1, rate="100/s")
+    assert full.try_acquire("x") is not None
+    time.sleep(0.05)  # the rate would allow one more: the limit refuses it
+    assert full.try_acquire("y") is None
+    plain = Semaphore(client, "plain", 2)
+    assert plain.try_acquire("p") is not None
+    members = [Semaphore(client, f"account-{i}", rate="10/m", family="account") for i in (1, 2)]
+    for member in members:
+        assert member.try_acquire("a") is not None
+    members[1].pause_rate(60)
+    paced.pause_rate(120)
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        m = scrape(port)
+        assert m['celery_semaphore_throttled_total{semaphore="paced"}'] == 3
+        assert m['celery_semaphore_throttled_total{semaphore="full"}'] == 0
+        assert m['celery_semaphore_throttled_total{semaphore="plain"}'] == 0
+        starts = 'celery_semaphore_acquire_attempts_total{outcome="granted",semaphore="paced"}'
+        assert m[starts] == 1
+        assert m['celery_semaphore_rate_per_second{semaphore="paced"}'] == pytest.approx(2 / 60)
+        assert m['celery_semaphore_rate_per_second{semaphore="full"}'] == 100
+        assert 'celery_semaphore_rate_per_second{semaphore="plain"}' not in m
+        assert m['celery_semaphore_rate_per_second{semaphore="account"}'] == pytest.approx(20 / 60)
+        assert 119 < m['celery_semaphore_rate_paused_seconds{semaphore="paced"}'] <= 120
+        assert 59 < m['celery_semaphore_rate_paused_seconds{semaphore="account"}'] <= 60
+        assert m['celery_semaphore_rate_paused_seconds{semaphore="full"}'] == 0
+        assert m['celery_semaphore_rate_paused_seconds{semaphore="plain"}'] == 0
+        paced.set_rate("6/s")  # an override is the effective rate
+        assert scrape(port)['celery_semaphore_rate_per_second{semaphore="paced"}'] == 6
+    finally:
+        server.close()
+        client.close()
+
+
+def test_shadow_metrics_count_what_a_shadow_limit_would_have_refused(redis_server):
+    client = redis_server.client()
+    tried = Semaphore(client, "tried", 1, rate="1/m", shadow=["limit", "rate"])
+    permits = [tried.attempt(f"t{i}") for i in range(4)]  # all granted: nothing is enforced
+    assert all(p.shadow_refused == {"limit", "rate"} for p in permits[1:])  # type: ignore[union-attr]
+    enforced = Semaphore(client, "enforced", 1)
+    assert enforced.try_acquire("e") is not None
+    assert enforced.try_acquire("f") is None
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        m = scrape(port)
+        assert m['celery_semaphore_shadow_limit_refusals_total{semaphore="tried"}'] == 3
+        assert m['celery_semaphore_shadow_rate_refusals_total{semaphore="tried"}'] == 3
+        delay = m['celery_semaphore_shadow_rate_delay_seconds_total{semaphore="tried"}']
+        assert delay == pytest.approx(60 + 120 + 180, abs=1), "1/m: 1, 2 and 3 minutes late"
+        assert m['celery_semaphore_holders{semaphore="tried"}'] == 4
+        assert m['celery_semaphore_shadow_limit_refusals_total{semaphore="enforced"}'] == 0
+    finally:
+        server.close()
+        client.close()

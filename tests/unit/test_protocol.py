@@ -29,10 +29,14 @@ def spec(**kw: object) -> SemaphoreSpec:
 
 
 def test_a_granted_reply() -> None:
-    grant, handovers = spec().parse_acquire([1, 42, 5000, 4000, 250, [b"h", b"7", b"p", b"0"]])
+    reply = [1, 42, 5000, 4000, 250, b"", 0, [b"h", b"7", b"p", b"0"]]
+    grant, handovers = spec().parse_acquire(reply)
     assert grant == Grant(42, 5.0, 0.25)
     assert handovers == [Handover("h", 7, "p")]
-    _, handovers = spec().parse_acquire([1, 42, 5000, 4000, 250, [b"h", b"7", b"p", b"1500"]])
+    grant, _ = spec().parse_acquire([1, 42, 5000, 4000, 250, b"lr", 300, []])
+    assert grant == Grant(42, 5.0, 0.25, frozenset({"limit", "rate"}), 0.3)  # shadow limits
+    reply = [1, 42, 5000, 4000, 250, b"", 0, [b"h", b"7", b"p", b"1500"]]
+    _, handovers = spec().parse_acquire(reply)
     assert handovers == [Handover("h", 7, "p", delay=1.5)]  # timed for its slot under a rate
 
 
@@ -80,7 +84,7 @@ def test_handovers_come_in_fours() -> None:
 def test_a_reply_of_another_length_is_refused_naming_its_shape() -> None:
     with pytest.raises(ValueError, match="a Refused reply has 12 values, got 9"):
         read(Refused, [9, 2, 3, 3, 0, 1500, 1000, 300, 80])
-    with pytest.raises(ValueError, match="a Granted reply has 5 values, got 4"):
+    with pytest.raises(ValueError, match="a Granted reply has 7 values, got 4"):
         spec().parse_acquire([1, 42, 5000, 4000, 250])
     with pytest.raises(ValueError, match="a HandoverRow reply has 4 values, got 2"):
         read_all(HandoverRow, [b"a", b"1", b"p", b"0", b"b", b"2"])
@@ -184,3 +188,17 @@ def test_the_scripts_form_of_a_rate() -> None:
     for text in ("20/s", "100/m", "1000/h", "7/s"):
         assert str(RateLimit.decode(parse_rate(text).encode())) == text
     assert str(RateLimit.decode("600000|3")) == "100/m (burst 3)"
+
+
+def test_shadow_limits_in_the_scripts_form() -> None:
+    assert (
+        spec(shadow=["rate"]).acquire_args(
+            "h", None, queue=True, wait_lease=None, lease_timeout=None, info=""
+        )[-1]
+        == "r"
+    )
+    assert spec(shadow=("rate", "limit")).shadow_arg == "lr"
+    with pytest.raises(ValueError, match="shadow must list only 'limit' and 'rate', got 'cap'"):
+        spec(shadow=["cap"])
+    with pytest.raises(TypeError, match="shadow must be a list"):
+        spec(shadow="rate")

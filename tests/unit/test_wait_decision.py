@@ -95,3 +95,26 @@ def test_a_spent_budget_gives_up(config: SemaphoreConfig, waits: int, waited: fl
 def test_a_budget_not_yet_spent_waits_on() -> None:
     config = SemaphoreConfig(max_waits=3, max_wait_time=5.0)
     assert decide(place(9), waits=2, waited=4.9, config=config) == Park(due=pytest.approx(0.1))
+
+
+def rated(position: int, rate_due: float) -> Place:
+    """A place under a rate of 20/s with no concurrency cap (limit 1,000,000)."""
+    return Place(1, position, 0, 1_000_000, False, None, 0.01, 0.05, None, rate_due)
+
+
+def test_under_a_rate_the_slot_decides_whether_to_wait_in_place() -> None:
+    assert decide(rated(10, 0.5), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(0.6)
+    assert decide(rated(18, 0.95), waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
+    assert decide(rated(40, 2.0), waits=0, waited=0.0, config=HANDOVER) == Park(due=None)
+
+
+def test_a_countdown_aims_just_before_the_slot_of_a_rate() -> None:
+    decision = decide(rated(40, 2.0), waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
+    assert isinstance(decision, Countdown)
+    assert decision.delay == pytest.approx(2.0 * 0.925)
+
+
+def test_the_slot_of_a_rate_is_never_later_than_the_turn() -> None:
+    slow_line = Place(1, 3, 3, 3, False, None, 2.0, 0.7, None, 0.1)  # the cap binds, not the rate
+    decision = decide(slow_line, waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
+    assert isinstance(decision, Countdown) and decision.delay > 0.5, "half a hold before the turn"

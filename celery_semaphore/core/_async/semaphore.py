@@ -60,6 +60,9 @@ class AsyncPermit:
 
     ``fencing_token`` is strictly increasing per semaphore: pass it to the
     protected resource so it can reject writes from a holder whose lease ran out.
+    ``shadow_refused``: the semaphore's shadow limits ("limit", "rate") that would
+    have refused this grant, had they been enforced; ``shadow_wait``: how long the
+    shadow rate would have made it wait (seconds).
     """
 
     def __init__(
@@ -69,16 +72,26 @@ class AsyncPermit:
         fencing_token: int,
         expires_at: float,
         waited: float = 0.0,
+        *,
+        shadow_refused: frozenset[str] = frozenset(),
+        shadow_wait: float = 0.0,
     ) -> None:
         self.semaphore = semaphore
         self.holder = holder
         self.fencing_token = fencing_token
         self.expires_at = expires_at
         self.waited = waited
+        self.shadow_refused = shadow_refused
+        self.shadow_wait = shadow_wait
 
     async def release(self) -> bool:
         """Give the permit back; False if it was already released or lost."""
         return await self.semaphore._release(self.holder, self.fencing_token)
+
+    async def give_back_unused(self) -> bool:
+        """Give the permit back before using it (another limit refused what it was
+        for): under a rate, its grant is given back too, as if never made."""
+        return await self.semaphore._release(self.holder, self.fencing_token, unused=True)
 
     async def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""
@@ -131,7 +144,10 @@ class AsyncSemaphore:
       then one every interval), in the same step and the same line: a waiter the
       rate refuses learns its slot (``Place.rate_due``) and sleeps until then;
       ``limit`` may then be left out (no cap on how many hold at once).
-      `set_rate()` overrides it at run time, `pause_rate()` stops it for a while.
+      `set_rate()` overrides it at run time, `pause_rate()` stops it for a while;
+    - ``shadow`` lists limits ("limit", "rate") that only count and never refuse:
+      a grant they would have refused is counted (metrics) and said on the permit
+      (``Permit.shadow_refused``), so a limit can be tried before it is enforced.
 
     Parking (for callers that can bring a waiter back by publishing a message,
     such as a task queue): a waiter may `park()` with a payload instead of
@@ -168,6 +184,7 @@ class AsyncSemaphore:
         limit: int | None = None,
         *,
         rate: str | RateLimit | None = None,
+        shadow: Iterable[str] = (),
         lease_timeout: float = 60.0,
         namespace: str = "celery_semaphore",
         waiter_lease: float = 20.0,
@@ -197,6 +214,7 @@ class AsyncSemaphore:
             pause_after_loss=pause_after_loss,
             cluster=is_cluster(self.client),
             rate=rate,
+            shadow=shadow,
         )
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
@@ -292,7 +310,10 @@ class AsyncSemaphore:
         await self._hand_over(handovers)
         if isinstance(result, Place):
             return result
-        return AsyncPermit(self, holder, result.fencing_token, result.expires_at, result.waited)
+        return AsyncPermit(
+            self, holder, result.fencing_token, result.expires_at, result.waited,
+            shadow_refused=result.shadow_refused, shadow_wait=result.shadow_wait,
+        )  # fmt: skip
 
     async def park(
         self,
@@ -527,8 +548,8 @@ class AsyncSemaphore:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
         return await self._release(holder, None)
 
-    async def _release(self, holder: str, token: int | None) -> bool:
-        reply = await self._call("release", self._spec.release_args(holder, token))
+    async def _release(self, holder: str, token: int | None, *, unused: bool = False) -> bool:
+        reply = await self._call("release", self._spec.release_args(holder, token, unused=unused))
         released, handovers = self._spec.parse_release(reply)
         await self._hand_over(handovers)
         return released

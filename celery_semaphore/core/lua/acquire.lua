@@ -18,8 +18,15 @@
 --                          in meta.family for metrics.py)
 -- ARGV[13] rate            '' or the caller's rate, "<interval µs>|<burst>" (see "Rates"
 --                          in common.lua); recorded in meta.rate
+-- ARGV[14] shadow          the caller's limits that only count, never refuse: '', 'l'
+--                          (the concurrency limit), 'r' (the rate) or 'lr'. A grant one of
+--                          them would have refused counts in m_shadow_limit / m_shadow_rate
+--                          (and how late the rate's slot was, in m_shadow_wait_ms); the
+--                          rate's schedule moves on as if enforced, so its lateness grows
+--                          while tasks start faster than the rate. A drain still refuses.
 --
--- Returns {1, fencing token, lease expiry ms, now ms, waited ms, handovers}
+-- Returns {1, fencing token, lease expiry ms, now ms, waited ms, the shadow limits that
+-- would have refused it ('', 'l', 'r', 'lr'), ms its slot was ahead by a shadow rate, handovers}
 -- when granted, {0, ticket, position, holders, effective limit, draining 0/1,
 -- earliest lease expiry ms or 0, now ms, average hold ms or 0, average ms
 -- between grants while others wait or 0, when admissions resume after a data
@@ -40,6 +47,7 @@ local presented, info, idle_ms, channel = tonumber(ARGV[5]), ARGV[6], tonumber(A
 local handover, cfg, in_place = ARGV[9], ARGV[10], ARGV[11] == '1'
 local family = ARGV[12]
 declared_rate = ARGV[13]
+local shadow = ARGV[14]
 
 if handover ~= '' and arrival(holder, handover) == 'stale' then
   return {2, token_of(redis.call('HGET', parked, holder))}
@@ -95,8 +103,14 @@ local count = redis.call('ZCARD', holders)
 local free = limit - count
 if paused(m) then free = 0 end
 
+local by_limit, by_rate, would = ahead < free, ahead < room, ''
+if not held and not paused(m) then
+  if not by_limit and string.find(shadow, 'l', 1, true) then by_limit, would = true, 'l' end
+  if not by_rate and string.find(shadow, 'r', 1, true) then by_rate, would = true, would .. 'r' end
+end
+
 local result
-if held or (ahead < free and ahead < room) then
+if held or (by_limit and by_rate) then
   local acquired = now_ms
   if held then
     acquired = tonumber(string.match(redis.call('HGET', hinfo, holder) or '', '^%d+|(%d+)|')) or now_ms
@@ -125,7 +139,16 @@ if held or (ahead < free and ahead < room) then
   redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
   bump('m_granted', 1)
   observe('wait', waited)
-  result = {1, token, expires, now_ms, waited}
+  local late_ms = 0
+  if would ~= '' then
+    if string.find(would, 'l', 1, true) then bump('m_shadow_limit', 1) end
+    if string.find(would, 'r', 1, true) then
+      late_ms = math.ceil(slot_in(m, room, next_us, ahead + 1) / 1000)
+      bump('m_shadow_rate', 1)
+      bump('m_shadow_wait_ms', late_ms)
+    end
+  end
+  result = {1, token, expires, now_ms, waited, would, late_ms}
 else
   local queued = 0
   if waiter_lease_ms > 0 then

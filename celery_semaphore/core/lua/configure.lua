@@ -4,11 +4,13 @@
 -- ARGV[1] field     'override' (the runtime limit), 'draining' ('1': admit nobody),
 --                   'rate_override' (the runtime rate, "<interval µs>|<burst>"), or
 --                   'rate_pause' (the rate grants nothing for this many ms from now:
---                   a pause that ends later than one already set replaces it)
+--                   a pause that ends later than one already set replaces it; a
+--                   semaphore without a rate is not paused)
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
 -- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
+-- ARGV[6] rate       the caller's rate, or '' for none declared (see "Rates" in common.lua)
 --
 -- Returns {the previous value or '', handovers}. Then after_free() (the caller
 -- declares no limit), so a raised limit or an ended drain admits waiters at once.
@@ -19,6 +21,7 @@
 -- the limit and touches every key, so idle expiry applies from then on.
 
 local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+if ARGV[6] ~= '' then declared_rate = ARGV[6] end
 local SETTINGS = {override = true, draining = true, rate_override = true, rate_pause = true}
 if not SETTINGS[field] then
   return redis.error_reply('ERR unknown semaphore setting ' .. field)
@@ -26,6 +29,7 @@ end
 local m = load_meta({}, true)
 local previous = m[field] or ''
 if field == 'rate_pause' and value ~= '' then
+  if not effective_rate(m) then return {previous, {}} end
   value = fmt(math.max(now_ms + tonumber(value), tonumber(m.rate_pause) or 0))
 end
 if value == '' then

@@ -9,6 +9,9 @@
 -- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>" (common.lua)
 -- ARGV[6] declared limit  the caller's: what follows the release (after_free()) stays
 --                        within it (see effective_limit())
+-- ARGV[7] unused    '1': the permit is given back unused (its task did not start: another
+--                   of its limits refused it), so its grant's rate interval is given back
+--                   too (see "Rates" in common.lua); '': it was used
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
@@ -18,12 +21,12 @@
 -- by id after a data loss has token 0: any token releases it).
 
 local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local declared = ARGV[6]
+local declared, unused = ARGV[6], ARGV[7] == '1'
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
-local m = load_meta({'hold_ms'}, waiting > 0)
+local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat'}, waiting > 0)
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
 local current = token_of(record)
@@ -36,6 +39,10 @@ if (token == '' or current == token or current == '0')
   set_meta(m, 'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms))
   observe('hold', held_ms)
   count_released(m, 1)
+  local rate = unused and effective_rate(m)
+  if rate and m.tat then
+    set_meta(m, 'tat', fmt(tonumber(m.tat) - rate.interval))
+  end
 end
 local left = 0
 if token == '' then
