@@ -18,6 +18,7 @@ from celery.worker import state as worker_state
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config
 from celery_semaphore.core.errors import SemaphoreError
+from celery_semaphore.core.validation import MAX_LIMIT
 from celery_semaphore.gates import QUEUE_PREFIX, semaphore_of
 from celery_semaphore.wire import Gate, WaitState, recorded_gates
 
@@ -66,12 +67,18 @@ def _gates_waited_for(task: Any, request: Any) -> list[Gate]:
     tickets = WaitState.of(request).tickets
     if not tickets:
         return []
-    queue_limits = get_config(task.app).queue_limits
+    config = get_config(task.app)
+    declared = {d.name: d.limit for d in getattr(task, "declared_limits", None) or ()}
     gates = []
     for name in tickets:
         if name.startswith(QUEUE_PREFIX):
-            limit = queue_limits.get(name[len(QUEUE_PREFIX) :])
-        else:
+            queue = name[len(QUEUE_PREFIX) :]
+            limit = config.queue_limits.get(queue)
+            if limit is None and queue in config.queue_rates:
+                limit = MAX_LIMIT  # a rate alone caps no concurrency
+        elif name in declared:
+            limit = MAX_LIMIT if declared[name] is None else declared[name]
+        else:  # a key function's semaphore
             limit = getattr(task, "limit", None)
         gates.append(Gate(name, limit if isinstance(limit, int) and limit > 0 else 1))
     return gates

@@ -346,17 +346,27 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
         return pending
 
     def lost_in_transport(pending: list[str]) -> list[str]:
-        """Of tasks that never ended: those never delivered to a pool, in nobody's line
-        and no longer in the broker. The Redis transport moves a message from its queue
-        to ``unacked`` in two steps; a worker SIGKILLed between them loses it (kombu's
-        gap, see docs/guarantees.md)."""
+        """Of tasks that never ended: those in nobody's line and no longer in the broker
+        whose latest message was on its way when a worker was SIGKILLed: never delivered
+        to a pool, or its last execution (a wait, which publishes its retry) ended
+        within a second before a kill. The Redis transport moves a message from its
+        queue to ``unacked`` in two steps; a worker SIGKILLed between them loses it
+        (kombu's gap, see docs/guarantees.md)."""
         if not worker_deaths:
             return []
         line = {w.holder for w in sem.status().waiters}
+
+        def in_flight_at_a_kill(task_id: str) -> bool:
+            runs = observer.prerun.get(task_id)
+            if not runs:
+                return True
+            last = runs[-1][1]
+            return any(0 <= killed - last <= 1.0 for killed in worker_deaths.values())
+
         return [
             i
             for i in pending
-            if i not in observer.prerun and i not in line and not in_broker(broker, i)
+            if i not in line and not in_broker(broker, i) and in_flight_at_a_kill(i)
         ]
 
     deadline = time.monotonic() + SETTLE_SECONDS
