@@ -39,7 +39,7 @@ from outside the package) go to the list ``bench-rate:inplace:<semaphore>``.
 Each body run appends, once its task has ended (off the path between a start and the
 next), one JSON record to the Redis list ``bench-rate:records:<task>``: index, start,
 end (``time.time()``), ``request.retries``, the waits (the plugin's count for ours, the
-retries for a baseline), pid, worker. A pause
+retries for a baseline), task id, pid, worker. A pause
 asked for is recorded in ``bench-rate:raises:<task>`` with the time of the raise.
 """
 
@@ -137,6 +137,7 @@ def _body(task: Any, kind: str, index: int, hold: float) -> None:
     request = task.request
     waits = getattr(request, "celery_semaphore_waits", None)  # set in a LimitedTask's body
     record = {
+        "id": request.id,
         "index": index,
         "start": start,
         "end": end,
@@ -303,6 +304,8 @@ def _timed_wait_for_turn(original: Any) -> Any:
         result = original(self, *args, **kwargs)
         if self.name in SEMAPHORES.values():
             wait = {
+                "holder": args[1] if len(args) > 1 else kwargs.get("holder"),
+                "pid": os.getpid(),
                 "start": begin,
                 "end": time.time(),
                 "granted": isinstance(result, semaphore_module.Permit),
