@@ -250,7 +250,10 @@ def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry
     then, first in line: the request stands in each paused line with its place (its
     ticket, or, where it was granted without waiting, its fencing token: its place
     when it was granted) until it comes back, and presents that place at its other
-    gates too. The ``Retry`` to end with (a countdown, whatever the wait mode)."""
+    gates too. The ``Retry`` to end with (a countdown, whatever the wait mode, of at
+    most ``semaphore_backoff_max``: a longer one could outlast the Redis broker's
+    visibility timeout; back early, the task finds the pause and waits again in its
+    place)."""
     task, request, seconds = admission.task, admission.request, limited.retry_after
     paused = [
         gate
@@ -283,7 +286,7 @@ def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry
             place = place or result
         else:  # not paused after all (its rate was taken away meanwhile)
             result.release()
-    return waits.countdown(paused[0], place, seconds)
+    return waits.countdown(paused[0], place, min(seconds, admission.config.backoff_max))
 
 
 def admit(admission: Admission, waits: Waits) -> None:

@@ -324,3 +324,10 @@ SHADOWED = [Concurrency("shadowed", 1, shadow=True), Rate("shadowed", 5, shadow=
 def shadowed(self: Any, seconds: float, tag: Any = None) -> Any:
     """Limits tried in shadow: they refuse nothing and count what they would have."""
     return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="paced-short", rate="20/s", max_retries=0,
+          semaphore_backoff_max=0.5)  # fmt: skip
+def slow_down_long(self: Any, tag: Any, retry_after: float) -> Any:
+    """A pause longer than its backoff_max: it comes back early and waits in its place."""
+    return _slow_down(self, tag, retry_after)

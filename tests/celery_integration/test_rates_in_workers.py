@@ -93,7 +93,7 @@ def test_a_rate_per_account(clusters: Clusters) -> None:
     assert abs(first_a[-1] - first_b[-1]) < 1.0, "the accounts do not wait for each other"
 
 
-@pytest.mark.parametrize("task", ["slow_down", "slow_down_countdown"])
+@pytest.mark.parametrize("task", ["slow_down", "slow_down_countdown", "slow_down_long"])
 def test_rate_limited_pauses_the_line_and_its_task_goes_first(
     clusters: Clusters, task: str
 ) -> None:
@@ -135,3 +135,23 @@ def test_shadow_limits_change_nothing_and_count_what_they_would_have_done(
     assert 3 <= over_limit <= 11, "the starts that found the shadow limit full"
     assert over_rate >= 5, "the starts ahead of the shadow rate's schedule"
     assert int(meta[b"m_shadow_wait_ms"]) > 0
+
+
+def test_a_queue_rate_paces_every_task_of_the_queue(clusters: Clusters) -> None:
+    cluster = clusters(extra_conf={"semaphore_queue_rates": {"emails": "5/s"}})
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=2, queues="emails,default")
+    plain = cluster.app_module.plain
+    paced = [plain.apply_async((0.01, f"e{i}"), queue="emails") for i in range(8)]
+    free = [plain.apply_async((0.01, f"d{i}"), queue="default") for i in range(8)]
+    for result in paced + free:
+        result.get(timeout=60)
+    begun = starts(cluster.events())
+    emails = [e["at"] for e in begun if e["tag"].startswith("e")]
+    others = [e["at"] for e in begun if e["tag"].startswith("d")]
+    assert len(emails) == 8 and len(others) == 8
+    gaps = [later - earlier for earlier, later in itertools.pairwise(emails)]
+    assert min(gaps) >= 0.2 - 0.03, "5/s for every task of the queue, plain ones too"
+    assert others[-1] - others[0] < 1.0, "other queues are not paced"
+    status = cluster.semaphore("queue:emails").status()
+    assert str(status.rate) == "5/s" and status.holder_count == 0
