@@ -29,7 +29,7 @@ from .config import SemaphoreConfig
 from .core import Place, SemaphoreError, SemaphoreTimeout, WaitingForPermit
 from .gates import semaphore_of
 from .state import state_of
-from .waiting import Decision, GiveUp, WaitInPlace, decide
+from .waiting import Decision, GiveUp, WaitInPlace, decide, estimate_turn
 from .wire import (
     GATES_HEADER,
     QUEUE_HEADER,
@@ -110,7 +110,7 @@ class Waits:
             )
             return None
         self._send_waiting(gate, parked.position, None)
-        reason = self._reason(gate, parked.position)
+        reason = self._reason(gate, parked.position, place)
         return Retry(str(reason), reason)
 
     def countdown(self, gate: Gate, place: Place | None, delay: float) -> Retry:
@@ -120,7 +120,7 @@ class Waits:
         self.state.waits += 1
         signature = self._signature(countdown=delay)
         signature.apply_async()
-        reason = self._reason(gate, position)
+        reason = self._reason(gate, position, place)
         return Retry(str(reason), reason, when=delay, sig=signature)
 
     def give_up(self, gate: Gate, place: Place | None, decision: GiveUp) -> SemaphoreTimeout:
@@ -143,9 +143,14 @@ class Waits:
             headers=headers, **options,
         )  # fmt: skip
 
-    def _reason(self, gate: Gate, position: int) -> WaitingForPermit:
+    def _reason(self, gate: Gate, position: int, place: Place | None) -> WaitingForPermit:
         """What Flower, the ``task-retried`` event and the result backend show."""
-        return WaitingForPermit(gate.name, position, self.state.waits)
+        why = ""
+        if place is not None and place.rate_paused_for is not None:
+            why = "paused"
+        elif place is not None and place.rate_due and estimate_turn(place) == place.rate_due:
+            why = "rate"
+        return WaitingForPermit(gate.name, position, self.state.waits, why)
 
     def _send_waiting(self, gate: Gate, position: int, countdown: float | None) -> None:
         signals.permit_waiting.send(

@@ -48,25 +48,37 @@ class SemaphoreTimeout(SemaphoreError, TimeoutError):
         self._set(f"{message}: {detail}" if detail else message, name, limit, waited, detail)
 
 
+_WAIT_REASONS = {
+    "": "",
+    "rate": ", for its rate's slot",
+    "paused": ", its rate paused (RateLimited)",
+}
+
+
 class WaitingForPermit(SemaphoreError):
     """Why a task is in RETRY: it waits for a permit (not a failure).
 
     The exception of the ``Retry`` a waiting task ends with, so Flower, the
     ``task-retried`` event and the result backend name the semaphore and the
     task's place in line instead of ``None``. ``position`` is 1 for the first
-    in line, 0 when the task holds no place (it will ask again later).
+    in line, 0 when the task holds no place (it will ask again later). ``why``:
+    ``"rate"`` when the semaphore's rate is what it waits for (its slot), ``"paused"``
+    while a task's `RateLimited` pauses that rate, else ``""``.
     """
 
-    def __init__(self, name: str, position: int, waits: int) -> None:
+    def __init__(self, name: str, position: int, waits: int, why: str = "") -> None:
         self.name = name
         self.position = position
         self.waits = waits
+        self.why = why
         place = f"place {position} in line" if position else "no place in line yet"
+        place += _WAIT_REASONS[why]
         self._set(
             f"waiting for a permit of semaphore {name!r}: {place} (wait {waits})",
             name,
             position,
             waits,
+            *([why] if why else []),
         )
 
 

@@ -25,6 +25,8 @@ ERRORS = [
     UnknownSemaphore("s", "ns"),
     StaleHandover("s", 7),
     WaitingForPermit("s", 4, 2),
+    WaitingForPermit("s", 4, 2, "rate"),
+    WaitingForPermit("s", 1, 1, "paused"),
 ]
 
 
@@ -51,3 +53,11 @@ def test_a_wait_names_the_semaphore_and_the_place() -> None:
         "waiting for a permit of semaphore 'partner-api': place 7 in line (wait 3)"
     )
     assert "no place in line yet" in str(WaitingForPermit("p", 0, 1))
+
+
+def test_a_wait_for_a_rate_says_so() -> None:
+    assert str(WaitingForPermit("partner-api", 3, 1, "rate")) == (
+        "waiting for a permit of semaphore 'partner-api': place 3 in line, for its rate's "
+        "slot (wait 1)"
+    )
+    assert "its rate paused (RateLimited)" in str(WaitingForPermit("p", 1, 2, "paused"))
