@@ -702,6 +702,7 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
     """Who holds a permit of NAME: task id, task name, worker, held since."""
     with _operator(ctx) as operator:
         found = operator.semaphores(name)
+        states = [s.status() for s in found]
         rows = [
             {
                 "semaphore": state.name,
@@ -711,13 +712,14 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
                 "lease_left": round(h.expires_at - state.server_time, 3),
                 "fencing_token": h.fencing_token,
             }
-            for state in (s.status() for s in found)
+            for state in states
             for h in state.holders
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
         click.echo(_table(_with_semaphore(HOLDERS_COLUMNS, found, name), rows))
+        _echo_rates(states)
 
 
 @semaphore.command(example="waiters partner-api --json")
@@ -733,6 +735,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
     a place that lapsed before it reached a worker; listed last, no position)."""
     with _operator(ctx) as operator:
         found = operator.semaphores(name)
+        states = [s.status() for s in found]
         rows = [
             {
                 "semaphore": state.name,
@@ -743,13 +746,22 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
                 "state": w.state,
                 "waiting_for": round(state.server_time - w.since, 3),
             }
-            for state in (s.status() for s in found)
+            for state in states
             for w in [*state.waiters, *state.sent_without_place]
         ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
         click.echo(_table(_with_semaphore(WAITERS_COLUMNS, found, name), rows))
+        _echo_rates(states)
+
+
+def _echo_rates(states: list[SemaphoreStatus]) -> None:
+    """Below a table of holders or waiters: each semaphore's rate and next start."""
+    for state in states:
+        if state.rate is not None:
+            row = _summary(state)
+            click.echo(f"{state.name}: rate {_rate_cell(row)}, next start {_next_start_cell(row)}")
 
 
 def _limit_text(limit: int, status: SemaphoreStatus) -> str:

@@ -598,6 +598,11 @@ def test_status_shows_a_rate_alone_and_a_pause_after_rate_limited(redis_url):
     assert cells["emails"][1] == "-" and cells["emails"][6] == "-"  # LIMIT, UTIL
     assert cells["emails"][-4:] == ["100/m", "paused", "until", until]
     assert cells["plain"][1:3] == ["3", "1"] and cells["plain"][-2:] == ["-", "-"]
+    assert isinstance(emails.attempt("m2"), Place)  # the pause: a waiter
+    for command in ("holders", "waiters"):
+        last = run(redis_url, command, "emails").stdout.splitlines()[-1]
+        assert last == f"emails: rate 100/m, next start paused until {until}", command
+    assert "rate" not in run(redis_url, "waiters", "plain").stdout
     out = run(redis_url, "set-limit", "emails", "4")
     assert out.stdout == "emails: limit 4 (was none, declared none)\n"
     emails.close()
