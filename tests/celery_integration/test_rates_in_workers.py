@@ -16,7 +16,9 @@ import pytest
 from celery_harness import max_overlap
 from cluster_tools import Clusters
 
+from celery_semaphore import Semaphore
 from devkit.measures import kendall_tau
+from devkit.redis_servers import RedisClusterServers
 
 pytestmark = pytest.mark.slow
 
@@ -155,3 +157,31 @@ def test_a_queue_rate_paces_every_task_of_the_queue(clusters: Clusters) -> None:
     assert others[-1] - others[0] < 1.0, "other queues are not paced"
     status = cluster.semaphore("queue:emails").status()
     assert str(status.rate) == "5/s" and status.holder_count == 0
+
+
+def test_the_limit_and_the_rate_together_with_the_semaphores_on_redis_cluster(
+    clusters: Clusters, redis_cluster: RedisClusterServers
+) -> None:
+    """The broker a plain Redis, the semaphores a Redis Cluster: one semaphore's limit
+    and rate live on one slot and are granted by one script there."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    cluster = clusters(
+        extra_conf={"semaphore_redis_url": url, "semaphore_park_without_persistence": True}
+    )
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=3)
+    both = cluster.app_module.both
+    results = [both.delay(0.2, i) for i in range(20)]
+    assert [r.get(timeout=60) for r in results] == list(range(20))
+    events = cluster.events()
+    assert max_overlap(events) <= 3, "limit 3"
+    begun = starts(events)
+    times = [e["at"] for e in begun]
+    assert most_in_window(times, 1.0) <= 12, "10/s"
+    assert kendall_tau([e["tag"] for e in begun]) >= 0.9
+    sem = Semaphore(url, "both", 3)
+    try:
+        status = sem.status()
+    finally:
+        sem.close()
+    assert str(status.rate) == "10/s" and status.holder_count == 0
