@@ -348,10 +348,12 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     def lost_in_transport(pending: list[str]) -> list[str]:
         """Of tasks that never ended: those in nobody's line and no longer in the broker
         whose latest message was on its way when a worker was SIGKILLed: never delivered
-        to a pool, or its last execution (a wait, which publishes its retry) ended
-        within a second before a kill. The Redis transport moves a message from its
-        queue to ``unacked`` in two steps; a worker SIGKILLed between them loses it
-        (kombu's gap, see docs/guarantees.md)."""
+        to a pool, or its last execution (a wait, which publishes its retry) began
+        within a second of a kill, before or after it. The Redis transport moves a
+        message from its queue to ``unacked`` in two steps; a worker SIGKILLed between
+        them loses it, and Redis may still serve a blocked BRPOP to the dead worker's
+        connection a few ms after the kill (kombu's gap, see docs/guarantees.md; seen
+        with a retry published 20-40 ms after the kill)."""
         if not worker_deaths:
             return []
         line = {w.holder for w in sem.status().waiters}
@@ -361,7 +363,7 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
             if not runs:
                 return True
             last = runs[-1][1]
-            return any(0 <= killed - last <= 1.0 for killed in worker_deaths.values())
+            return any(abs(killed - last) <= 1.0 for killed in worker_deaths.values())
 
         return [
             i
