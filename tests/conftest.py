@@ -7,6 +7,7 @@ teardown, whatever the outcome of the test. The shared Redis on 6379 is never us
 from __future__ import annotations
 
 import contextlib
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from async_as_sync import BlockingSemaphore, EventLoopThread
 from celery_harness import Cluster, forget_closed_pools
 
 from celery_semaphore.core import epochs
+from celery_semaphore.state import installed_apps
 from devkit.redis_servers import (
     AclRedisServer,
     RedisClusterServers,
@@ -34,6 +36,21 @@ def _no_closed_kombu_pool_outlives_its_test() -> Iterator[None]:
     process-wide registry, where a later test on the same port would get it."""
     yield
     forget_closed_pools()
+
+
+@pytest.fixture(autouse=True)
+def _no_test_app_takes_later_tests_places() -> Iterator[None]:
+    """The publish handler asks every installed app that knows a task name, and Celery
+    gives every app made later the tasks of ``limited_app`` (shared tasks): an app a
+    test made and left for the garbage collector would take a later test's places at
+    publish in the earlier test's Redis. Apps held by an imported module stay
+    installed (``limited_app`` is imported once per session)."""
+    before = set(installed_apps)
+    yield
+    in_modules = {id(getattr(m, "app", None)) for m in list(sys.modules.values())}
+    for app in set(installed_apps) - before:
+        if id(app) not in in_modules:
+            installed_apps.discard(app)
 
 
 @pytest.fixture(autouse=True)

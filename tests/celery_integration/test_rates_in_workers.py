@@ -107,7 +107,12 @@ def test_rate_limited_pauses_the_line_and_its_task_goes_first(
     assert [r.get(timeout=60) for r in results] == list(range(20)), "max_retries=0: not spent"
     events = cluster.events()
     (raised,) = [e for e in events if e["event"] == "rate-limited"]
-    after = [e for e in starts(events) if e["at"] > raised["at"]]
+    later = [e for e in starts(events) if e["at"] > raised["at"]]
+    # 0-2 were granted before 3 raised; under load a body may begin a little after
+    # its grant, so one of theirs may be recorded after the raise, not after the pause
+    ahead = [e for e in later if e["tag"] < 3]
+    assert all(e["at"] - raised["at"] < 0.5 for e in ahead), f"granted in the pause: {ahead}"
+    after = [e for e in later if e["tag"] >= 3]
     assert after, "tasks started after the pause"
     assert after[0]["tag"] == 3, "the task that raised goes first after the pause"
     assert after[0]["at"] - raised["at"] >= 0.95, "no start within the 1 s pause"
