@@ -65,6 +65,8 @@ class BlockingPermit:
     waited = property(lambda self: self.permit.waited)
     shadow_refused = property(lambda self: self.permit.shadow_refused)
     shadow_wait = property(lambda self: self.permit.shadow_wait)
+    weight = property(lambda self: self.permit.weight)
+    rate_weight = property(lambda self: self.permit.rate_weight)
 
     def release(self) -> bool:
         return self._loop.run(self.permit.release())

@@ -79,6 +79,8 @@ class HolderInfo:
     acquired_at: float
     expires_at: float
     info: str
+    #: The permits it holds (its weight; 1 unless it asked for more).
+    permits: int = 1
 
 
 @dataclass(frozen=True)
@@ -350,7 +352,7 @@ class ConfigureReply(NamedTuple):
 class HolderRow(NamedTuple):
     holder: str
     expires_ms: float
-    record: str  # hinfo: "<fencing token>|<acquired ms>|<info>"
+    record: str  # hinfo: "<fencing token>|<acquired ms>[/<permits>]|<info>"
 
 
 @reply_shape
@@ -479,9 +481,12 @@ class SemaphoreSpec:
         info: str,
         handover: int | None = None,
         in_place: bool = False,
+        weight: int = 1,
+        rate_weight: int | None = None,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
+        weight_arg = self.weight_arg(weight, rate_weight)
         validation.check_ticket(handover, "handover")
         validation.check_info(info)
         wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
@@ -501,7 +506,20 @@ class SemaphoreSpec:
             self.family,
             self.rate_arg,
             self.shadow_arg,
+            weight_arg,
         ]
+
+    def weight_arg(self, weight: int, rate_weight: int | None) -> str:
+        """The scripts' "<permits>|<grants>" ('' for 1|1), checked against this
+        semaphore's limit and burst: a weight that could never be granted is an error."""
+        permits, grants = validation.check_weights(
+            weight,
+            rate_weight,
+            self.name,
+            self.limit,
+            None if self.rate is None else self.rate.burst,
+        )
+        return "" if permits == grants == 1 else f"{permits}|{grants}"
 
     def park_args(
         self,
@@ -512,6 +530,8 @@ class SemaphoreSpec:
         park_lease: float,
         info: str,
         due: float | None,
+        weight: int | None = None,
+        rate_weight: int | None = None,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
@@ -527,8 +547,9 @@ class SemaphoreSpec:
         due_ms = 0
         if due is not None:
             due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
+        weight_arg = "" if weight is None else self.weight_arg(weight, rate_weight) or "1|1"
         return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
-                self.dispatch, due_ms, self.keys.channel]  # fmt: skip
+                self.dispatch, due_ms, self.keys.channel, weight_arg]  # fmt: skip
 
     def dispatch_args(self, drop: Iterable[str] = ()) -> list[Any]:
         """Declares no limit (see effective_limit() in common.lua): the heartbeat calls
@@ -536,13 +557,21 @@ class SemaphoreSpec:
         return [self.idle_ms, self.keys.channel, self.dispatch,
                 *(validation.check_holder(h) for h in drop)]  # fmt: skip
 
-    def enqueue_args(self, holder: str, wait_lease: float | None, info: str) -> list[Any]:
+    def enqueue_args(
+        self,
+        holder: str,
+        wait_lease: float | None,
+        info: str,
+        weight: int = 1,
+        rate_weight: int | None = None,
+    ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_info(info)
+        weight_arg = self.weight_arg(weight, rate_weight)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
-                self.sent_horizon_ms, self.keys.channel, self.rate_arg]  # fmt: skip
+                self.sent_horizon_ms, self.keys.channel, self.rate_arg, weight_arg]  # fmt: skip
 
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
@@ -550,16 +579,21 @@ class SemaphoreSpec:
         return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
                      next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
 
-    def release_args(self, holder: str, token: int | None, *, unused: bool = False) -> list[Any]:
+    def release_args(self, holder: str, token: int | None, *, unused: int = 0) -> list[Any]:
+        """``unused``: the rate grants to give back with a permit its task never used."""
         validation.check_holder(holder)
         return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
-                self.dispatch, self.limit, "1" if unused else ""]  # fmt: skip
+                self.dispatch, self.limit, unused or ""]  # fmt: skip
 
-    def renew_args(self, pairs: Sequence[tuple[str, int | None]], lease_ms: int) -> list[Any]:
-        """Declares no limit, like `dispatch_args()` and `configure_args()`."""
+    def renew_args(
+        self, holders: Sequence[tuple[str, int | None, int | None]], lease_ms: int
+    ) -> list[Any]:
+        """``holders``: (holder, fencing token or None, permits held or None: as
+        recorded). Declares no limit, like `dispatch_args()` and `configure_args()`."""
         args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel, self.dispatch]
-        for holder, token in pairs:
-            args += [validation.check_holder(holder), "" if token is None else token]
+        for holder, token, permits in holders:
+            weight = "" if permits is None else validation.check_limit(permits, "weight")
+            args += [validation.check_holder(holder), "" if token is None else token, weight]
         return args
 
     def configure_args(self, field: str, value: str) -> list[Any]:
@@ -674,6 +708,7 @@ class SemaphoreSpec:
         holders = []
         for row in status.holders:
             token, acquired, info = [*row.record.split("|", 2), "", ""][:3]
+            acquired, _, permits = acquired.partition("/")
             holders.append(
                 HolderInfo(
                     row.holder,
@@ -681,6 +716,7 @@ class SemaphoreSpec:
                     int(acquired or 0) / 1000,
                     row.expires_ms / 1000,
                     info,
+                    int(permits or 1),
                 )
             )
         holders.sort(key=lambda h: h.acquired_at)

@@ -52,7 +52,34 @@ def check_seconds(value: Any, argument: str, *, allow_zero: bool = False) -> flo
 
 
 def check_holder(holder: Any) -> str:
-    return check_name(holder, "holder")
+    check_name(holder, "holder")
+    if "\0" in holder:
+        raise ValueError(f"holder must not contain NUL characters, got {holder!r}")
+    return str(holder)
+
+
+def check_weights(
+    weight: Any, rate_weight: Any, name: str, limit: int, burst: int | None
+) -> tuple[int, int]:
+    """(permits, rate grants) a contender asks for at once; ``rate_weight`` None: as
+    ``weight``. Each must fit in the semaphore's limit and its rate's burst, or it
+    could never be granted."""
+    for value, argument in ((weight, "weight"), (rate_weight, "rate_weight")):
+        if argument == "rate_weight" and value is None:
+            continue
+        check_limit(value, argument)
+    grants = weight if rate_weight is None else rate_weight
+    if weight > limit:
+        raise ValueError(
+            f"weight {weight} is more than the limit {limit} of semaphore {name!r}: it "
+            f"could never be granted (raise the limit or lower the weight)"
+        )
+    if burst is not None and grants > burst:
+        raise ValueError(
+            f"rate weight {grants} is more than the burst {burst} of semaphore {name!r}'s "
+            f"rate: it could never be granted (give the rate burst={grants} or more)"
+        )
+    return weight, grants
 
 
 def check_ticket(ticket: Any, what: str = "ticket") -> int | None:

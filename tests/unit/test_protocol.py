@@ -195,7 +195,7 @@ def test_shadow_limits_in_the_scripts_form() -> None:
     assert (
         spec(shadow=["rate"]).acquire_args(
             "h", None, queue=True, wait_lease=None, lease_timeout=None, info=""
-        )[-1]
+        )[13]
         == "r"
     )
     assert spec(shadow=("rate", "limit")).shadow_arg == "lr"
@@ -203,3 +203,41 @@ def test_shadow_limits_in_the_scripts_form() -> None:
         spec(shadow=["cap"])
     with pytest.raises(TypeError, match="shadow must be a list"):
         spec(shadow="rate")
+
+
+def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() -> None:
+    def weight_of(sem: SemaphoreSpec, **kw: object) -> str:
+        args = sem.acquire_args("h", None, queue=True, wait_lease=None, lease_timeout=None,
+                                info="", **kw)  # type: ignore[arg-type]  # fmt: skip
+        return str(args[14])
+
+    limited = SemaphoreSpec(
+        "w",
+        5,
+        rate=RateLimit(10, 1.0, burst=3),
+        handover_window=1.0,
+        **OPTIONS,  # type: ignore[arg-type]
+    )
+    assert weight_of(limited) == ""
+    assert weight_of(limited, weight=3) == "3|3"
+    assert weight_of(limited, weight=5, rate_weight=1) == "5|1"
+    with pytest.raises(ValueError, match=r"weight 6 is more than the limit 5 of semaphore 'w'"):
+        weight_of(limited, weight=6, rate_weight=1)
+    with pytest.raises(ValueError, match=r"rate weight 4 is more than the burst 3 .* burst=4"):
+        weight_of(limited, weight=4)
+    with pytest.raises(TypeError, match=r"weight must be an int from 1"):
+        weight_of(limited, weight=1.5)
+    with pytest.raises(ValueError, match=r"rate_weight must be an int from 1"):
+        weight_of(limited, rate_weight=0)
+    assert limited.park_args("h", None, "p", park_lease=1, info="", due=None)[-1] == ""
+    assert limited.park_args("h", None, "p", park_lease=1, info="", due=None, weight=1)[-1] == "1|1"
+    assert limited.renew_args([("h", None, 3), ("g", 7, None)], 1000)[4:] == [
+        "h",
+        "",
+        3,
+        "g",
+        7,
+        "",
+    ]
+    with pytest.raises(ValueError, match="holder must not contain NUL"):
+        limited.release_args("h\0", None)

@@ -75,6 +75,8 @@ class Permit:
         *,
         shadow_refused: frozenset[str] = frozenset(),
         shadow_wait: float = 0.0,
+        weight: int = 1,
+        rate_weight: int = 1,
     ) -> None:
         self.semaphore = semaphore
         self.holder = holder
@@ -83,6 +85,9 @@ class Permit:
         self.waited = waited
         self.shadow_refused = shadow_refused
         self.shadow_wait = shadow_wait
+        #: The permits it holds, and the rate's grants its grant spent.
+        self.weight = weight
+        self.rate_weight = rate_weight
 
     def release(self) -> bool:
         """Give the permit back; False if it was already released or lost."""
@@ -90,13 +95,13 @@ class Permit:
 
     def give_back_unused(self) -> bool:
         """Give the permit back before using it (another limit refused what it was
-        for): under a rate, its grant is given back too, as if never made."""
-        return self.semaphore._release(self.holder, self.fencing_token, unused=True)
+        for): under a rate, its grants are given back too, as if never made."""
+        return self.semaphore._release(self.holder, self.fencing_token, unused=self.rate_weight)
 
     def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""
-        pair = [(self.holder, self.fencing_token)]
-        lost = self.semaphore._renew(pair, lease_timeout, [self])
+        held = [(self.holder, self.fencing_token, self.weight)]
+        lost = self.semaphore._renew(held, lease_timeout, [self])
         return self.holder not in lost
 
     def __enter__(self) -> Permit:
@@ -282,6 +287,8 @@ class Semaphore:
         info: str = "",
         handover: int | None = None,
         in_place: bool = False,
+        weight: int = 1,
+        rate_weight: int | None = None,
     ) -> Permit | Place:
         """Take a permit if one is free and nobody earlier waits; else a `Place`.
 
@@ -294,6 +301,11 @@ class Semaphore:
         copy of it was handed over or it was served already. ``in_place``: for
         `wait_for_turn()` only (the caller listens on the wake channel for a
         permit granted to it directly).
+
+        ``weight``: the permits it takes at once (a batch that counts as k); ``rate_weight``:
+        the rate's grants it spends (default: ``weight``). It waits in line until all
+        of them are free, and those behind it wait for it (FIFO). Each must be at
+        most the limit, and the rate's burst, or ValueError.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -305,6 +317,8 @@ class Semaphore:
             info=info,
             handover=handover,
             in_place=in_place,
+            weight=weight,
+            rate_weight=rate_weight,
         )
         result, handovers = self._spec.parse_acquire(self._call("acquire", args))
         self._hand_over(handovers)
@@ -313,6 +327,7 @@ class Semaphore:
         return Permit(
             self, holder, result.fencing_token, result.expires_at, result.waited,
             shadow_refused=result.shadow_refused, shadow_wait=result.shadow_wait,
+            weight=weight, rate_weight=weight if rate_weight is None else rate_weight,
         )  # fmt: skip
 
     def park(
@@ -324,18 +339,22 @@ class Semaphore:
         park_lease: float = 604800.0,
         info: str = "",
         due: float | None = None,
+        weight: int | None = None,
+        rate_weight: int | None = None,
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
         freed since it was refused), or ``due`` seconds from now at the latest (by
         the next call that hands over: its wait budget runs out then). The place
-        holds ``park_lease`` seconds.
+        holds ``park_lease`` seconds. ``weight``/``rate_weight``: as in `attempt()`;
+        None keeps what its refused attempt said (1 for a new place).
 
         The semaphore is listed in its namespace's parked index first, where
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
-            holder, ticket, payload, park_lease=park_lease, info=info, due=due
-        )
+            holder, ticket, payload, park_lease=park_lease, info=info, due=due,
+            weight=weight, rate_weight=rate_weight,
+        )  # fmt: skip
         self._list_parked()
         parked, handovers = self._spec.parse_park(self._call("park", args))
         self._hand_over(handovers)
@@ -373,18 +392,34 @@ class Semaphore:
         if handovers and self.on_handover is not None:
             call_on_handover(self.on_handover, handovers)
 
-    def take_place(self, holder: str, *, wait_lease: float | None = None, info: str = "") -> Place:
+    def take_place(
+        self,
+        holder: str,
+        *,
+        wait_lease: float | None = None,
+        info: str = "",
+        weight: int = 1,
+        rate_weight: int | None = None,
+    ) -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
 
         For a producer that wants its jobs served in submission order: the
         place holds for ``wait_lease`` s; later the job presents its
         ``ticket``. The `Place` also tells its position, the holders and the
-        limit, so a producer can tell a near turn from a far one.
+        limit, so a producer can tell a near turn from a far one. ``weight``,
+        ``rate_weight``: what the job will ask for (`attempt()`).
         """
-        args = self._spec.enqueue_args(holder, wait_lease, info)
+        args = self._spec.enqueue_args(holder, wait_lease, info, weight, rate_weight)
         return self._spec.parse_enqueue(self._call("enqueue", args))
 
-    def try_acquire(self, holder: str | None = None, ticket: int | None = None) -> Permit | None:
+    def try_acquire(
+        self,
+        holder: str | None = None,
+        ticket: int | None = None,
+        *,
+        weight: int = 1,
+        rate_weight: int | None = None,
+    ) -> Permit | None:
         """A permit if one can be granted now, else None.
 
         A refused contender that can come back (it gave a ``holder`` id or a
@@ -395,7 +430,7 @@ class Semaphore:
         blocks the line until its lease runs out.
         """
         queue = holder is not None or ticket is not None
-        result = self.attempt(holder, ticket, queue=queue)
+        result = self.attempt(holder, ticket, queue=queue, weight=weight, rate_weight=rate_weight)
         return result if isinstance(result, Permit) else None
 
     def acquire(
@@ -405,8 +440,11 @@ class Semaphore:
         ticket: int | None = None,
         *,
         info: str = "",
+        weight: int = 1,
+        rate_weight: int | None = None,
     ) -> Permit:
-        """Wait in FIFO order for a permit; `SemaphoreTimeout` after ``timeout`` s.
+        """Wait in FIFO order for a permit (``weight`` of them: see `attempt()`);
+        `SemaphoreTimeout` after ``timeout`` s.
 
         Anything that interrupts the wait (a cancelled task, KeyboardInterrupt, a
         signal handler's exception such as Celery's soft time limit) drops the
@@ -420,7 +458,9 @@ class Semaphore:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
         try:
-            result = self.wait_for_turn(timeout, holder, ticket, info=info)
+            result = self.wait_for_turn(
+                timeout, holder, ticket, info=info, weight=weight, rate_weight=rate_weight
+            )
         except BaseException:
             # Else the place would block the line until its waiter lease runs out.
             with contextlib.suppress(Exception):
@@ -444,6 +484,8 @@ class Semaphore:
         *,
         wait_lease: float | None = None,
         info: str = "",
+        weight: int = 1,
+        rate_weight: int | None = None,
     ) -> Permit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
 
@@ -460,7 +502,9 @@ class Semaphore:
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
-        result = self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
+        result = self.attempt(
+            holder, ticket, wait_lease=wait_lease, info=info, weight=weight, rate_weight=rate_weight
+        )
         if isinstance(result, Permit) or timeout == 0:
             return result
         place: Place = result
@@ -475,10 +519,14 @@ class Semaphore:
                         pubsub = self._listen()
                     if remaining is not None and remaining <= 0:
                         # The last ask clears the mark (or finds a permit granted meanwhile).
-                        return self.attempt(holder, ticket, wait_lease=wait_lease, info=info)
+                        return self.attempt(
+                            holder, ticket, wait_lease=wait_lease, info=info,
+                            weight=weight, rate_weight=rate_weight,
+                        )  # fmt: skip
                     result = self.attempt(
-                        holder, ticket, wait_lease=wait_lease, info=info, in_place=True
-                    )
+                        holder, ticket, wait_lease=wait_lease, info=info, in_place=True,
+                        weight=weight, rate_weight=rate_weight,
+                    )  # fmt: skip
                     if isinstance(result, Permit):
                         return result
                     place = result
@@ -494,7 +542,10 @@ class Semaphore:
                     backoff = min(backoff * 2, RECONNECT_MOST)
                     continue
                 if grant is not None:
-                    return Permit(self, holder, grant.fencing_token, grant.expires_at, grant.waited)
+                    return Permit(
+                        self, holder, grant.fencing_token, grant.expires_at, grant.waited,
+                        weight=weight, rate_weight=weight if rate_weight is None else rate_weight,
+                    )  # fmt: skip
         except BaseException:
             with contextlib.suppress(Exception):
                 self._release(holder, None)
@@ -540,31 +591,41 @@ class Semaphore:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
         return self._release(holder, None)
 
-    def _release(self, holder: str, token: int | None, *, unused: bool = False) -> bool:
-        reply = self._call("release", self._spec.release_args(holder, token, unused=unused))
+    def _release(self, holder: str, token: int | None, *, unused: int = 0) -> bool:
+        args = self._spec.release_args(holder, token, unused=unused)
+        reply = self._call("release", args)
         released, handovers = self._spec.parse_release(reply)
         self._hand_over(handovers)
         return released
 
     def renew_many(
-        self, holders: Iterable[str | Permit], lease_timeout: float | None = None
+        self,
+        holders: Iterable[str | Permit],
+        lease_timeout: float | None = None,
+        *,
+        weight: int | None = None,
     ) -> set[str]:
-        """Extend every live holder's lease in one round trip; return the lost ones."""
+        """Extend every live holder's lease in one round trip; return the lost ones.
+        ``weight``: the permits each holder given by id holds (None: 1), for those
+        written back after Redis lost its data (a live holder's own record says)."""
         items = list(holders)
         permits = [h for h in items if isinstance(h, Permit)]
-        pairs = [(h.holder, h.fencing_token) if isinstance(h, Permit) else (h, None) for h in items]
-        return self._renew(pairs, lease_timeout, permits)
+        held = [
+            (h.holder, h.fencing_token, h.weight) if isinstance(h, Permit) else (h, None, weight)
+            for h in items
+        ]
+        return self._renew(held, lease_timeout, permits)
 
     def _renew(
         self,
-        pairs: Sequence[tuple[str, int | None]],
+        held: Sequence[tuple[str, int | None, int | None]],
         lease_timeout: float | None,
         permits: Iterable[Permit] = (),
     ) -> set[str]:
-        if not pairs:
+        if not held:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
-        reply = self._call("renew", self._spec.renew_args(pairs, lease_ms))
+        reply = self._call("renew", self._spec.renew_args(held, lease_ms))
         expires_at, lost, handovers, restored = self._spec.parse_renew(reply)
         self.restored += restored
         self._hand_over(handovers)

@@ -24,6 +24,8 @@
 --                          (and how late the rate's slot was, in m_shadow_wait_ms); the
 --                          rate's schedule moves on as if enforced, so its lateness grows
 --                          while tasks start faster than the rate. A drain still refuses.
+-- ARGV[15] weight          "<permits>|<grants>" the contender asks for at once, or ''
+--                          (1|1; see "Weights" in common.lua)
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, the shadow limits that
 -- would have refused it ('', 'l', 'r', 'lr'), ms its slot was ahead by a shadow rate, handovers}
@@ -49,6 +51,8 @@ local handover, cfg, in_place = ARGV[9], ARGV[10], ARGV[11] == '1'
 local family = ARGV[12]
 declared_rate = ARGV[13]
 local shadow = ARGV[14]
+local weight = ARGV[15] or ''
+local want_k, want_j = weight_in(weight)
 
 if handover ~= '' and arrival(holder, handover) == 'stale' then
   return {2, token_of(redis.call('HGET', parked, holder))}
@@ -59,7 +63,8 @@ local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
 local m = load_meta({'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
-  'grant_gap_ms', 'family', 'rate', 'rate_override', 'tat', 'rate_pause', 'released', 'handover'},
+  'grant_gap_ms', 'family', 'rate', 'rate_override', 'tat', 'rate_pause', 'released', 'handover',
+  'n_weighted'},
   reclaimed > 0)
 local limit, draining = effective_limit(m, declared), m.draining == '1'
 local meta_writes = {}  -- field, value, ...: one HSET at the end
@@ -77,8 +82,10 @@ end
 local room, next_us = rate_room(m)
 
 local held = redis.call('ZSCORE', holders, holder)
-if held and token_of(redis.call('HGET', hinfo, holder)) == '0' then
+local held_record = held and redis.call('HGET', hinfo, holder)
+if held and token_of(held_record) == '0' then
   redis.call('ZREM', holders, holder)
+  vacate(holder, held_weight(held_record))
   redis.call('HDEL', hinfo, holder)
   redis.call('HINCRBY', epoch_key, 'restored', -1)
   held = nil
@@ -103,8 +110,15 @@ end
 local count = redis.call('ZCARD', holders)
 local free = limit - count
 if paused(m) then free = 0 end
+-- The permits and grants this contender needs free: its own and those of the waiters
+-- ahead (one each unless weighted; counted only while they could all fit).
+local need_k, need_j = ahead, ahead
+if ahead > 0 and ahead < math.max(free, room == math.huge and 0 or room) then
+  need_k, need_j = weight_ahead(m, ahead)
+end
+need_k, need_j = need_k + want_k, need_j + want_j
 
-local by_limit, by_rate, would = ahead < free, ahead < room, ''
+local by_limit, by_rate, would = need_k <= free, need_j <= room, ''
 if not held and not paused(m) then
   if not by_limit and string.find(shadow, 'l', 1, true) then by_limit, would = true, 'l' end
   if not by_rate and string.find(shadow, 'r', 1, true) then by_rate, would = true, would .. 'r' end
@@ -114,14 +128,14 @@ local result
 if held or (by_limit and by_rate) then
   local acquired = now_ms
   if held then
-    acquired = tonumber(string.match(redis.call('HGET', hinfo, holder) or '', '^%d+|(%d+)|')) or now_ms
+    acquired = tonumber(string.match(held_record or '', '^%d+|(%d+)')) or now_ms
   end
   local waited = 0
   if in_line then
     local first = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|')
     if first then waited = now_ms - tonumber(first) end
     -- Arrived by a handover: arrival() made its record a tombstone already.
-    leave_line({holder}, handover == '' and 'served' or nil)
+    leave_line({holder}, handover == '' and 'served' or nil, m)
   end
   local token = seq_after(m.fence)
   meta_writes[#meta_writes + 1] = 'fence'
@@ -134,17 +148,18 @@ if held or (by_limit and by_rate) then
   end
   meta_writes[#meta_writes + 1] = 'grant_at'
   meta_writes[#meta_writes + 1] = fmt(now_ms)
-  if not held then spend_rate(m, 1, meta_writes) end
+  if not held then spend_rate(m, want_j, meta_writes) end
   local expires = now_ms + lease_ms
-  redis.call('ZADD', holders, expires, holder)
-  redis.call('HSET', hinfo, holder, fmt(token) .. '|' .. fmt(acquired) .. '|' .. info)
+  local k = held and held_weight(held_record) or want_k
+  occupy(holder, expires, k)
+  redis.call('HSET', hinfo, holder, holder_record(fmt(token), fmt(acquired), k, info))
   bump('m_granted', 1)
   observe('wait', waited)
   local late_ms = 0
   if would ~= '' then
     if string.find(would, 'l', 1, true) then bump('m_shadow_limit', 1) end
     if string.find(would, 'r', 1, true) then
-      late_ms = math.ceil(slot_in(m, room, next_us, ahead + 1) / 1000)
+      late_ms = math.ceil(slot_in(m, room, next_us, need_j) / 1000)
       bump('m_shadow_rate', 1)
       bump('m_shadow_wait_ms', late_ms)
     end
@@ -158,7 +173,7 @@ else
       meta_writes[#meta_writes + 1] = 'ticket'
       meta_writes[#meta_writes + 1] = fmt(ticket)
     end
-    stand_in_line(holder, ticket, waiter_lease_ms, info)
+    stand_in_line(m, holder, ticket, waiter_lease_ms, info, weight)
     if in_place then
       mark_in_place(holder, lease_ms)
     elseif in_line then
@@ -168,9 +183,9 @@ else
     waiting = waiting + 1
   end
   bump('m_refused', 1)
-  if ahead < free then bump('m_throttled', 1) end
+  if need_k <= free then bump('m_throttled', 1) end
   local slot = ''
-  if room ~= math.huge then slot = fmt(slot_in(m, room, next_us, ahead + 1)) end
+  if room ~= math.huge then slot = fmt(slot_in(m, room, next_us, need_j)) end
   local rate_pause = tonumber(m.rate_pause) or 0
   if room == math.huge or rate_pause <= now_ms then rate_pause = 0 end
   result = {0, queued, ahead + 1, count, limit, draining and 1 or 0, earliest_expiry(), now_ms,

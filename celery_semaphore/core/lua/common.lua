@@ -2,14 +2,16 @@
 --
 -- KEYS (the same ten, in this order, for every script; one hash tag per semaphore):
 --   KEYS[1] holders  ZSET  holder -> lease expiry, ms of server time
---   KEYS[2] hinfo    HASH  holder -> "<fencing token>|<acquired ms>|<info>"
+--   KEYS[2] hinfo    HASH  holder -> "<fencing token>|<acquired ms>[/<permits>]|<info>"
+--                          (permits: its weight, if more than 1; see "Weights" below)
 --   KEYS[3] waiters  ZSET  holder -> ticket (place in line; lower goes first)
 --   KEYS[4] wexp     ZSET  holder -> waiter lease expiry, ms of server time
 --   KEYS[5] winfo    HASH  holder -> "<first ask ms>|<info>"
 --   KEYS[6] meta     HASH  limit (recorded: the last declarer's), override, draining, fence,
 --                          ticket, handover, released, hold_ms, grant_at, grant_gap_ms,
 --                          family, n_parked, n_handed, rate, rate_override, tat,
---                          rate_pause (see "Rates" below), and the m_* counters
+--                          rate_pause (see "Rates" below), n_weighted and
+--                          "w|<waiter>" (see "Weights" below), and the m_* counters
 --                          metrics.py exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<mark>|<payload>": a waiter
 --                          that left its payload to be handed over when due, or one
@@ -70,6 +72,19 @@
 -- grants the rate allows now and when the next one after those is allowed; every
 -- grant (acquire, grant_in_place()) takes at most that many, in line order, and
 -- dispatch() hands waiters over at their slots (see there).
+--
+-- Weights ------------------------------------------------------------------------
+--
+-- A contender may ask for k permits and j of the rate's grants at once (its weight:
+-- "<k>|<j>"; 1|1 unless said). A holder of k > 1 permits is k members of holders:
+-- itself and its seats "<holder>\0<2..k>" (holder ids never contain \0), all with its
+-- lease expiry, so ZCARD holders counts the permits in use and reclaim() frees all k
+-- at once; its hinfo record says k ("/<k>" after the acquired ms). A waiter whose weight is not 1|1 has
+-- meta "w|<waiter>" = "<k>|<j>" while it is in line (stand_in_line(), leave_line());
+-- meta.n_weighted counts those, so the line's weights are read only while one is in it.
+-- A waiter is granted when the permits and grants of those ahead and its own fit in the
+-- free permits and in the rate's room: FIFO, so a heavy waiter at the head holds back
+-- those behind it until its k permits are free (fit()).
 --
 -- Parked records ---------------------------------------------------------------
 --
@@ -148,7 +163,8 @@ local function load_meta(fields, freeing)
     for i = 1, #fields do wanted[fields[i]] = true end
     fields = {unpack(fields)}
     for _, field in ipairs({'limit', 'override', 'draining', 'fence', 'grant_at', 'grant_gap_ms',
-        'released', 'hold_ms', 'handover', 'rate', 'rate_override', 'tat', 'rate_pause'}) do
+        'released', 'hold_ms', 'handover', 'rate', 'rate_override', 'tat', 'rate_pause',
+        'n_weighted'}) do
       if not wanted[field] then fields[#fields + 1] = field end
     end
   end
@@ -246,6 +262,125 @@ local function earliest_expiry()
   return tonumber(first[2]) or 0
 end
 
+-- Weights (see the header) --------------------------------------------------------
+
+local SEAT = '\0'
+
+-- "<k>|<j>" (or '') as permits, grants.
+local function weight_in(text)
+  local k, j = string.match(text or '', '^(%d+)|(%d+)$')
+  return tonumber(k) or 1, tonumber(j) or 1
+end
+
+-- ``holder``'s seats beyond its own member: {holder\02, ..., holder\0k}.
+local function seats(holder, k)
+  local list = {}
+  for i = 2, k do list[#list + 1] = holder .. SEAT .. i end
+  return list
+end
+
+-- The permits a holder whose hinfo record is ``record`` holds (1 unless more).
+local function held_weight(record)
+  return tonumber(string.match(record or '', '^%d+|%d+/(%d+)|')) or 1
+end
+
+-- A holder's hinfo record (see KEYS[2]).
+local function holder_record(token, acquired, k, info)
+  local weight = k > 1 and '/' .. fmt(k) or ''
+  return token .. '|' .. acquired .. weight .. '|' .. info
+end
+
+-- ``holder`` holds ``k`` permits until ``expires`` (its hinfo record is the
+-- caller's); ``xx``: only extends those it holds.
+local function occupy(holder, expires, k, xx)
+  local args = {expires, holder}
+  for _, seat in ipairs(seats(holder, k)) do
+    args[#args + 1] = expires
+    args[#args + 1] = seat
+  end
+  if xx then
+    redis.call('ZADD', holders, 'XX', unpack(args))
+  else
+    redis.call('ZADD', holders, unpack(args))
+  end
+end
+
+-- Takes away the seats of ``holder``, which held ``k`` permits; its own member and
+-- its hinfo record are the caller's.
+local function vacate(holder, k)
+  if k > 1 then redis.call('ZREM', holders, unpack(seats(holder, k))) end
+end
+
+-- Whether a weighted waiter may be in line: ``m`` with n_weighted loaded says
+-- (without it, or without ``m``, maybe).
+local function any_weighted(m)
+  local n = m and rawget(m, 'n_weighted')
+  return n == nil or (tonumber(n) or 0) > 0
+end
+
+local function count_weighted(m, delta)
+  local n = redis.call('HINCRBY', meta, 'n_weighted', delta)
+  if m then m.n_weighted = fmt(n) end
+end
+
+-- The weights of the waiters in ``list``: {permits}, {grants}, in order.
+local function weights_of(m, list)
+  local ks, js = {}, {}
+  local values = {}
+  if #list > 0 and any_weighted(m) then
+    local fields = {}
+    for i, waiter in ipairs(list) do fields[i] = 'w|' .. waiter end
+    values = redis.call('HMGET', meta, unpack(fields))
+  end
+  for i = 1, #list do ks[i], js[i] = weight_in(values[i]) end
+  return ks, js
+end
+
+-- How many of the waiters ``list`` (in line order) fit in ``permits`` and ``room``
+-- from the head on.
+local function fit(m, list, permits, room)
+  local ks, js = weights_of(m, list)
+  local n, k, j = 0, 0, 0
+  for i = 1, #list do
+    if k + ks[i] > permits or j + js[i] > room then break end
+    n, k, j = i, k + ks[i], j + js[i]
+  end
+  return n
+end
+
+-- The permits and grants the first ``ahead`` waiters in line ask for (past BATCH of
+-- them, one each for the rest).
+local function weight_ahead(m, ahead)
+  if ahead == 0 or not any_weighted(m) then return ahead, ahead end
+  local n = math.min(ahead, BATCH)
+  local ks, js = weights_of(m, redis.call('ZRANGE', waiters, 0, n - 1))
+  local k, j = ahead - n, ahead - n
+  for i = 1, n do k, j = k + ks[i], j + js[i] end
+  return k, j
+end
+
+-- Records ``waiter``'s weight ("<k>|<j>", or nil: leaves it as it is) while it is in line.
+local function weigh_waiter(m, waiter, weight)
+  if weight == nil then return end
+  local k, j = weight_in(weight)
+  if k > 1 or j > 1 then
+    if redis.call('HSET', meta, 'w|' .. waiter, fmt(k) .. '|' .. fmt(j)) == 1 then
+      count_weighted(m, 1)
+    end
+  elseif any_weighted(m) and redis.call('HDEL', meta, 'w|' .. waiter) == 1 then
+    count_weighted(m, -1)
+  end
+end
+
+-- Drops the weights of the waiters in ``list``, who left the line.
+local function unweigh(m, list)
+  if not any_weighted(m) then return end
+  local fields = {}
+  for i, waiter in ipairs(list) do fields[i] = 'w|' .. waiter end
+  local unweighed = redis.call('HDEL', meta, unpack(fields))
+  if unweighed > 0 then count_weighted(m, -unweighed) end
+end
+
 -- Parked records (see the header) ----------------------------------------------
 
 local TOMBSTONE_MS = 3600000
@@ -330,12 +465,13 @@ end
 -- The line -----------------------------------------------------------------------
 
 -- Takes the holders in ``list`` out of the line; returns how many were in it.
--- ``fate`` of their parked records: 'forget' (they are gone), 'served' (they hold a
+-- ``m``: with n_weighted loaded, or nil. ``fate`` of their parked records: 'forget' (they are gone), 'served' (they hold a
 -- permit now: see served()), or nil (left as they are: an arrival made a tombstone).
-local function leave_line(list, fate)
+local function leave_line(list, fate, m)
   local left = redis.call('ZREM', waiters, unpack(list))
   redis.call('ZREM', wexp, unpack(list))
   redis.call('HDEL', winfo, unpack(list))
+  if left > 0 then unweigh(m, list) end
   if fate == 'forget' then
     forget(list)
   elseif fate == 'served' then
@@ -344,8 +480,10 @@ local function leave_line(list, fate)
   return left
 end
 
--- Puts ``holder`` in line at ``ticket`` for ``lease_ms``, keeping when it first asked.
-local function stand_in_line(holder, ticket, lease_ms, info)
+-- Puts ``holder`` in line at ``ticket`` for ``lease_ms``, keeping when it first asked;
+-- ``weight``: "<k>|<j>", or nil to keep the one recorded; ``m``: with n_weighted loaded.
+local function stand_in_line(m, holder, ticket, lease_ms, info, weight)
+  weigh_waiter(m, holder, weight)
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('ZADD', wexp, now_ms + lease_ms, holder)
   if redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info) == 0 then
@@ -368,7 +506,7 @@ local function reclaim(m, waiting)
   local lapsed = 0
   if waiting ~= 0 then
     local list = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_ms, 'LIMIT', 0, BATCH)
-    if #list > 0 then leave_line(list, 'forget') end
+    if #list > 0 then leave_line(list, 'forget', m) end
     lapsed = #list
   end
   return #gone + lapsed, lapsed
@@ -437,11 +575,21 @@ end
 -- Publishes nothing when nobody waits or no permit is free.
 local function wake(m, declared, channel)
   if paused(m) or redis.call('ZCARD', waiters) == 0 then return end
-  local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
-  free = math.min(free, (rate_room(m)))  -- (): rate_room's first value only
+  local permits = effective_limit(m, declared) - redis.call('ZCARD', holders)
+  local room = rate_room(m)
+  local free = math.min(permits, room)
   if free <= 0 then return end
-  local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
-  redis.call('PUBLISH', channel, last[2] or 'inf')
+  if not any_weighted(m) then
+    local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
+    redis.call('PUBLISH', channel, last[2] or 'inf')
+    return
+  end
+  local first = redis.call('ZRANGE', waiters, 0, free - 1, 'WITHSCORES')
+  local list = {}
+  for i = 1, #first, 2 do list[#list + 1] = first[i] end
+  local n = fit(m, list, permits, room)
+  if n == 0 then return end  -- the head waits for more permits than are free
+  redis.call('PUBLISH', channel, n == #list and #list < free and 'inf' or first[2 * n])
 end
 
 -- The moving average of the time between grants while others wait, after a grant
@@ -459,20 +607,31 @@ end
 -- starts without another round trip.
 local function grant_in_place(m, declared, channel)
   if paused(m) then return end
-  local free = effective_limit(m, declared) - redis.call('ZCARD', holders)
-  free = math.min(free, (rate_room(m)))  -- (): rate_room's first value only
+  local permits = effective_limit(m, declared) - redis.call('ZCARD', holders)
+  local room = rate_room(m)
+  local free = math.min(permits, room)
   if free <= 0 then return end
   local fence, last_at, average, granted = m.fence, m.grant_at, m.grant_gap_ms, 0
-  for _, holder in ipairs(redis.call('ZRANGE', waiters, 0, free - 1)) do
+  local list = redis.call('ZRANGE', waiters, 0, free - 1)
+  local n = #list
+  local ks, js = {}, {}
+  if any_weighted(m) then
+    n = fit(m, list, permits, room)
+    ks, js = weights_of(m, list)
+  end
+  local spent = 0
+  for i = 1, n do
+    local holder = list[i]
     local state, lease_ms = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|(%d+)|')
     if state ~= 'w' then break end
     local since, info = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|(.*)$')
     local waited = now_ms - (tonumber(since) or now_ms)
     local expires = now_ms + tonumber(lease_ms)
     fence = fmt(seq_after(fence))
-    leave_line({holder}, 'served')
-    redis.call('ZADD', holders, expires, holder)
-    redis.call('HSET', hinfo, holder, fence .. '|' .. fmt(now_ms) .. '|' .. (info or ''))
+    leave_line({holder}, 'served', m)
+    occupy(holder, expires, ks[i] or 1)
+    spent = spent + (js[i] or 1)
+    redis.call('HSET', hinfo, holder, holder_record(fence, fmt(now_ms), ks[i] or 1, info or ''))
     observe('wait', waited)
     average, last_at = paced(last_at, average), now_ms
     redis.call('PUBLISH', channel,
@@ -485,7 +644,7 @@ local function grant_in_place(m, declared, channel)
       writes[#writes + 1] = 'grant_gap_ms'
       writes[#writes + 1] = fmt(average)
     end
-    spend_rate(m, granted, writes)
+    spend_rate(m, spent, writes)
     write_meta(m, writes)
     bump('m_granted', granted)
   end
@@ -547,14 +706,17 @@ local function dispatch(m, declared, cfg)
   end
   if count > 0 then
     local first = redis.call('ZRANGE', waiters, 0, count - 1)
+    local ks, js = weights_of(m, first)
+    local k, j = 0, 0  -- the permits and grants asked for up to this waiter (weights)
     for i, holder in ipairs(first) do
+      k, j = k + ks[i], j + js[i]
       local record = redis.call('HGET', parked, holder)
       local _, state, mark, payload = string.match(record or '', PARKED_RECORD)
       local progress = state == 'p' and tonumber(mark) < released
-      local near = state == 'p' and (i <= free or progress)
-      local slot_ms = rate and math.ceil(slot_in(m, room, next_us, i) / 1000) or 0
+      local near = state == 'p' and ((k <= permits and j <= room) or progress)
+      local slot_ms = rate and math.ceil(slot_in(m, room, next_us, j) / 1000) or 0
       if slot_ms > rate_window_ms or rate_paused then
-        if state == 'p' and (i <= permits or progress) and slot_ms <= deadline_ms then
+        if state == 'p' and (k <= permits or progress) and slot_ms <= deadline_ms then
           hand_over(m, holder, record, payload, deadline_ms, out, slot_ms)
         end
         break

@@ -26,7 +26,7 @@ for i = 4, EPOCH_ARG - 1 do
   local holder = ARGV[i]
   local state = state_in(redis.call('HGET', parked, holder))
   if state == 'p' or state == 'h' then
-    leave_line({holder}, 'forget')
+    leave_line({holder}, 'forget', m)
     dropped = dropped + 1
   end
 end

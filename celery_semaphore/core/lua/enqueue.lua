@@ -13,6 +13,8 @@
 -- ARGV[8] wake channel     for after_free() (handing over nothing), when reclaiming
 --                          made room
 -- ARGV[9] rate             '' or the caller's rate (see "Rates" in common.lua)
+-- ARGV[10] weight          "<permits>|<grants>" it will ask for, or '' (1|1; see
+--                          "Weights" in common.lua)
 --
 -- Returns {ticket, position, holders, effective limit, draining 0/1, µs until the
 -- rate allows it a grant ('' without a rate)}: the ticket already held by this
@@ -21,11 +23,12 @@
 local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local declared, family, horizon_ms, channel = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
 declared_rate = ARGV[9]
+local weight = ARGV[10] or ''
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed = reclaim(nil, waiting)
 local m = load_meta({'limit', 'override', 'draining', 'ticket', 'rate', 'rate_override', 'tat',
-  'rate_pause'}, reclaimed > 0)
+  'rate_pause', 'n_weighted'}, reclaimed > 0)
 if reclaimed > 0 then
   after_free(m, declared, channel, '')
   waiting = redis.call('ZCARD', waiters)
@@ -45,10 +48,14 @@ else
   redis.call('ZADD', sent, 'NX', now_ms, holder)
   redis.call('PEXPIRE', sent, horizon_ms)
 end
+weigh_waiter(m, holder, weight)
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
 local room, next_us = rate_room(m)
 local slot = ''
-if room ~= math.huge then slot = fmt(slot_in(m, room, next_us, ahead + 1)) end
+if room ~= math.huge then
+  local _, need_j = weight_ahead(m, ahead)
+  slot = fmt(slot_in(m, room, next_us, need_j + select(2, weight_in(weight))))
+end
 return {ticket, ahead + 1, redis.call('ZCARD', holders), effective_limit(m, declared),
   m.draining == '1' and 1 or 0, slot}

@@ -11,6 +11,8 @@
 -- ARGV[8] due ms           hand it over after this long even if its turn has not
 --                          come (its wait budget runs out then), or 0
 -- ARGV[9] wake channel     for after_free(), when reclaiming made room
+-- ARGV[10] weight          "<permits>|<grants>", or '' to keep the one recorded
+--                          (see "Weights" in common.lua)
 --
 -- Returns {ticket, position, {holder, handover token, payload, ...}}: the
 -- waiters now due, possibly this one (a permit freed since it was refused).
@@ -19,6 +21,7 @@
 local holder, presented, payload = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
 local due_ms, channel = tonumber(ARGV[8]), ARGV[9]
+local weight = ARGV[10] ~= '' and ARGV[10] or nil
 
 local reclaimed = reclaim(nil)
 local m = load_meta({'ticket'}, true)
@@ -26,7 +29,7 @@ redis.call('ZREM', sent, holder)  -- its message now waits here, not in the brok
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end
 if not ticket then ticket = next_seq(m, 'ticket') end
-stand_in_line(holder, ticket, park_ms, info)
+stand_in_line(m, holder, ticket, park_ms, info, weight)
 put_record(holder, '0|p|' .. (m.released or '0') .. '|' .. payload,
   redis.call('HGET', parked, holder))
 if due_ms > 0 then

@@ -9,9 +9,10 @@
 -- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
 -- ARGV[6] declared limit  the caller's: what follows the release (after_free()) stays
 --                        within it (see effective_limit())
--- ARGV[7] unused    '1': the permit is given back unused (its task did not start: another
---                   of its limits refused it), so its grant's rate interval is given back
---                   too (see "Rates" in common.lua); '': it was used
+-- ARGV[7] unused    n > 0: the permit is given back unused (its task did not start:
+--                   another of its limits refused it), so the n rate intervals its grant
+--                   spent are given back too (its weight's grants: see "Rates" and
+--                   "Weights" in common.lua); '': it was used
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
@@ -21,34 +22,36 @@
 -- by id after a data loss has token 0: any token releases it).
 
 local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local declared, unused = ARGV[6], ARGV[7] == '1'
+local declared, unused = ARGV[6], tonumber(ARGV[7]) or 0
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
-local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat'}, waiting > 0)
+local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat', 'n_weighted'}, waiting > 0)
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
 local current = token_of(record)
 if (token == '' or current == token or current == '0')
     and redis.call('ZREM', holders, holder) == 1 then
   redis.call('HDEL', hinfo, holder)
+  local permits = held_weight(record)
+  vacate(holder, permits)
   released = 1
-  held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)|')) or now_ms)
+  held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)')) or now_ms)
   local average = tonumber(m.hold_ms)
   set_meta(m, 'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms))
   observe('hold', held_ms)
-  count_released(m, 1)
-  local rate = unused and effective_rate(m)
+  count_released(m, permits)
+  local rate = unused > 0 and effective_rate(m)
   if rate and m.tat then
-    set_meta(m, 'tat', fmt(tonumber(m.tat) - rate.interval))
+    set_meta(m, 'tat', fmt(tonumber(m.tat) - unused * rate.interval))
   end
 end
 local left = 0
 if token == '' then
   redis.call('ZREM', sent, holder)  -- revoked before it asked
   if waiting > 0 then
-    left = leave_line({holder}, 'forget')
+    left = leave_line({holder}, 'forget', m)
     bump('m_abandoned', left)
   end
 end

@@ -5,7 +5,9 @@
 -- ARGV[2] idle ms
 -- ARGV[3] wake channel
 -- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
--- ARGV[5..] pairs: holder, fencing token ('' = any token of this holder)
+-- ARGV[5..] triples: holder, fencing token ('' = any token of this holder), the permits
+--           it holds ('': 1), written back with it after a data loss (see "Weights"
+--           in common.lua; a live holder's own record says)
 --
 -- Returns {new lease expiry ms, {lost holder, ...}, handovers, restored}. A holder whose
 -- lease already ran out is reclaimed first and so reported lost: a renew never
@@ -22,22 +24,23 @@ local lease_ms, idle_ms, channel, cfg = tonumber(ARGV[1]), tonumber(ARGV[2]), AR
 local reclaimed = reclaim(nil)
 local expires = now_ms + lease_ms
 local lost, lost_permits, restored = {}, 0, 0
-for i = 5, EPOCH_ARG - 1, 2 do
-  local holder, token = ARGV[i], ARGV[i + 1]
+for i = 5, EPOCH_ARG - 1, 3 do
+  local holder, token, k = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local live = redis.call('ZSCORE', holders, holder)
-  local current = live and token_of(redis.call('HGET', hinfo, holder))
+  local record = live and redis.call('HGET', hinfo, holder)
+  local current = token_of(record)
   if live and (token == '' or current == token or current == '0') then
-    redis.call('ZADD', holders, 'XX', expires, holder)
+    occupy(holder, expires, held_weight(record), true)
   elseif not live and resumes_ms > 0 then
-    redis.call('ZADD', holders, expires, holder)
-    redis.call('HSET', hinfo, holder, (token == '' and '0' or token) .. '|' .. fmt(now_ms) .. '|')
+    occupy(holder, expires, k or 1)
+    redis.call('HSET', hinfo, holder, holder_record(token == '' and '0' or token, fmt(now_ms), k or 1, ''))
     restored = restored + 1
   else
     lost[#lost + 1] = holder
     if token ~= '' then lost_permits = lost_permits + 1 end
   end
 end
-bump('m_renewed', (EPOCH_ARG - 5) / 2 - #lost - restored)
+bump('m_renewed', (EPOCH_ARG - 5) / 3 - #lost - restored)
 if restored > 0 then redis.call('HINCRBY', epoch_key, 'restored', restored) end
 bump('m_lost', lost_permits)
 local out = {}

@@ -8,7 +8,8 @@
 --
 -- Returns {now ms, recorded limit or '', override or '', effective limit, draining 0/1,
 -- live holders, live waiters,
--- {holder, lease expiry ms, hinfo record, ...} earliest lease expiry first,
+-- {holder, lease expiry ms, hinfo record, ...} earliest lease expiry first (live
+-- holders counts permits: a weighted holder's seats too),
 -- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
 -- line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
 -- '' asking itself;
@@ -34,9 +35,11 @@ local rate, room, next_us = effective_rate(m), rate_room(m)
 local listed_holders = {}
 local h = redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
 for i = 1, #h, 2 do
-  listed_holders[#listed_holders + 1] = h[i]
-  listed_holders[#listed_holders + 1] = h[i + 1]
-  listed_holders[#listed_holders + 1] = redis.call('HGET', hinfo, h[i]) or ''
+  if not string.find(h[i], SEAT, 1, true) then  -- a weighted holder's seat: not listed
+    listed_holders[#listed_holders + 1] = h[i]
+    listed_holders[#listed_holders + 1] = h[i + 1]
+    listed_holders[#listed_holders + 1] = redis.call('HGET', hinfo, h[i]) or ''
+  end
 end
 
 local listed_waiters = {}
