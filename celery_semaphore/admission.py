@@ -127,7 +127,10 @@ class Admission:
     def take_now(self) -> Refused | None:
         """Every gate's permit now, without a place in line (eager execution)."""
         for gate in self.gates:
-            result = self._sem(gate).attempt(self.request.id, queue=False, info=self.info)
+            result = self._sem(gate).attempt(
+                self.request.id, queue=False, info=self.info, weight=gate.weight,
+                rate_weight=gate.rate_weight,
+            )  # fmt: skip
             if isinstance(result, Place):
                 self.exit(unused=True)
                 return Refused(gate, result)
@@ -138,8 +141,9 @@ class Admission:
         """Keep the place at ``gate`` for ``seconds``; True if that found the turn
         come (the permit is then held, and `enter()` takes the other gates)."""
         result = self._sem(gate).attempt(
-            self.request.id, place.ticket, wait_lease=seconds, info=self.info
-        )
+            self.request.id, place.ticket, wait_lease=seconds, info=self.info,
+            weight=gate.weight, rate_weight=gate.rate_weight,
+        )  # fmt: skip
         if isinstance(result, Place):
             return False
         self._granted(gate, result)
@@ -151,16 +155,18 @@ class Admission:
         if self.state.handover is not None and self.state.handover[0] == gate.name:
             handover, self.state.handover = self.state.handover[1], None
         result = self._sem(gate).attempt(
-            self.request.id, ticket, wait_lease=PLACE_GRACE, info=self.info, handover=handover
-        )
+            self.request.id, ticket, wait_lease=PLACE_GRACE, info=self.info, handover=handover,
+            weight=gate.weight, rate_weight=gate.rate_weight,
+        )  # fmt: skip
         if isinstance(result, Place):
             self.state.tickets[gate.name] = result.ticket
         return result
 
     def _wait_for_turn(self, gate: Gate, place: Place, seconds: float) -> Permit | Place:
         return self._sem(gate).wait_for_turn(
-            seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE, info=self.info
-        )
+            seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE,
+            info=self.info, weight=gate.weight, rate_weight=gate.rate_weight,
+        )  # fmt: skip
 
     def _granted(self, gate: Gate, permit: Permit) -> None:
         self.permits[gate] = permit
@@ -280,7 +286,7 @@ def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry
         admission._send(signals.rate_limited, gate, retry_after=seconds)
         result = semaphore.attempt(
             request.id, tickets.get(gate.name), wait_lease=seconds + PLACE_GRACE,
-            info=admission.info,
+            info=admission.info, weight=gate.weight, rate_weight=gate.rate_weight,
         )  # fmt: skip
         if isinstance(result, Place):
             place = place or result

@@ -114,7 +114,32 @@ def _gate(task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str,
     else:
         name, family = spec, ""
     name = validation.check_name(name, f"task {task.name}: semaphore")
-    return Gate(name, limit, family, limits.rate, limits.shadow)
+    weight = _weight(task, limits.weight, limit, "limit", args=args, kwargs=kwargs)
+    burst = validation.MAX_LIMIT if limits.rate is None else limits.rate.burst
+    rate_weight = _weight(task, limits.rate_weight, burst, "burst", args=args, kwargs=kwargs)
+    return Gate(name, limit, family, limits.rate, limits.shadow, weight, rate_weight)
+
+
+def _weight(
+    task: Any, weight: Any, most: int, of: str, *, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> int:
+    """The permits (or starts) this request takes: a declared int, or what the weight
+    function answers for its arguments (checked here, naming the task)."""
+    if isinstance(weight, int):
+        return weight
+    try:
+        value = weight(*args, **kwargs)
+    except Exception as error:
+        raise ValueError(
+            f"task {task.name}: the weight function {weight!r} failed on this task's "
+            f"arguments: {error!r}"
+        ) from error
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(
+            f"task {task.name}: the weight function must return an int from 1 to the "
+            f"{of} {most}, got {value!r}"
+        )
+    return value
 
 
 def request_gates(

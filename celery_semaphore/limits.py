@@ -12,6 +12,11 @@ The general form lists them, each on a name of its own or a shared one::
         Rate(per_key("account", lambda account, **_: f"account-{account}"), 10, per=60),
     ])
 
+Every limit takes ``weight=``: the permits (or the rate's starts) one task takes, an
+int or a function of the task's arguments (``weight=lambda rows, **_: len(rows) // 100 + 1``);
+the short form's ``weight=`` applies to its limit and its rate. A task waits until its
+whole weight is free, in line order.
+
 Limits that name the same semaphore are one gate: its concurrency limit and its
 rate are granted by one script call, in one line (see "Rates" in
 ``core/lua/common.lua``). Different names are different gates, taken one after
@@ -35,30 +40,37 @@ from .core import validation
 from .core.rates import RateLimit, parse_rate
 
 Name = str | Callable[..., str]
+Weight = int | Callable[..., int]
 
 
 @dataclass(frozen=True)
 class Concurrency:
     """At most ``limit`` tasks at once hold semaphore ``name`` (a name, or a key
     function of the task's arguments: `per_key()`). ``shadow=True``: never refuse,
-    only count the tasks it would have made wait (to try a limit before enforcing it)."""
+    only count the tasks it would have made wait (to try a limit before enforcing it).
+    ``weight``: the permits one task takes (an int up to ``limit``, or a function of
+    the task's arguments returning one; Prefect calls it ``occupy``)."""
 
     name: Name
     limit: int
     shadow: bool = False
+    weight: Weight = 1
 
 
 @dataclass(frozen=True)
 class Rate:
     """At most ``count`` starts per ``per`` seconds on semaphore ``name``, cluster-wide,
     ``burst`` at once after an idle spell (1: evenly spaced starts). ``shadow=True``:
-    never delay a start, only count those it would have delayed, and by how much."""
+    never delay a start, only count those it would have delayed, and by how much.
+    ``weight``: the starts one task counts as (an int up to ``burst``, or a function of
+    the task's arguments returning one: a batch call that counts as 5 requests)."""
 
     name: Name
     count: int
     per: float = 1.0
     burst: int = 1
     shadow: bool = False
+    weight: Weight = 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,9 @@ class Declared:
     limit: int | None
     rate: RateLimit | None
     shadow: frozenset[str] = frozenset()
+    #: The permits of ``limit`` and the starts of ``rate`` one task takes.
+    weight: Weight = 1
+    rate_weight: Weight = 1
 
 
 class RateLimited(Exception):
@@ -100,11 +115,12 @@ def declared(task: Any) -> list[Declared]:
     owner = f"task {task.name}"
     spec = _static(task, "semaphore")
     limit, rate, listed = (_static(task, attribute) for attribute in ("limit", "rate", "limits"))
+    weight = _static(task, "weight")
     if listed is not None:
-        if spec is not None or limit is not None or rate is not None:
+        if spec is not None or limit is not None or rate is not None or weight is not None:
             raise TypeError(
-                f"{owner}: give either semaphore= with limit= and/or rate=, or limits=[...], "
-                "not both"
+                f"{owner}: give either semaphore= with limit=, rate= and weight=, or "
+                "limits=[...] (each with its own weight=), not both"
             )
         return _grouped(owner, listed)
     if spec is None:
@@ -120,7 +136,10 @@ def declared(task: Any) -> list[Declared]:
     if limit is not None:
         validation.check_limit(limit, f"{owner}: limit")
     checked = None if rate is None else parse_rate(rate, f"{owner}: rate")
-    return [Declared(spec, limit, checked)]
+    weight = 1 if weight is None else weight
+    _check_weight(owner, "weight", weight, limit, "limit")
+    _check_weight(owner, "weight", weight, None if checked is None else checked.burst, "burst")
+    return [Declared(spec, limit, checked, weight=weight, rate_weight=weight)]
 
 
 def _grouped(owner: str, listed: Any) -> list[Declared]:
@@ -131,6 +150,7 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
         )
     limits: dict[Any, int] = {}
     rates: dict[Any, RateLimit] = {}
+    weights: dict[tuple[Any, str], Weight] = {}
     shadow: dict[Any, set[str]] = {}
     order: list[Any] = []
     for item in listed:
@@ -154,10 +174,20 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
             shadow.setdefault(item.name, set()).add("limit" if kind == "Concurrency" else "rate")
         if isinstance(item, Concurrency):
             limits[item.name] = validation.check_limit(item.limit, f"{owner}: {item!r}: limit")
+            _check_weight(owner, f"{item!r}: weight", item.weight, item.limit, "limit")
         else:
             rates[item.name] = _checked_rate(owner, item)
+            _check_weight(owner, f"{item!r}: weight", item.weight, item.burst, "burst")
+        weights[(item.name, kind)] = item.weight
     found = [
-        Declared(name, limits.get(name), rates.get(name), frozenset(shadow.get(name, ())))
+        Declared(
+            name,
+            limits.get(name),
+            rates.get(name),
+            frozenset(shadow.get(name, ())),
+            weight=weights.get((name, "Concurrency"), 1),
+            rate_weight=weights.get((name, "Rate"), 1),
+        )
         for name in order
     ]
     return sorted(found, key=lambda d: d.rate is not None)
@@ -168,6 +198,19 @@ def _checked_rate(owner: str, item: Rate) -> RateLimit:
         return RateLimit(item.count, item.per, item.burst)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{owner}: {item!r}: {error}") from None
+
+
+def _check_weight(owner: str, what: str, weight: Any, most: int | None, of: str) -> None:
+    """A weight is an int from 1 to the limit (or the burst), or a function; a
+    function's answers are checked per task (`celery_semaphore.gates`)."""
+    if callable(weight) and not isinstance(weight, type):
+        return
+    validation.check_limit(weight, f"{owner}: {what} (an int or a function of the arguments)")
+    if most is not None and weight > most:
+        raise ValueError(
+            f"{owner}: {what} {weight} is more than the {of} {most}: no task could ever "
+            f"start; lower the weight or raise the {of}"
+        )
 
 
 def _check_name(owner: str, name: Any) -> None:

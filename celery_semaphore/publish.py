@@ -100,7 +100,11 @@ def places_of(
     try:
         places = {
             gate: semaphore_of(app, gate, config, quick=True).take_place(
-                headers["id"], wait_lease=PLACE_AT_PUBLISH, info=task.name
+                headers["id"],
+                wait_lease=PLACE_AT_PUBLISH,
+                info=task.name,
+                weight=gate.weight,
+                rate_weight=gate.rate_weight,
             )
             for gate in request_gates(task, body[0], body[1], queue)
         }

@@ -35,7 +35,9 @@ class LimitedTask(Task):  # type: ignore[misc]
     - ``rate``: how fast tasks may start on that semaphore, cluster-wide, in
       Celery's rate syntax (``"20/s"``, ``"100/m"``, ``"1000/h"``); with ``limit``,
       both are granted in one step (give ``limit``, ``rate`` or both);
-    - ``limits``: instead of the three above, a list of
+    - ``weight``: the permits one task takes (and the rate's starts it counts as),
+      an int or a function of the task's arguments (default 1);
+    - ``limits``: instead of the four above, a list of
       [Concurrency][celery_semaphore.Concurrency] and
       [Rate][celery_semaphore.Rate] limits, each on a semaphore of its own or a
       shared one (`celery_semaphore.limits`);
@@ -52,6 +54,7 @@ class LimitedTask(Task):  # type: ignore[misc]
     semaphore: ClassVar[str | Callable[..., str] | None] = None
     limit: ClassVar[int | None] = None
     rate: ClassVar[str | None] = None
+    weight: ClassVar[int | Callable[..., int] | None] = None
     limits: ClassVar[list[Concurrency | Rate] | None] = None
     semaphore_options: ClassVar[dict[str, Any]] = {}
     #: The limits above, checked once (`celery_semaphore.limits.declared`).
@@ -78,7 +81,7 @@ class LimitedTask(Task):  # type: ignore[misc]
                 if option not in TASK_OPTIONS:
                     raise ValueError(
                         f"{name}: unknown option {attribute}; accepted: semaphore, limit, "
-                        "rate, limits, " + ", ".join(PREFIX + o for o in TASK_OPTIONS)
+                        "rate, weight, limits, " + ", ".join(PREFIX + o for o in TASK_OPTIONS)
                     )
                 options[option] = getattr(cls, attribute)
         for option in TASK_OPTIONS:

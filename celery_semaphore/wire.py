@@ -100,11 +100,18 @@ class Gate:
     rate: RateLimit | None = None
     #: Its limits that only count, never refuse: some of "limit", "rate".
     shadow: frozenset[str] = frozenset()
+    #: The permits this request takes, and its rate's starts (`celery_semaphore.limits`).
+    weight: int = 1
+    rate_weight: int = 1
 
     def encode(self) -> list[Any]:
-        """[name, limit], then family, rate and shadow where any is set."""
+        """[name, limit], then family, rate, shadow and "<weight>|<rate weight>" where
+        any is set."""
         rate = "" if self.rate is None else self.rate.encode()
-        tail = [self.family, rate, ",".join(sorted(self.shadow))]
+        weights = (
+            "" if self.weight == self.rate_weight == 1 else f"{self.weight}|{self.rate_weight}"
+        )
+        tail = [self.family, rate, ",".join(sorted(self.shadow)), weights]
         while tail and not tail[-1]:
             tail.pop()
         return [self.name, self.limit, *tail]
@@ -112,14 +119,18 @@ class Gate:
     @classmethod
     def decode(cls, raw: Any) -> Gate:
         name, limit, *rest = raw
-        if len(rest) > 3 or not all(isinstance(item, str) for item in rest):
+        if len(rest) > 4 or not all(isinstance(item, str) for item in rest):
             raise ValueError(
-                f"a gate is [name, limit] followed by up to three texts (family, rate, "
-                f"shadow limits), got {raw!r}"
+                f"a gate is [name, limit] followed by up to four texts (family, rate, "
+                f"shadow limits, weights), got {raw!r}"
             )
-        family, rate, shadow = [*rest, "", "", ""][:3]
+        family, rate, shadow, weights = [*rest, "", "", "", ""][:4]
         kinds = frozenset(shadow.split(",")) if shadow else frozenset()
-        return cls(str(name), int(limit), family, RateLimit.decode(rate), kinds)
+        weight, _, rate_weight = weights.partition("|")
+        return cls(
+            str(name), int(limit), family, RateLimit.decode(rate), kinds,
+            int(weight or 1), int(rate_weight or 1),
+        )  # fmt: skip
 
 
 def encode_gates(gates: Sequence[Gate]) -> list[list[Any]]:

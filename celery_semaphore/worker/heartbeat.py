@@ -250,7 +250,7 @@ class Heartbeat:
             semaphore = semaphore_of(self.app, gate, config)
             before = semaphore.restored
             try:
-                lost = semaphore.renew_many([r.id for r in requests])
+                lost = semaphore.renew_many([r.id for r in requests], weight=gate.weight)
             except SemaphoreError as error:
                 logger.warning("could not renew leases of %s: %s", gate.name, error)
                 continue

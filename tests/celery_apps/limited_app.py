@@ -287,6 +287,24 @@ def both(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
+WEIGHED = [Concurrency("weighed", 4, weight=lambda weight, *_, **__: weight)]
+
+
+@app.task(bind=True, base=LimitedTask, limits=WEIGHED)
+def weighed(self: Any, weight: int, seconds: float, tag: Any = None) -> Any:
+    """Takes ``weight`` of the 4 permits of "weighed" (the tag carries the weight)."""
+    return _held(self, seconds, tag)
+
+
+BATCHES = [Rate("batches", 10, burst=3, weight=lambda rows, *_, **__: rows)]
+
+
+@app.task(bind=True, base=LimitedTask, limits=BATCHES)
+def batch(self: Any, rows: int, seconds: float, tag: Any = None) -> Any:
+    """A call that counts as ``rows`` of the 10 starts a second (burst 3)."""
+    return _held(self, seconds, tag)
+
+
 ACCOUNT = per_key("account", lambda account, *_, **__: f"account-{account}")
 
 

@@ -190,3 +190,57 @@ def test_the_limit_and_the_rate_together_with_the_semaphores_on_redis_cluster(
     finally:
         sem.close()
     assert str(status.rate) == "10/s" and status.holder_count == 0
+
+
+def weighted_peak(events: list[dict[str, Any]]) -> int:
+    """Most permits in use at once: each body counts its weight (the tag's first part)."""
+    changes = sorted(
+        (e["at"], int(e["tag"].split("-")[0]) * (1 if e["event"] == "start" else -1))
+        for e in events
+        if e["event"] in ("start", "end")
+    )
+    level = peak = 0
+    for _, change in changes:
+        level += change
+        peak = max(peak, level)
+    return peak
+
+
+@pytest.mark.parametrize("wait_mode", ["handover", "countdown"])
+def test_weights_in_workers_never_over_the_limit_and_in_order(
+    clusters: Clusters, wait_mode: str
+) -> None:
+    cluster = clusters(extra_conf={"semaphore_wait_mode": wait_mode})
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=3)
+    weighed = cluster.app_module.weighed
+    weights = [3, 1, 2, 4, 1, 1, 2, 3, 1, 2, 4, 1]
+    results = [weighed.delay(w, 0.2, f"{w}-{i}") for i, w in enumerate(weights)]
+    assert [r.get(timeout=60) for r in results] == [f"{w}-{i}" for i, w in enumerate(weights)]
+    events = cluster.events()
+    assert weighted_peak(events) <= 4, "never more than 4 permits in use"
+    assert max_overlap(events) >= 2, "light ones run together"
+    begun = [int(e["tag"].split("-")[1]) for e in starts(events)]
+    assert kendall_tau(begun) >= 0.8, f"in line order, a heavy head holding back: {begun}"
+    assert cluster.holders("weighed") == 0, "every seat given back"
+
+
+def test_a_rate_weight_counts_a_batch_as_that_many_starts(clusters: Clusters) -> None:
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER)
+    batch = cluster.app_module.batch
+    rows = [3, 1, 2, 3, 1, 3, 2, 1, 3, 1]  # 20 starts' worth at 10/s, burst 3
+    results = [batch.delay(n, 0.01, f"{n}-{i}") for i, n in enumerate(rows)]
+    for result in results:
+        result.get(timeout=60)
+    begun = starts(cluster.events())
+    assert len(begun) == len(rows)
+    times = [e["at"] for e in begun]
+    spent = [int(e["tag"].split("-")[0]) for e in begun]
+    most = max(
+        sum(n for t, n in zip(times, spent, strict=True) if start <= t < start + 1.0)
+        for start in times
+    )
+    assert most <= 10 + 3 + 1, f"{most} rows started in a second: 10/s, burst 3 (+1: jitter)"
+    assert times[-1] - times[0] >= (sum(rows) - 3) / 10 - 0.2, "the rows, not the calls, pace it"

@@ -26,6 +26,7 @@ from celery_semaphore import (
 )
 from celery_semaphore.gates import request_gates
 from celery_semaphore.state import installed_apps
+from celery_semaphore.wire import Gate
 
 Make = Callable[..., Celery]
 
@@ -157,6 +158,36 @@ def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **op
             {"semaphore": None, "limits": [Concurrency("", 2)]},
             ValueError,
             r"task opts\.t: semaphore must be 1 to 200",
+        ),
+        (
+            {"limit": 2, "weight": 3},
+            ValueError,
+            r"task opts\.t: weight 3 is more than the limit 2: no task could ever start",
+        ),
+        (
+            {"rate": "5/s", "weight": 2},
+            ValueError,
+            r"task opts\.t: weight 2 is more than the burst 1: .* raise the burst",
+        ),
+        (
+            {"limit": 2, "weight": "2"},
+            TypeError,
+            r"task opts\.t: weight \(an int or a function of the arguments\) must be an int",
+        ),
+        (
+            {"semaphore": None, "limits": [Concurrency("s", 2, weight=0)]},
+            ValueError,
+            r"task opts\.t: Concurrency\(.*\): weight .* must be an int from 1",
+        ),
+        (
+            {"semaphore": None, "limits": [Rate("s", 10, burst=2, weight=3)]},
+            ValueError,
+            r"task opts\.t: Rate\(.*\): weight 3 is more than the burst 2",
+        ),
+        (
+            {"semaphore": None, "weight": 2, "limits": [Rate("s", 10)]},
+            TypeError,
+            r"task opts\.t: give either semaphore= with limit=, rate= and weight=, or limits=",
         ),
     ],
 )
@@ -546,3 +577,46 @@ def test_a_bad_queue_rate_names_the_setting(make_app: Make) -> None:
         ValueError, match=r"semaphore_queue_rates\['emails'\] must allow at least 1"
     ):
         limited(app, "q", semaphore="s", limit=1).delay()
+
+
+def test_weights_become_the_gates_weights_per_request(make_app: Make) -> None:
+    app = make_app()
+    task = limited(
+        app, "weighed", limits=[
+            Concurrency("api", 5, weight=lambda rows, **_: min(5, len(rows))),
+            Rate("api", 100, per=60, burst=10, weight=lambda rows, **_: len(rows)),
+            Rate("other", 10),
+        ],
+    )  # fmt: skip
+    api, other = request_gates(task, (), {"rows": [1, 2, 3]}, None)
+    assert (api.weight, api.rate_weight, other.weight, other.rate_weight) == (3, 3, 1, 1)
+    assert Gate.decode(api.encode()) == api, "the weights travel in the request's headers"
+    assert api.encode()[-1] == "3|3"
+    assert other.encode() == ["other", 1_000_000, "", "100000|1"], "no weights: as before"
+    short = limited(app, "short", semaphore="s", limit=4, weight=2)
+    (gate,) = request_gates(short, (), {}, None)
+    assert (gate.weight, gate.rate_weight) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (lambda rows: 9, r"task opts\.w: the weight function must return an int from 1 to the "
+                         r"limit 4, got 9"),
+        (lambda rows: 1 / 0, r"task opts\.w: the weight function .* failed on this task's "
+                             r"arguments: ZeroDivisionError"),
+        (lambda rows: "2", r"task opts\.w: the weight function must return an int .* got '2'"),
+    ],
+)  # fmt: skip
+def test_a_bad_weight_fails_the_task_naming_it(
+    make_app: Make, weight: Callable[..., Any], message: str
+) -> None:
+    ran = []
+    app = make_app()
+    task = limited(app, "w", lambda self, rows: ran.append(rows), semaphore="s", limit=4,
+                   weight=weight)  # fmt: skip
+    result = task.apply(args=([1],))
+    assert result.failed()
+    with pytest.raises(ValueError, match=message):
+        raise result.result
+    assert ran == []
