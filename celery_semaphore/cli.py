@@ -539,6 +539,7 @@ STATUS_COLUMNS: list[Column] = [
 ]
 HOLDERS_COLUMNS: list[Column] = [
     ("HOLDER", "<", lambda row: str(row["holder"])),
+    ("PERMITS", ">", lambda row: str(row["permits"])),
     ("TASK", "<", lambda row: str(row.get("task", "-"))),
     ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
     ("HELD", ">", lambda row: _seconds_cell(row["held_for"])),
@@ -699,7 +700,8 @@ def _with_semaphore(columns: list[Column], found: Sequence[Semaphore], name: str
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def holders(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Who holds a permit of NAME: task id, task name, worker, held since."""
+    """Who holds a permit of NAME: task id, permits held (its weight), task name,
+    worker, held since."""
     with _operator(ctx) as operator:
         found = operator.semaphores(name)
         states = [s.status() for s in found]
@@ -707,6 +709,7 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
             {
                 "semaphore": state.name,
                 "holder": h.holder,
+                "permits": h.permits,
                 **_describe(h.info),
                 "held_for": round(state.server_time - h.acquired_at, 3),
                 "lease_left": round(h.expires_at - state.server_time, 3),

@@ -119,6 +119,7 @@ def test_holders_and_waiters_show_task_worker_and_order(redis_url, busy):
     out = run(redis_url, "holders", "partner-api", "--json")
     rows = json.loads(out.stdout)
     assert [r["holder"] for r in rows] == ["task-a", "task-b"]
+    assert [r["permits"] for r in rows] == [1, 1]
     assert {r["task"] for r in rows} == {"proj.call_partner"}
     assert {r["worker"] for r in rows} == {"w1@host"}
     out = run(redis_url, "waiters", "partner-api")
@@ -646,3 +647,18 @@ def test_the_rates_the_app_declares_show_and_can_be_overridden_before_first_use(
     sem = Semaphore(redis_url, "mail-api", 5)
     assert sem.client.keys("*") == [b"celery_semaphore:epoch"]  # nothing left behind
     sem.close()
+
+
+def test_holders_show_a_weighted_holders_permits(redis_url):
+    sem = Semaphore(redis_url, "batches", 4)
+    try:
+        assert isinstance(sem.attempt("batch-1", weight=3), Permit)
+        out = run(redis_url, "holders", "batches")
+        assert out.returncode == 0, out.stderr
+        header, row = out.stdout.splitlines()[:2]
+        assert header.split()[:2] == ["HOLDER", "PERMITS"]
+        assert row.split()[:2] == ["batch-1", "3"]
+        (status,) = json.loads(run(redis_url, "status", "batches", "--json").stdout)
+        assert (status["holders"], status["utilization"]) == (3, 0.75), "permits in use"
+    finally:
+        sem.close()
