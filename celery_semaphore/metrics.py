@@ -26,7 +26,7 @@ OUTCOMES = {"m_granted": "granted", "m_refused": "refused", "m_abandoned": "aban
 
 #: The gauges of each series: the metric's name (after the prefix; its key in a row), its help.
 GAUGES = (
-    ("holders", "Live permit holders."),
+    ("holders", "Permits in use by live holders (a task of weight k uses k)."),
     ("limit", "Effective limit (of a family: the sum of its members')."),
     ("waiters", "Live places in line."),
     ("draining", "1 while draining."),
