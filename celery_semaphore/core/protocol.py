@@ -129,6 +129,7 @@ class SemaphoreStatus:
     override: int | None
     effective_limit: int
     draining: bool
+    #: Permits in use: a holder of weight k counts k (``holders`` lists it once).
     holder_count: int
     waiter_count: int
     holders: list[HolderInfo]
