@@ -2,10 +2,11 @@
 imported, and registered once per client.
 
 Each script of a semaphore is ``common.lua`` followed by the script's own file,
-so the helpers (clock, reclaim, wake-up) are written once; the scripts of
-``lua/parked_index/`` touch the namespace's parked index alone and stand by
-themselves. redis-py's ``Script`` objects send EVALSHA and fall back to loading
-the script on NOSCRIPT (after a Redis restart).
+so the helpers (clock, reclaim, wake-up) are written once (``acquire`` has
+``admit.lua`` in between: how one semaphore weighs a contender); the scripts
+of ``lua/parked_index/`` touch the namespace's parked index alone and stand by
+themselves. redis-py's ``Script`` objects send EVALSHA and
+fall back to loading the script on NOSCRIPT (after a Redis restart).
 
 Read at import, not on first use: a worker forks its pool while its heartbeat
 thread runs, and a child forked while that thread held an import lock (which
@@ -21,6 +22,8 @@ from typing import Any
 NAMES = (
     "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure", "epoch",
 )  # fmt: skip
+#: The files each script is made of, when more than common.lua and its own.
+PARTS = {"acquire": ("common", "admit", "acquire")}
 PARKED_INDEX_NAMES = ("register", "read", "forget")
 
 
@@ -29,10 +32,15 @@ def _read(folder: Any, name: str) -> str:
 
 
 _LUA = files("celery_semaphore.core").joinpath("lua")
-_COMMON = _read(_LUA, "common")
+
+
+def _assemble(name: str) -> str:
+    return "\n".join(_read(_LUA, part) for part in PARTS.get(name, ("common", name)))
+
+
 #: Each script's name (``parked_index/<name>`` for those of the parked index): its source.
 SOURCES = {
-    **{name: _COMMON + "\n" + _read(_LUA, name) for name in NAMES},
+    **{name: _assemble(name) for name in NAMES},
     **{f"parked_index/{n}": _read(_LUA.joinpath("parked_index"), n) for n in PARKED_INDEX_NAMES},
 }
 
