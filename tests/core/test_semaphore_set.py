@@ -163,7 +163,7 @@ def test_a_waiter_holds_nothing_and_is_never_waiting_in_place(
     hold_a.release()
     thread.join(10)
     single.join(10)
-    assert time.monotonic() - started < 1.0, "woken by a's release"
+    assert time.monotonic() - started < 1.5, "woken by a's release (else it rechecks in 2 s)"
     assert [p.holder for p in granted(got["joint"])] == ["joint", "joint"]
     assert holders(a) == {"joint"} and holders(b) == {"joint", "single"}
     assert waiters(a) == waiters(b) == {}
@@ -260,14 +260,14 @@ def test_weights_per_semaphore(make_semaphore: MakeSemaphore, make_set: MakeSet)
 def test_a_rate_and_a_limit_on_two_names_are_one_step(
     make_semaphore: MakeSemaphore, make_set: MakeSet
 ) -> None:
-    paced = make_semaphore(None, rate=RateLimit(5, 1.0, burst=1))
+    paced = make_semaphore(None, rate=RateLimit(2, 1.0, burst=1))
     capped = make_semaphore(1)
     both = make_set(paced, capped)
     granted(both.attempt("first")).release()
     places = refused_all(both.attempt("second"))
     assert places.refused_by == (0,), "the rate refuses; the free permit of capped would admit"
     due = places.places[0].rate_due
-    assert due is not None and 0.1 < due <= 0.2
+    assert due is not None and 0 < due <= 0.5
     assert holders(capped) == set()
     started = time.monotonic()
     permits = both.acquire(5, "second")
@@ -279,14 +279,14 @@ def test_a_rate_and_a_limit_on_two_names_are_one_step(
 def test_the_permit_set_is_renewed_and_released_together(
     make_semaphore: MakeSemaphore, make_set: MakeSet
 ) -> None:
-    a = make_semaphore(1, lease_timeout=0.3)
-    b = make_semaphore(1, lease_timeout=0.3)
+    a = make_semaphore(1, lease_timeout=0.6)
+    b = make_semaphore(1, lease_timeout=0.6)
     both = make_set(a, b)
     permits = granted(both.attempt("job"))
     assert permits[a.name].fencing_token > 0 and permits[b.name].semaphore.name == b.name
     for _ in range(3):
-        time.sleep(0.15)
-        assert permits.renew(0.3) is True
+        time.sleep(0.3)
+        assert permits.renew(0.6) is True
     assert holders(a) == holders(b) == {"job"}
     assert permits.release() is True
     assert permits.release() is False
@@ -375,3 +375,22 @@ def test_every_joint_call_reads_each_semaphores_meta_at_most_once(
         counts = monitor.meta_reads_per_call(sem.keys.meta)
         assert sum(counts.values()) >= 5
         assert set(counts) <= {0, 1}, (sem.name, counts)
+
+
+def test_a_permit_it_holds_already_counts_as_admitted_and_is_left_as_it_is(
+    make_semaphore: MakeSemaphore, make_set: MakeSet
+) -> None:
+    """A redelivered job that still holds one semaphore (its old execution's permit)
+    while another refuses: the held permit stays, and nothing more is taken."""
+    a, b = make_semaphore(1), make_semaphore(1)
+    both = make_set(a, b)
+    old = granted(a.attempt("job"))
+    hold_b = granted(b.attempt("hb"))
+    places = refused_all(both.attempt("job", hold_back=5.0))
+    assert places.refused_by == (1,)
+    assert holders(a) == {"job"} and waiters(a) == {}, "held, not in a's line"
+    hold_b.release()
+    permits = granted(both.attempt("job"))
+    assert permits[a.name].fencing_token > old.fencing_token, "the same permit, a new token"
+    assert permits.release() is True
+    assert old.release() is False

@@ -22,7 +22,7 @@
 --     semaphore's waiter lease; m_refused counts there), and in those that would have
 --     admitted it only for ``hold back`` ms: else it leaves them, so it holds back no
 --     later contender where it could have been served. A permit it held already on one
---     of them (a redelivered job) is left as it is.
+--     of them (a redelivered job) is left as it is, and it does not stand in that line.
 -- One ticket in every line: the smallest of the one presented and those of its places
 -- in these lines; with none, one new ticket, after every semaphore's meta.ticket, and
 -- written to each. So two contenders stand in the same order in every line they share.
@@ -84,7 +84,7 @@ for i = 1, n do
     row = grant_gate(s, g)
   elseif not s.admits then
     row = refuse_gate(s, g, ticket, g.waiter_ms, false, true)
-  elseif hold_back_ms > 0 and g.waiter_ms > 0 then
+  elseif hold_back_ms > 0 and g.waiter_ms > 0 and not s.held then
     row = refuse_gate(s, g, ticket, hold_back_ms, false, false)
   else
     leave_gate(s, g)
