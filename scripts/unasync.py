@@ -1,12 +1,13 @@
 """Write the synchronous semaphore from the asyncio one, or check that it is up to date.
 
-``celery_semaphore/core/_async/semaphore.py`` is the one source of both APIs. This
-script turns it into ``celery_semaphore/core/_sync/semaphore.py`` by renaming tokens
-(``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncSemaphore`` -> ``Semaphore``,
-...) and formatting the result with ruff, so the two cannot drift apart:
+``celery_semaphore/core/_async/`` (``semaphore.py``, ``semaphore_set.py``) is the one
+source of both APIs. This script turns each file into its twin in
+``celery_semaphore/core/_sync/`` by renaming tokens (``async def`` -> ``def``,
+``await x`` -> ``x``, ``AsyncSemaphore`` -> ``Semaphore``, ...) and formatting the
+result with ruff, so the two cannot drift apart:
 
-    python scripts/unasync.py           # rewrite the sync file
-    python scripts/unasync.py --check   # exit 1 if the sync file differs (the test command)
+    python scripts/unasync.py           # rewrite the sync files
+    python scripts/unasync.py --check   # exit 1 if a sync file differs (the test command)
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ CORE = Path(__file__).resolve().parent.parent / "celery_semaphore" / "core"
 SOURCE = CORE / "_async" / "semaphore.py"
 TARGET = CORE / "_sync" / "semaphore.py"
 FORMAT_AS = TARGET  # ruff picks the project's settings by this path
+SET_SOURCE = CORE / "_async" / "semaphore_set.py"
+SET_TARGET = CORE / "_sync" / "semaphore_set.py"
 HEADER = (
-    "# Generated from celery_semaphore/core/_async/semaphore.py by scripts/unasync.py:\n"
+    "# Generated from celery_semaphore/core/_async/{name} by scripts/unasync.py:\n"
     "# do not edit; edit the asyncio source and run the script.\n"
 )
 
@@ -36,6 +39,9 @@ RENAMES = [
     (r"await ", ""),
     (r"\bAsyncSemaphore\b", "Semaphore"),
     (r"\bAsyncPermit\b", "Permit"),
+    (r"\bAsyncSemaphoreSet\b", "SemaphoreSet"),
+    (r"\bAsyncPermitSet\b", "PermitSet"),
+    (r"\bcore\._async\.semaphore\b", "core._sync.semaphore"),
     (r"\bAsyncClient\b", "SyncClient"),
     (r"\bconnect_async\b", "connect"),
     (r"\bcall_on_handover_async\b", "call_on_handover"),
@@ -50,16 +56,16 @@ RENAMES = [
 ]
 
 
-def unasync(text: str) -> str:
+def unasync(text: str, name: str = "semaphore.py") -> str:
     for pattern, replacement in RENAMES:
         text = re.sub(pattern, replacement, text)
-    return HEADER + text
+    return HEADER.format(name=name) + text
 
 
-def ruff_format(text: str) -> str:
+def ruff_format(text: str, target: Path = FORMAT_AS) -> str:
     ruff = Path(sys.executable).with_name("ruff")
     done = subprocess.run(
-        [str(ruff) if ruff.exists() else "ruff", "format", "--stdin-filename", str(FORMAT_AS), "-"],
+        [str(ruff) if ruff.exists() else "ruff", "format", "--stdin-filename", str(target), "-"],
         input=text,
         capture_output=True,
         text=True,
@@ -72,25 +78,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     args = parser.parse_args(argv)
-    wanted = ruff_format(unasync(SOURCE.read_text(encoding="utf-8")))
-    current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
-    if not args.check:
+    failed = generate(SOURCE, TARGET, FORMAT_AS, check=args.check)
+    return failed | generate(SET_SOURCE, SET_TARGET, SET_TARGET, check=args.check)
+
+
+def generate(source: Path, target: Path, format_as: Path, *, check: bool) -> int:
+    wanted = ruff_format(unasync(source.read_text(encoding="utf-8"), source.name), format_as)
+    current = target.read_text(encoding="utf-8") if target.exists() else ""
+    if not check:
         if current != wanted:
-            TARGET.write_text(wanted, encoding="utf-8")
-            print(f"unasync: wrote {os.path.relpath(TARGET)}")
+            target.write_text(wanted, encoding="utf-8")
+            print(f"unasync: wrote {os.path.relpath(target)}")
         return 0
     if current == wanted:
         return 0
     diff = difflib.unified_diff(
         wanted.splitlines(keepends=True),
         current.splitlines(keepends=True),
-        "generated from " + os.path.relpath(SOURCE),
-        os.path.relpath(TARGET),
+        "generated from " + os.path.relpath(source),
+        os.path.relpath(target),
     )
     sys.stderr.write("".join(diff))
     sys.stderr.write(
-        "unasync: the sync semaphore differs from what the asyncio source generates; "
-        "edit celery_semaphore/core/_async/semaphore.py and run python scripts/unasync.py\n"
+        f"unasync: {os.path.relpath(target)} differs from what the asyncio source generates; "
+        f"edit {os.path.relpath(source)} and run python scripts/unasync.py\n"
     )
     return 1
 

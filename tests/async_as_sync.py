@@ -15,7 +15,14 @@ from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from celery_semaphore import AsyncPermit, AsyncSemaphore, Place
+from celery_semaphore import (
+    AsyncPermit,
+    AsyncPermitSet,
+    AsyncSemaphore,
+    AsyncSemaphoreSet,
+    Place,
+    Places,
+)
 from celery_semaphore.core.connection import connect
 
 T = TypeVar("T")
@@ -146,3 +153,74 @@ class BlockingSemaphore:
     def close(self) -> None:
         self._loop.run(self.async_semaphore.aclose())
         self.client.close()
+
+
+class BlockingPermitSet:
+    def __init__(self, loop: EventLoopThread, semaphores: Any, permits: AsyncPermitSet) -> None:
+        self._loop, self.permit_set = loop, permits
+        self.permits = tuple(
+            BlockingPermit(loop, sem, permit)
+            for sem, permit in zip(semaphores, permits, strict=True)
+        )
+
+    holder = property(lambda self: self.permit_set.holder)
+
+    def __getitem__(self, name: str) -> BlockingPermit:
+        for permit in self.permits:
+            if permit.semaphore.name == name:
+                return permit
+        raise KeyError(name)
+
+    def __iter__(self) -> Any:
+        return iter(self.permits)
+
+    def __len__(self) -> int:
+        return len(self.permits)
+
+    def release(self) -> bool:
+        return self._loop.run(self.permit_set.release())
+
+    def give_back_unused(self) -> bool:
+        return self._loop.run(self.permit_set.give_back_unused())
+
+    def renew(self, lease_timeout: float | None = None) -> bool:
+        return self._loop.run(self.permit_set.renew(lease_timeout))
+
+    def __enter__(self) -> BlockingPermitSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class BlockingSemaphoreSet:
+    """An :class:`~celery_semaphore.AsyncSemaphoreSet` of ``BlockingSemaphore``s."""
+
+    def __init__(self, loop: EventLoopThread, semaphores: Iterable[BlockingSemaphore]) -> None:
+        self._loop = loop
+        self.semaphores = tuple(semaphores)
+
+        async def make() -> AsyncSemaphoreSet:
+            return AsyncSemaphoreSet([sem.async_semaphore for sem in self.semaphores])
+
+        self.async_set = loop.run(make())
+
+    def _wrap(self, result: Any) -> Any:
+        if isinstance(result, AsyncPermitSet):
+            return BlockingPermitSet(self._loop, self.semaphores, result)
+        return result
+
+    def attempt(self, *args: Any, **kwargs: Any) -> BlockingPermitSet | Places:
+        return self._wrap(self._loop.run(self.async_set.attempt(*args, **kwargs)))
+
+    def try_acquire(self, *args: Any, **kwargs: Any) -> BlockingPermitSet | None:
+        return self._wrap(self._loop.run(self.async_set.try_acquire(*args, **kwargs)))
+
+    def acquire(self, *args: Any, **kwargs: Any) -> BlockingPermitSet:
+        return self._wrap(self._loop.run(self.async_set.acquire(*args, **kwargs)))
+
+    def wait_for_turn(self, *args: Any, **kwargs: Any) -> BlockingPermitSet | Places:
+        return self._wrap(self._loop.run(self.async_set.wait_for_turn(*args, **kwargs)))
+
+    def release(self, holder: str) -> bool:
+        return self._loop.run(self.async_set.release(holder))

@@ -2,6 +2,8 @@
 
 - ``_async/semaphore.py``: `AsyncSemaphore`, the hand-written source;
   ``_sync/semaphore.py``: `Semaphore`, generated from it (``scripts/unasync.py``);
+- ``_async/semaphore_set.py``: `AsyncSemaphoreSet`, several semaphores taken in one
+  step (all or none); ``_sync/semaphore_set.py``: `SemaphoreSet`, generated likewise;
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
 - ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
 - ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
@@ -12,7 +14,9 @@ Nothing here imports Celery or click (a test in ``tests/unit`` keeps it so).
 """
 
 from ._async.semaphore import AsyncPermit, AsyncSemaphore
+from ._async.semaphore_set import AsyncPermitSet, AsyncSemaphoreSet
 from ._sync.semaphore import Permit, Semaphore
+from ._sync.semaphore_set import PermitSet, SemaphoreSet
 from .errors import (
     SemaphoreBackendError,
     SemaphoreConnectionError,
@@ -23,23 +27,36 @@ from .errors import (
     UnknownSemaphore,
     WaitingForPermit,
 )
-from .protocol import Handover, HolderInfo, Parked, Place, SemaphoreStatus, WaiterInfo
+from .protocol import (
+    Handover,
+    HolderInfo,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+    WaiterInfo,
+)
 from .rates import RateLimit
 
 __all__ = [
     "AsyncPermit",
+    "AsyncPermitSet",
     "AsyncSemaphore",
+    "AsyncSemaphoreSet",
     "Handover",
     "HolderInfo",
     "Parked",
     "Permit",
+    "PermitSet",
     "Place",
+    "Places",
     "RateLimit",
     "Semaphore",
     "SemaphoreBackendError",
     "SemaphoreConnectionError",
     "SemaphoreError",
     "SemaphoreKeyTypeError",
+    "SemaphoreSet",
     "SemaphoreStatus",
     "SemaphoreTimeout",
     "StaleHandover",

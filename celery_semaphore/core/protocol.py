@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
+from redis.crc import key_slot
+
 from . import validation
 from .errors import StaleHandover
 from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
@@ -66,6 +68,23 @@ class Place:
     resumes_in: float | None = None
     rate_due: float | None = None
     rate_paused_for: float | None = None
+
+
+@dataclass(frozen=True)
+class Places:
+    """A refused attempt on a set of semaphores (`AsyncSemaphoreSet`): nothing was
+    granted on any of them.
+
+    ``ticket``: the contender's one ticket, the same in every line it stands in (0:
+    not queued); present it again to keep its places. ``places``: its `Place` in each
+    semaphore, in the set's order (ticket 0 where it does not stand in line);
+    ``refused_by``: the indexes of the semaphores that refused it (the others would
+    have admitted it).
+    """
+
+    ticket: int
+    places: tuple[Place, ...]
+    refused_by: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -411,6 +430,35 @@ def new_holder_id() -> str:
     return uuid.uuid4().hex
 
 
+def _grant(granted: Granted) -> Grant:
+    return Grant(
+        granted.fencing_token,
+        granted.expires_ms / 1000,
+        granted.waited_ms / 1000,
+        frozenset(SHADOW_CODES[code] for code in granted.shadow),
+        granted.shadow_wait_ms / 1000,
+    )
+
+
+def _place(refused: Refused) -> Place:
+    earliest, now = refused.earliest_expiry_ms, refused.now_ms
+    return Place(
+        ticket=refused.ticket,
+        position=refused.position,
+        holders=refused.holders,
+        limit=refused.limit,
+        draining=refused.draining,
+        next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
+        hold_estimate=refused.hold_ms / 1000 if refused.hold_ms else None,
+        grant_interval=refused.grant_gap_ms / 1000 if refused.grant_gap_ms else None,
+        resumes_in=max(0.0, (refused.resumes_ms - now) / 1000) if refused.resumes_ms else None,
+        rate_due=_seconds(refused.slot_us),
+        rate_paused_for=max(0.0, (refused.rate_pause_ms - now) / 1000)
+        if refused.rate_pause_ms
+        else None,
+    )
+
+
 class SemaphoreSpec:
     """Validated settings of one semaphore and the wire format of its scripts."""
 
@@ -648,34 +696,10 @@ class SemaphoreSpec:
         code, *values = reply
         if code == 1:
             granted = read(Granted, values)
-            grant = Grant(
-                granted.fencing_token,
-                granted.expires_ms / 1000,
-                granted.waited_ms / 1000,
-                frozenset(SHADOW_CODES[code] for code in granted.shadow),
-                granted.shadow_wait_ms / 1000,
-            )
-            return grant, granted.handovers
+            return _grant(granted), granted.handovers
         if code == 0:
             refused = read(Refused, values)
-            earliest, now = refused.earliest_expiry_ms, refused.now_ms
-            return Place(
-                ticket=refused.ticket,
-                position=refused.position,
-                holders=refused.holders,
-                limit=refused.limit,
-                draining=refused.draining,
-                next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
-                hold_estimate=refused.hold_ms / 1000 if refused.hold_ms else None,
-                grant_interval=refused.grant_gap_ms / 1000 if refused.grant_gap_ms else None,
-                resumes_in=max(0.0, (refused.resumes_ms - now) / 1000)
-                if refused.resumes_ms
-                else None,
-                rate_due=_seconds(refused.slot_us),
-                rate_paused_for=max(0.0, (refused.rate_pause_ms - now) / 1000)
-                if refused.rate_pause_ms
-                else None,
-            ), refused.handovers
+            return _place(refused), refused.handovers
         if code == 2:
             raise StaleHandover(self.name, read(StaleCopy, values).token)
         raise ValueError(f"acquire.lua answered with unknown code {code!r}")
@@ -766,3 +790,107 @@ class SemaphoreSpec:
 
     def expected_types(self) -> Iterable[tuple[str, str]]:
         return zip(self.keys.call_keys, (*ROLE_TYPES, "hash"), strict=True)
+
+
+# Several semaphores at once (acquire_all.lua) -------------------------------------
+
+
+def joint_acquire_args(
+    specs: Sequence[SemaphoreSpec],
+    holder: str,
+    ticket: int | None,
+    *,
+    queue: bool,
+    wait_lease: float | None,
+    hold_back: float,
+    lease_timeout: float | None,
+    info: str,
+    weights: Sequence[tuple[int, int | None]],
+) -> list[Any]:
+    """acquire_all.lua's arguments; ``weights``: (permits, grants or None) per semaphore."""
+    validation.check_holder(holder)
+    validation.check_ticket(ticket)
+    validation.check_info(info)
+    hold_ms = int(1000 * validation.check_seconds(hold_back, "hold_back", allow_zero=True))
+    args: list[Any] = [holder, hold_ms, info, "" if ticket is None else ticket]
+    for spec, (weight, rate_weight) in zip(specs, weights, strict=True):
+        wait_seconds = spec.waiter_lease if wait_lease is None else wait_lease
+        wait_ms = int(1000 * validation.check_seconds(wait_seconds, "wait_lease")) if queue else 0
+        args += [
+            spec.limit,
+            spec.lease_ms(lease_timeout),
+            wait_ms,
+            spec.idle_ms,
+            spec.keys.channel,
+            spec.dispatch,
+            spec.family,
+            spec.rate_arg,
+            spec.shadow_arg,
+            spec.weight_arg(weight, rate_weight),
+        ]
+    return args
+
+
+def parse_joint_acquire(
+    specs: Sequence[SemaphoreSpec], reply: Sequence[Any]
+) -> tuple[list[Grant] | Places, list[list[Handover]]]:
+    """The joint attempt's outcome (a grant per semaphore, or `Places`) and the parked
+    waiters it made due in each semaphore."""
+    code, *values = reply
+    if code == 1:
+        if len(values) != len(specs):
+            raise ValueError(f"acquire_all.lua granted {len(values)} of {len(specs)}: {reply!r}")
+        granted = [read(Granted, row) for row in values]
+        return [_grant(row) for row in granted], [row.handovers for row in granted]
+    if code == 0:
+        ticket, refused_by, *rows = values
+        if len(rows) != len(specs):
+            raise ValueError(f"acquire_all.lua answered {len(rows)} of {len(specs)}: {reply!r}")
+        refused = [read(Refused, row) for row in rows]
+        places = Places(
+            int(ticket),
+            tuple(_place(row) for row in refused),
+            tuple(i for i, flag in enumerate(text(refused_by)) if flag == "1"),
+        )
+        return places, [row.handovers for row in refused]
+    raise ValueError(f"acquire_all.lua answered with unknown code {code!r}")
+
+
+def joint_problem(
+    members: Sequence[tuple[Any, str, SemaphoreSpec]], *, cluster: bool
+) -> str | None:
+    """Why semaphores (``members``: client, url, spec) cannot be taken in one script
+    call, or None. ``cluster``: their client is a Redis Cluster's."""
+    if not members:
+        return "semaphores must name at least one semaphore"
+    client, url, spec = members[0]
+    problem = None
+    for other_client, other_url, other in members[1:]:
+        if other_client is not client and (not other_url or other_url != url):
+            problem = (
+                f"semaphores must share one Redis client (or URL): {spec.name!r} is on {url}, "
+                f"{other.name!r} on {other_url}"
+            )
+        elif other.namespace != spec.namespace:
+            problem = (
+                f"semaphores must share one namespace: {spec.name!r} is in {spec.namespace!r}, "
+                f"{other.name!r} in {other.namespace!r}"
+            )
+        if problem:
+            return problem
+    names = [member[2].name for member in members]
+    slots = {
+        name: key_slot(s.keys.meta.encode()) for name, (_, _, s) in zip(names, members, strict=True)
+    }
+    if len(set(names)) < len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        problem = f"semaphores must have distinct names; given twice: {', '.join(twice)}"
+    elif cluster and len(set(slots.values())) > 1:
+        where = ", ".join(f"{name!r}: slot {slot}" for name, slot in slots.items())
+        problem = (
+            f"semaphores must have their keys in one Redis Cluster slot to be taken in one "
+            f"step, and these are not ({where})"
+        )
+    elif len({member[2].keys.epoch for member in members}) > 1:
+        problem = "semaphores must share one data epoch hash (one Redis, one Cluster slot)"
+    return problem

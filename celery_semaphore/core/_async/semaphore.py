@@ -245,38 +245,49 @@ class AsyncSemaphore:
         rate = "" if self.rate is None else f", rate={str(self.rate)!r}"
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit}{rate})"
 
-    async def _call(self, script: str, args: list[Any], *, reader: bool = False) -> Any:
+    async def _call(
+        self,
+        script: str,
+        args: list[Any],
+        *,
+        reader: bool = False,
+        specs: Sequence[protocol.SemaphoreSpec] = (),
+    ) -> Any:
         """Run ``script``; a script that answers with another epoch than this process
         knows (a data loss, or the first call) is run again with that one. A
-        ``reader`` (status) neither learns an epoch nor starts a pause (common.lua)."""
+        ``reader`` (status) neither learns an epoch nor starts a pause (common.lua).
+        ``specs``: the semaphores whose keys the script takes, if not this one alone
+        (acquire_all: several of this client, sharing its epoch hash)."""
         keys = self._spec.keys
         pause = 0.0 if reader else self._spec.pause_after_loss
         for _ in range(3):
             epoch = epochs.argument(self.url, keys.epoch, pause)
-            reply = await self._run(script, [*args, epoch])
+            reply = await self._run(script, [*args, epoch], specs or (self._spec,))
             if not epochs.is_epoch_reply(reply):
                 return reply
             epochs.learn(self.url, keys.epoch, reply)
         raise SemaphoreError(f"Redis at {self.url} changed its data epoch three times in one call")
 
-    async def _run(self, script: str, args: list[Any]) -> Any:
+    async def _run(
+        self, script: str, args: list[Any], specs: Sequence[protocol.SemaphoreSpec]
+    ) -> Any:
+        call_keys = [key for spec in specs for key in spec.keys.call_keys]
         try:
-            return await self._scripts[script](
-                keys=self._spec.keys.call_keys, args=args, client=self.client
-            )
+            return await self._scripts[script](keys=call_keys, args=args, client=self.client)
         except redis.ResponseError as error:
             if "WRONGTYPE" in str(error):
-                raise await self._wrong_type() from error
+                raise await self._wrong_type(specs) from error
             raise translate(error, self.url) from error
         except redis.RedisError as error:
             raise translate(error, self.url) from error
 
-    async def _wrong_type(self) -> Exception:
-        for key, expected in self._spec.expected_types():
-            actual = protocol.text(await self.client.type(key))
-            if actual not in ("none", expected):
-                return SemaphoreKeyTypeError(key, actual, expected)
-        return SemaphoreKeyTypeError(self._spec.keys.meta, "unknown type", "hash")
+    async def _wrong_type(self, specs: Sequence[protocol.SemaphoreSpec]) -> Exception:
+        for spec in specs:
+            for key, expected in spec.expected_types():
+                actual = protocol.text(await self.client.type(key))
+                if actual not in ("none", expected):
+                    return SemaphoreKeyTypeError(key, actual, expected)
+        return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
 
     async def attempt(
         self,

@@ -243,38 +243,47 @@ class Semaphore:
         rate = "" if self.rate is None else f", rate={str(self.rate)!r}"
         return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit}{rate})"
 
-    def _call(self, script: str, args: list[Any], *, reader: bool = False) -> Any:
+    def _call(
+        self,
+        script: str,
+        args: list[Any],
+        *,
+        reader: bool = False,
+        specs: Sequence[protocol.SemaphoreSpec] = (),
+    ) -> Any:
         """Run ``script``; a script that answers with another epoch than this process
         knows (a data loss, or the first call) is run again with that one. A
-        ``reader`` (status) neither learns an epoch nor starts a pause (common.lua)."""
+        ``reader`` (status) neither learns an epoch nor starts a pause (common.lua).
+        ``specs``: the semaphores whose keys the script takes, if not this one alone
+        (acquire_all: several of this client, sharing its epoch hash)."""
         keys = self._spec.keys
         pause = 0.0 if reader else self._spec.pause_after_loss
         for _ in range(3):
             epoch = epochs.argument(self.url, keys.epoch, pause)
-            reply = self._run(script, [*args, epoch])
+            reply = self._run(script, [*args, epoch], specs or (self._spec,))
             if not epochs.is_epoch_reply(reply):
                 return reply
             epochs.learn(self.url, keys.epoch, reply)
         raise SemaphoreError(f"Redis at {self.url} changed its data epoch three times in one call")
 
-    def _run(self, script: str, args: list[Any]) -> Any:
+    def _run(self, script: str, args: list[Any], specs: Sequence[protocol.SemaphoreSpec]) -> Any:
+        call_keys = [key for spec in specs for key in spec.keys.call_keys]
         try:
-            return self._scripts[script](
-                keys=self._spec.keys.call_keys, args=args, client=self.client
-            )
+            return self._scripts[script](keys=call_keys, args=args, client=self.client)
         except redis.ResponseError as error:
             if "WRONGTYPE" in str(error):
-                raise self._wrong_type() from error
+                raise self._wrong_type(specs) from error
             raise translate(error, self.url) from error
         except redis.RedisError as error:
             raise translate(error, self.url) from error
 
-    def _wrong_type(self) -> Exception:
-        for key, expected in self._spec.expected_types():
-            actual = protocol.text(self.client.type(key))
-            if actual not in ("none", expected):
-                return SemaphoreKeyTypeError(key, actual, expected)
-        return SemaphoreKeyTypeError(self._spec.keys.meta, "unknown type", "hash")
+    def _wrong_type(self, specs: Sequence[protocol.SemaphoreSpec]) -> Exception:
+        for spec in specs:
+            for key, expected in spec.expected_types():
+                actual = protocol.text(self.client.type(key))
+                if actual not in ("none", expected):
+                    return SemaphoreKeyTypeError(key, actual, expected)
+        return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
 
     def attempt(
         self,

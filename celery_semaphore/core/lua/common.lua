@@ -110,6 +110,14 @@
 -- task (tombstone: that copy is stale), w: waiting in place ("<token>|w|<lease ms>|").
 -- n_parked and n_handed in meta count the p and h records.
 --
+-- Several semaphores at once ------------------------------------------------------
+--
+-- acquire_all.lua takes the keys of n semaphores (n groups of the ten above, one epoch
+-- hash) and grants a contender a permit on every one or on none: see its header.
+-- use() points the helpers at one group. A contender asking that way is never marked
+-- waiting in place (w): grant_in_place() would grant it one semaphore alone; so it
+-- stops the in-place grants behind it in a line (FIFO), and asks again when woken.
+--
 -- Data loss ----------------------------------------------------------------------
 --
 -- The epoch hash names the data a Redis holds: made by the first script that finds
@@ -146,6 +154,18 @@ local BATCH = 1000
 local EPOCH_ARG = #ARGV  -- the last argument of every script; the others come before it
 local resumes_ms = 0  -- while admissions are paused after a data loss: when they resume
 local declared_rate = nil  -- the caller's rate ('': none), where it declares one (see "Rates")
+
+-- Several semaphores in one call (acquire_all.lua): the helpers below work on the
+-- semaphore whose keys these locals name; use(i, rate) points them at the i-th group
+-- of ten KEYS, KEYS[10(i-1)+1 .. 10i], under that semaphore's declared ``rate``. Every
+-- group's tenth key is the same epoch hash (one Redis, one Cluster slot).
+local function use(i, rate)
+  local b = 10 * (i - 1)
+  holders, hinfo, waiters, wexp, winfo, meta = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4],
+    KEYS[b + 5], KEYS[b + 6]
+  parked, handed, sent, epoch_key = KEYS[b + 7], KEYS[b + 8], KEYS[b + 9], KEYS[b + 10]
+  declared_rate = rate
+end
 
 local function fmt(n)
   return string.format('%.0f', n)
@@ -241,9 +261,9 @@ end
 -- waiter keys are absent (PEXPIRE would do nothing on them), so it skips them;
 -- parked and handed are touched only where they exist.
 local function touch(idle_ms, no_waiters)
-  for i = 1, 6 do
+  for i, key in ipairs({holders, hinfo, waiters, wexp, winfo, meta}) do
     if not (no_waiters and i >= 3 and i <= 5) then
-      redis.call('PEXPIRE', KEYS[i], idle_ms)
+      redis.call('PEXPIRE', key, idle_ms)
     end
   end
   if redis.call('HLEN', parked) > 0 then

@@ -1,0 +1,98 @@
+-- acquire_all.lua: a permit on every one of n semaphores, or on none. Never blocks.
+--
+-- KEYS: n groups of the ten of common.lua, one per semaphore (its call_keys), in the
+-- caller's order; every group's tenth is the same epoch hash (one Redis, one slot).
+-- ARGV[1] holder           id of the contender, the same in every semaphore
+-- ARGV[2] hold back ms     its place in the lines of the semaphores that would admit it,
+--                          while another refuses it (it waits, and asks again when
+--                          woken); 0: it leaves those lines
+-- ARGV[3] info             as in acquire.lua
+-- ARGV[4] ticket           a ticket presented again, or ''
+-- ARGV[4 + 10(i-1) + 1 .. 10] semaphore i: declared limit, lease ms, waiter lease ms
+--                          (0: don't queue), idle ms, wake channel, dispatch, family,
+--                          rate, shadow, weight (each as in acquire.lua)
+--
+-- Each semaphore is weighed exactly as acquire.lua weighs it (admit.lua): reclaim,
+-- effective limit, rate room, drain, the pause after a data loss, weights, shadow
+-- limits, and a live permit the holder holds already (admitted again, as there). Then
+--   * every one admits: a permit on every one (acquire.lua's grant on each: new fencing
+--     tokens, the rate's grants spent, its place in each line left);
+--   * one refuses: nothing is granted anywhere (no permit, no rate grant spent, tat
+--     untouched). It stands in line in every semaphore that refused it (with that
+--     semaphore's waiter lease; m_refused counts there), and in those that would have
+--     admitted it only for ``hold back`` ms: else it leaves them, so it holds back no
+--     later contender where it could have been served. A permit it held already on one
+--     of them (a redelivered job) is left as it is, and it does not stand in that line.
+-- One ticket in every line: the smallest of the one presented and those of its places
+-- in these lines; with none, one new ticket, after every semaphore's meta.ticket, and
+-- written to each. So two contenders stand in the same order in every line they share.
+-- It is never marked waiting in place (see "Several semaphores at once" in common.lua).
+--
+-- Returns {1, G_1, .., G_n} when granted, G_i = {fencing token, lease expiry ms, now ms,
+-- waited ms, shadow limits that would have refused it, ms its slot was ahead by a shadow
+-- rate, handovers} (acquire.lua's code-1 fields, per semaphore), or {0, ticket, refused
+-- by, R_1, .., R_n} when refused: ``ticket`` its one ticket (0: not queued), ``refused
+-- by`` one character per semaphore ('1': it refused), R_i acquire.lua's code-0 fields for
+-- semaphore i (ticket 0 where it does not stand in line).
+
+local n = #KEYS / 10
+local gates, states = {}, {}
+local hold_back_ms = tonumber(ARGV[2])
+for i = 1, n do
+  local a = 4 + 10 * (i - 1)
+  local g = {
+    holder = ARGV[1], info = ARGV[3], presented = tonumber(ARGV[4]), handover = '',
+    declared = ARGV[a + 1], lease_ms = tonumber(ARGV[a + 2]), waiter_ms = tonumber(ARGV[a + 3]),
+    idle_ms = tonumber(ARGV[a + 4]), channel = ARGV[a + 5], cfg = ARGV[a + 6], family = ARGV[a + 7],
+    rate = ARGV[a + 8], shadow = ARGV[a + 9], weight = ARGV[a + 10],
+  }
+  g.want_k, g.want_j = weight_in(g.weight)
+  gates[i] = g
+end
+
+local ticket, queue = nil, false
+for i = 1, n do
+  use(i, gates[i].rate)
+  states[i] = open_gate(gates[i], true)
+  local t = states[i].ticket
+  if t and (not ticket or t < ticket) then ticket = t end
+  queue = queue or gates[i].waiter_ms > 0
+end
+local all = true
+for i = 1, n do
+  use(i, gates[i].rate)
+  states[i].admits = weigh_gate(states[i], gates[i], ticket)
+  all = all and states[i].admits
+end
+
+if not all and queue and not ticket then  -- one new ticket for every line
+  ticket = 0
+  for i = 1, n do ticket = math.max(ticket, seq_after(states[i].m.ticket)) end
+  for i = 1, n do
+    local writes = states[i].meta_writes
+    writes[#writes + 1] = 'ticket'
+    writes[#writes + 1] = fmt(ticket)
+  end
+end
+
+local rows, refused_by = {}, {}
+for i = 1, n do
+  local s, g = states[i], gates[i]
+  use(i, g.rate)
+  local row
+  if all then
+    row = grant_gate(s, g)
+  elseif not s.admits then
+    row = refuse_gate(s, g, ticket, g.waiter_ms, false, true)
+  elseif hold_back_ms > 0 and g.waiter_ms > 0 and not s.held then
+    row = refuse_gate(s, g, ticket, hold_back_ms, false, false)
+  else
+    leave_gate(s, g)
+    row = refuse_gate(s, g, ticket, 0, false, false)
+  end
+  refused_by[i] = s.admits and '0' or '1'
+  row[#row + 1] = finish_gate(s, g)
+  rows[i] = row
+end
+if all then return {1, unpack(rows)} end
+return {0, ticket or 0, table.concat(refused_by), unpack(rows)}
