@@ -1,8 +1,12 @@
 """Admission in the process that runs the task body: permits taken before it, given back after.
 
 Before the body runs, the request takes a permit of each of its gates (queue
-cap, then task semaphore). If one is refused it gives back what it took (it
-never holds one permit while waiting for another). What a refused request does
+cap, task semaphores): with two or more, all in one script call or none
+(`celery_semaphore.core.SemaphoreSet`), so it never holds one permit while
+waiting for another, and waits with one ticket in every line that refused it.
+Where one call cannot reach them all (a Redis Cluster, the gates in different
+slots) they are taken one after the other, and a refusal gives back what was
+taken. What a refused request does
 next is decided by `celery_semaphore.waiting` and carried out as a Celery
 retry by `celery_semaphore.retry`::
 
@@ -29,7 +33,9 @@ from . import signals
 from .config import SemaphoreConfig, task_config
 from .core import (
     Permit,
+    PermitSet,
     Place,
+    Places,
     Semaphore,
     SemaphoreBackendError,
     SemaphoreConnectionError,
@@ -37,11 +43,11 @@ from .core import (
     SemaphoreTimeout,
     StaleHandover,
 )
-from .gates import semaphore_of, task_gates
+from .gates import joint_of, semaphore_of, task_gates
 from .limits import RateLimited
 from .retry import WAITS_MARK, Waits
 from .state import state_of
-from .waiting import PLACE_GRACE, Countdown, GiveUp, Park
+from .waiting import PLACE_GRACE, Countdown, GiveUp, Park, binding
 from .wire import GATES_HEADER, Gate, WaitState, decode_gates
 
 logger = logging.getLogger(__name__)
@@ -88,6 +94,9 @@ class Admission:
         self.state = state
         self.info = _info(task, request)
         self.permits: dict[Gate, Permit] = {}
+        #: Its gates' semaphores as one set, where it has two or more that one
+        #: script call reaches (else None: one by one).
+        self.joint = joint_of(task.app, gates, config)
 
     def _sem(self, gate: Gate) -> Semaphore:
         return semaphore_of(self.task.app, gate, self.config)
@@ -95,9 +104,79 @@ class Admission:
     def enter(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
         """Take every gate's permit not held yet: None once all are held, else the
         refusal (holding nothing then). A refused gate where ``in_place_for(place)``
-        gives seconds is waited for in place, holding nothing; the earlier gates'
-        permits are then taken again (their tickets keep their places).
+        gives seconds is waited for in place, holding nothing.
         Raises `StaleHandover` (holding nothing) for a stale copy of a handed-over task."""
+        if self.joint is not None:
+            return self._enter_joint(in_place_for)
+        return self._enter_each(in_place_for)
+
+    def _enter_joint(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
+        """Every gate in one step: the gate that binds (`waiting.binding`) is the one
+        it waits for, in place or not; its one ticket stands in every refusing line."""
+        if all(gate in self.permits for gate in self.gates):
+            return None
+        try:
+            result = self._joint_attempt(PLACE_GRACE)
+            if isinstance(result, Places):
+                refused = self._binding(result)
+                seconds = in_place_for(refused.place)
+                if seconds is None:
+                    return refused
+                result = self._joint_wait(seconds)
+                if isinstance(result, Places):
+                    return self._binding(result)
+            self._granted_all(result)
+        except BaseException:
+            self.exit(unused=True)
+            raise
+        return None
+
+    def _joint_attempt(self, wait_lease: float, *, queue: bool = True) -> PermitSet | Places:
+        assert self.joint is not None
+        known = [t for t in (self.state.tickets.get(g.name) for g in self.gates) if t]
+        handover = None
+        if self.state.handover is not None:
+            names = [gate.name for gate in self.gates]
+            name, token = self.state.handover
+            if name in names:
+                handover, self.state.handover = (names.index(name), token), None
+        result = self.joint.attempt(
+            self.request.id, min(known, default=None), queue=queue, wait_lease=wait_lease,
+            info=self.info, handover=handover, weights=[g.weight for g in self.gates],
+            rate_weights=[g.rate_weight for g in self.gates],
+        )  # fmt: skip
+        self._keep_ticket(result)
+        return result
+
+    def _joint_wait(self, seconds: float) -> PermitSet | Places:
+        assert self.joint is not None
+        known = [t for t in (self.state.tickets.get(g.name) for g in self.gates) if t]
+        result = self.joint.wait_for_turn(
+            seconds, self.request.id, min(known, default=None),
+            wait_lease=seconds + PLACE_GRACE, info=self.info,
+            weights=[g.weight for g in self.gates],
+            rate_weights=[g.rate_weight for g in self.gates],
+        )  # fmt: skip
+        self._keep_ticket(result)
+        return result
+
+    def _keep_ticket(self, result: PermitSet | Places) -> None:
+        if isinstance(result, Places) and result.ticket:
+            for gate in self.gates:
+                self.state.tickets[gate.name] = result.ticket
+
+    def _binding(self, places: Places) -> Refused:
+        index = binding(places.places, places.refused_by)
+        return Refused(self.gates[index], places.places[index])
+
+    def _granted_all(self, permits: PermitSet) -> None:
+        for gate, permit in zip(self.gates, permits, strict=True):
+            self._granted(gate, permit)
+
+    def _enter_each(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
+        """`enter()` one gate after the other: a refusal gives back what was taken;
+        after a wait in place, the earlier gates' permits are taken again (their
+        tickets keep their places)."""
         try:
             for index, gate in enumerate(self.gates):
                 if gate in self.permits:
@@ -126,6 +205,12 @@ class Admission:
 
     def take_now(self) -> Refused | None:
         """Every gate's permit now, without a place in line (eager execution)."""
+        if self.joint is not None:
+            joint = self._joint_attempt(PLACE_GRACE, queue=False)
+            if isinstance(joint, Places):
+                return self._binding(joint)
+            self._granted_all(joint)
+            return None
         for gate in self.gates:
             result = self._sem(gate).attempt(
                 self.request.id, queue=False, info=self.info, weight=gate.weight,
@@ -139,7 +224,14 @@ class Admission:
 
     def refresh(self, gate: Gate, place: Place, seconds: float) -> bool:
         """Keep the place at ``gate`` for ``seconds``; True if that found the turn
-        come (the permit is then held, and `enter()` takes the other gates)."""
+        come (the permit is then held, and `enter()` takes the other gates; with a
+        joint set, every gate's: the places are kept in every refusing line)."""
+        if self.joint is not None:
+            joint = self._joint_attempt(seconds)
+            if isinstance(joint, Places):
+                return False
+            self._granted_all(joint)
+            return True
         result = self._sem(gate).attempt(
             self.request.id, place.ticket, wait_lease=seconds, info=self.info,
             weight=gate.weight, rate_weight=gate.rate_weight,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import SemaphoreConfig, get_config
-from .core import Semaphore, validation
+from .core import Semaphore, SemaphoreSet, validation
 from .limits import Declared
 from .state import state_of
 from .wire import Gate
@@ -160,6 +160,27 @@ def semaphore_of(
         gate.name, gate.limit, config, quick=quick, family=gate.family, rate=gate.rate,
         shadow=gate.shadow,
     )  # fmt: skip
+
+
+def joint_of(app: Any, gates: Sequence[Gate], config: SemaphoreConfig) -> SemaphoreSet | None:
+    """The gates' semaphores as one set, taken in one script call (all or none), or
+    None: fewer than two gates, or semaphores one call cannot reach together (on a
+    Redis Cluster, keys in different slots: see the guarantees page), which are then
+    taken one after the other, with a WARNING once per set of names."""
+    if len(gates) < 2:
+        return None
+    try:
+        return SemaphoreSet([semaphore_of(app, gate, config) for gate in gates])
+    except ValueError as error:
+        names = tuple(gate.name for gate in gates)
+        warned = state_of(app).joint_warned
+        if names not in warned:
+            warned.add(names)
+            logger.warning(
+                "the limits %s are taken one after the other, not in one step: %s",
+                ", ".join(names), error,
+            )  # fmt: skip
+        return None
 
 
 def disagreeing_limits(app: Any) -> dict[str, list[tuple[str, int]]]:

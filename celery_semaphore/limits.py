@@ -19,10 +19,11 @@ whole weight is free, in line order.
 
 Limits that name the same semaphore are one gate: its concurrency limit and its
 rate are granted by one script call, in one line (see "Rates" in
-``core/lua/common.lua``). Different names are different gates, taken one after
-the other (`celery_semaphore.admission`): a task never holds one while it waits
-for another. `declared()` turns either form into `Declared` limits, checked, with
-errors that name the task; `celery_semaphore.gates` makes them gates per request.
+``core/lua/common.lua``). Different names are different gates, all taken in one
+step too (`celery_semaphore.admission`, `core.SemaphoreSet`; one after the other on
+a Redis Cluster): a task never holds one while it waits for another.
+`declared()` turns either form into `Declared` limits, checked, with errors that
+name the task; `celery_semaphore.gates` makes them gates per request.
 
 A task body that learns the partner is unhappy (a 429) raises `RateLimited`:
 its rates start nobody new for ``retry_after`` seconds, and the task goes back to

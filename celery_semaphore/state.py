@@ -179,6 +179,9 @@ class AppState:
     redis_answered: SharedFlag = field(default_factory=SharedFlag)
     #: Whether the tasks' declared limits were compared (`celery_semaphore.gates`).
     limits_checked: bool = False
+    #: The gates' names that one script call cannot reach together, warned of once
+    #: (`celery_semaphore.gates.joint_of`).
+    joint_warned: set[tuple[str, ...]] = field(default_factory=set)
 
 
 _create_lock = threading.Lock()

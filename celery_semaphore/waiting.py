@@ -21,7 +21,9 @@ use it too).
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -88,6 +90,19 @@ def estimate_turn(place: Place) -> float | None:
     if place.rate_due is not None:
         return place.rate_due if turn is None else max(turn, place.rate_due)
     return turn
+
+
+def binding(places: Sequence[Place], refused_by: Sequence[int]) -> int:
+    """Of a request refused on several gates at once (`Places`), the index of the
+    gate it waits for: among those that refused it, the one whose turn is farthest
+    (unknown counts as farthest; the first of equals). It parks there, and its wait
+    is decided on that place."""
+
+    def farthest(index: int) -> float:
+        turn = estimate_turn(places[index])
+        return math.inf if turn is None else turn
+
+    return max(refused_by or range(len(places)), key=farthest)
 
 
 def should_wait_in_place(place: Place, max_block: float) -> bool:

@@ -806,13 +806,23 @@ def joint_acquire_args(
     lease_timeout: float | None,
     info: str,
     weights: Sequence[tuple[int, int | None]],
+    handover: tuple[int, int] | None = None,
 ) -> list[Any]:
-    """acquire_all.lua's arguments; ``weights``: (permits, grants or None) per semaphore."""
+    """acquire_all.lua's arguments; ``weights``: (permits, grants or None) per semaphore;
+    ``handover``: (index of the semaphore that handed it over, the `Handover`'s token)."""
     validation.check_holder(holder)
     validation.check_ticket(ticket)
     validation.check_info(info)
     hold_ms = int(1000 * validation.check_seconds(hold_back, "hold_back", allow_zero=True))
-    args: list[Any] = [holder, hold_ms, info, "" if ticket is None else ticket]
+    came_by = ""
+    if handover is not None:
+        index, token = handover
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(specs):
+            raise ValueError(
+                f"handover must be (index of a semaphore of the set, token), got {handover!r}"
+            )
+        came_by = f"{index + 1}|{validation.check_ticket(token, 'handover')}"
+    args: list[Any] = [holder, hold_ms, info, "" if ticket is None else ticket, came_by]
     for spec, (weight, rate_weight) in zip(specs, weights, strict=True):
         wait_seconds = spec.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(wait_seconds, "wait_lease")) if queue else 0
@@ -853,6 +863,9 @@ def parse_joint_acquire(
             tuple(i for i, flag in enumerate(text(refused_by)) if flag == "1"),
         )
         return places, [row.handovers for row in refused]
+    if code == 2:
+        by, token = values
+        raise StaleHandover(specs[int(by) - 1].name, int(token or 0))
     raise ValueError(f"acquire_all.lua answered with unknown code {code!r}")
 
 

@@ -305,6 +305,18 @@ def batch(self: Any, rows: int, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
+@app.task(bind=True, base=LimitedTask, limits=[Concurrency("pair-a", 2), Concurrency("pair-b", 2)])
+def pair(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Needs a permit of "pair-a" and one of "pair-b", in one step."""
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="pair-b", limit=2)
+def b_only(self: Any, seconds: float, tag: Any = None) -> Any:
+    """Holds one of "pair-b"'s permits only."""
+    return _held(self, seconds, tag)
+
+
 ACCOUNT = per_key("account", lambda account, *_, **__: f"account-{account}")
 
 

@@ -14,6 +14,7 @@ from celery_semaphore.waiting import (
     GiveUp,
     Park,
     WaitInPlace,
+    binding,
     decide,
 )
 
@@ -123,3 +124,11 @@ def test_the_slot_of_a_rate_is_never_later_than_the_turn() -> None:
     slow_line = Place(1, 3, 3, 3, False, None, 2.0, 0.7, None, 0.1)  # the cap binds, not the rate
     decision = decide(slow_line, waits=0, waited=0.0, config=COUNTDOWN, rng=Fixed())
     assert isinstance(decision, Countdown) and decision.delay > 0.5, "half a hold before the turn"
+
+
+def test_several_gates_wait_for_the_refusing_one_whose_turn_is_farthest() -> None:
+    near, far, unknown = place(1), place(8), place(3, hold=None)
+    assert binding([near, far], refused_by=[0, 1]) == 1
+    assert binding([far, near], refused_by=[1]) == 1, "only those that refused it count"
+    assert binding([near, unknown, far], refused_by=[0, 1, 2]) == 1, "unknown is farthest"
+    assert binding([far, far], refused_by=[0, 1]) == 0, "the first of equals"

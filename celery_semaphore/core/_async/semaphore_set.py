@@ -162,6 +162,7 @@ class AsyncSemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        handover: tuple[int, int] | None = None,
     ) -> AsyncPermitSet | Places:
         """A permit on every semaphore if each would grant one now, else `Places`
         (and nothing taken anywhere: no permit, no grant of a rate).
@@ -171,7 +172,10 @@ class AsyncSemaphoreSet:
         all of them (the smallest of ``ticket`` and its places there; else a new one);
         in the others only for ``hold_back`` s (0: it leaves their lines, so it delays
         nobody where it could have been served). ``weights``, ``rate_weights``: per
-        semaphore, in the set's order (see `AsyncSemaphore.attempt`).
+        semaphore, in the set's order (see `AsyncSemaphore.attempt`). ``handover``:
+        (the index of the semaphore whose `Handover` brought it back, its token);
+        [StaleHandover][celery_semaphore.StaleHandover] if a newer copy was handed
+        over or it was served already.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = protocol.joint_acquire_args(
@@ -184,6 +188,7 @@ class AsyncSemaphoreSet:
             lease_timeout=lease_timeout,
             info=info,
             weights=self._weights(weights, rate_weights),
+            handover=handover,
         )
         reply = await self._first._call("acquire_all", args, specs=self._specs)
         result, handovers = protocol.parse_joint_acquire(self._specs, reply)

@@ -8,7 +8,10 @@
 --                          woken); 0: it leaves those lines
 -- ARGV[3] info             as in acquire.lua
 -- ARGV[4] ticket           a ticket presented again, or ''
--- ARGV[4 + 10(i-1) + 1 .. 10] semaphore i: declared limit, lease ms, waiter lease ms
+-- ARGV[5] handover         "<i>|<token>": the contender is the copy of a parked task
+--                          that semaphore i handed over with that token (see arrival()
+--                          in common.lua; a stale copy changes nothing), or ''
+-- ARGV[5 + 10(i-1) + 1 .. 10] semaphore i: declared limit, lease ms, waiter lease ms
 --                          (0: don't queue), idle ms, wake channel, dispatch, family,
 --                          rate, shadow, weight (each as in acquire.lua)
 --
@@ -33,13 +36,14 @@
 -- rate, handovers} (acquire.lua's code-1 fields, per semaphore), or {0, ticket, refused
 -- by, R_1, .., R_n} when refused: ``ticket`` its one ticket (0: not queued), ``refused
 -- by`` one character per semaphore ('1': it refused), R_i acquire.lua's code-0 fields for
--- semaphore i (ticket 0 where it does not stand in line).
+-- semaphore i (ticket 0 where it does not stand in line); {2, i, current handover token}
+-- for a stale copy of a task semaphore i handed over.
 
 local n = #KEYS / 10
 local gates, states = {}, {}
 local hold_back_ms = tonumber(ARGV[2])
 for i = 1, n do
-  local a = 4 + 10 * (i - 1)
+  local a = 5 + 10 * (i - 1)
   local g = {
     holder = ARGV[1], info = ARGV[3], presented = tonumber(ARGV[4]), handover = '',
     declared = ARGV[a + 1], lease_ms = tonumber(ARGV[a + 2]), waiter_ms = tonumber(ARGV[a + 3]),
@@ -48,6 +52,16 @@ for i = 1, n do
   }
   g.want_k, g.want_j = weight_in(g.weight)
   gates[i] = g
+end
+
+local by, token = string.match(ARGV[5], '^(%d+)|(%d+)$')
+if by then
+  by = tonumber(by)
+  use(by, gates[by].rate)
+  if arrival(ARGV[1], token) == 'stale' then
+    return {2, by, token_of(redis.call('HGET', parked, ARGV[1]))}
+  end
+  gates[by].handover = token
 end
 
 local ticket, queue = nil, false

@@ -1,0 +1,81 @@
+"""Several limits of one task granted in one step, in real ``celery worker`` processes.
+
+A task with limits on two semaphores takes both permits in one script call or
+neither: it never takes one and gives it back because the other was full (which
+the semaphore's own grant counter would show), it waits with one ticket in the
+line that refused it, and it starts when both are free, in line order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery_harness import max_overlap
+from cluster_tools import Clusters
+
+from devkit.redis_servers import RedisClusterServers
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def clusters(celery_cluster: Any) -> Iterator[Clusters]:
+    with Clusters(celery_cluster) as made:
+        yield made
+
+
+def granted_count(cluster: Any, name: str) -> int:
+    return int(cluster.redis.hget(cluster.semaphore(name).keys.meta, "m_granted") or 0)
+
+
+@pytest.mark.parametrize("wait_mode", ["handover", "countdown"])
+def test_a_task_never_takes_one_limit_while_the_other_is_full(
+    clusters: Clusters, wait_mode: str
+) -> None:
+    cluster = clusters(extra_conf={"semaphore_wait_mode": wait_mode})
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=3)
+    module = cluster.app_module
+    blockers = [module.b_only.delay(1.5, f"b{i}") for i in range(2)]  # pair-b full for 1.5 s
+    cluster.wait_for(lambda: cluster.holders("pair-b") == 2, 10, "pair-b full")
+    pairs = [module.pair.delay(0.2, i) for i in range(6)]
+    time.sleep(0.5)
+    assert granted_count(cluster, "pair-a") == 0, "no pair-a permit taken while pair-b is full"
+    assert [r.get(timeout=60) for r in pairs] == list(range(6))
+    for blocker in blockers:
+        blocker.get(timeout=60)
+    events = cluster.events()
+    pair_starts = sorted(
+        (e for e in events if e["event"] == "start" and e["task"].endswith(".pair")),
+        key=lambda e: e["at"],
+    )
+    tags = [e["tag"] for e in pair_starts]
+    assert sorted(tags) == list(range(6))
+    # two permits free at once start two bodies within ms of each other, in either order
+    assert all(abs(i - tag) <= 1 for i, tag in enumerate(tags)), f"in line order: {tags}"
+    assert granted_count(cluster, "pair-a") == 6, "pair-a granted once per start, never given back"
+    first_pair = pair_starts[0]["at"]
+    freed = min(e["at"] for e in events if e["event"] == "end" and e["task"].endswith("b_only"))
+    assert first_pair >= freed - 0.05, "the pairs waited for pair-b, holding nothing"
+    assert max_overlap([e for e in events if e["task"].endswith(".pair")]) <= 2
+
+
+def test_on_redis_cluster_two_names_are_taken_one_after_the_other_with_a_warning(
+    clusters: Clusters, redis_cluster: RedisClusterServers
+) -> None:
+    """Each semaphore's keys are in a slot of their own: one script cannot take both,
+    so the worker says so and takes them one after the other, holding neither while
+    it waits for the other."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    cluster = clusters(
+        extra_conf={"semaphore_redis_url": url, "semaphore_park_without_persistence": True}
+    )
+    worker = cluster.worker("w1", concurrency=3)
+    pairs = [cluster.app_module.pair.delay(0.1, i) for i in range(6)]
+    assert [r.get(timeout=60) for r in pairs] == list(range(6))
+    assert max_overlap(cluster.events()) <= 2
+    assert "are taken one after the other, not in one step" in worker.text()
+    assert "one Redis Cluster slot" in worker.text()
