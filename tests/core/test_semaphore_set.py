@@ -18,7 +18,14 @@ import redis
 from async_as_sync import BlockingSemaphore, BlockingSemaphoreSet
 from outcomes import granted, refused, wait_for
 
-from celery_semaphore import Places, RateLimit, Semaphore, SemaphoreSet, SemaphoreTimeout
+from celery_semaphore import (
+    Places,
+    RateLimit,
+    Semaphore,
+    SemaphoreSet,
+    SemaphoreTimeout,
+    StaleHandover,
+)
 from devkit.redis_servers import RedisClusterServers, RedisServer
 
 MakeSemaphore = Callable[..., Any]
@@ -394,3 +401,25 @@ def test_a_permit_it_holds_already_counts_as_admitted_and_is_left_as_it_is(
     assert permits[a.name].fencing_token > old.fencing_token, "the same permit, a new token"
     assert permits.release() is True
     assert old.release() is False
+
+
+def test_a_copy_handed_over_by_one_semaphore_is_served_once_and_a_stale_one_refused(
+    make_semaphore: MakeSemaphore, make_set: MakeSet
+) -> None:
+    handed: list[Any] = []
+    a, b = make_semaphore(2), make_semaphore(1, on_handover=handed.extend)
+    pair = make_set(a, b)
+    blocker = granted(b.attempt("blocker"))
+    places = refused_all(pair.attempt("job"))
+    assert places.refused_by == (1,)
+    b.park("job", "payload", places.ticket)
+    blocker.release()
+    (handover,) = handed
+    with pytest.raises(ValueError, match=r"handover must be \(index of a semaphore"):
+        pair.attempt("job", handover=(2, handover.token))
+    permits = pair.attempt("job", places.ticket, handover=(1, handover.token))
+    assert holders(a) == {"job"} and holders(b) == {"job"}, f"granted on both: {permits!r}"
+    assert b.status().waiter_count == 0
+    with pytest.raises(StaleHandover):  # a copy of another handover than the last one
+        pair.attempt("job", handover=(1, handover.token + 1))
+    assert holders(a) == {"job"}, "a stale copy changes nothing"
