@@ -3,7 +3,10 @@
 All keys of a semaphore share one hash tag, so every script touches a single
 Redis Cluster slot. Braces and ``%`` in the name are percent-encoded inside the
 tag: a name like ``"a}b"`` can neither end the tag early nor collide with
-another name.
+another name. A namespace with a hash tag of its own (``"celery_semaphore{limits}"``)
+comes first in every key, so its tag is the one Redis uses: every semaphore of that
+namespace is on one slot, where one script can take several of them at once
+(`SemaphoreSet`; a task's limits on several names).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 MAX_NAME_LENGTH = 200
@@ -20,12 +21,18 @@ def check_name(name: Any, argument: str = "name") -> str:
     return name
 
 
+#: A namespace with braces holds one Redis Cluster hash tag, and nothing else in braces.
+_NAMESPACE_TAG = re.compile(r"[^{}]*(\{[^{}]+\}[^{}]*)?")
+
+
 def check_namespace(namespace: Any) -> str:
+    """A namespace may hold one hash tag (``"celery_semaphore{limits}"``): every
+    semaphore of it is then on one Redis Cluster slot (see `core.keys`)."""
     check_name(namespace, "namespace")
-    if "{" in namespace or "}" in namespace:
+    if not _NAMESPACE_TAG.fullmatch(namespace):
         raise ValueError(
-            f"namespace must not contain braces (they delimit the Redis Cluster hash tag), "
-            f"got {namespace!r}"
+            f"namespace may contain braces only as one Redis Cluster hash tag, like "
+            f"'celery_semaphore{{limits}}' (all its semaphores on one slot), got {namespace!r}"
         )
     return str(namespace)
 

@@ -16,6 +16,7 @@ import pytest
 from celery_harness import max_overlap
 from cluster_tools import Clusters
 
+from celery_semaphore import Semaphore
 from devkit.redis_servers import RedisClusterServers
 
 pytestmark = pytest.mark.slow
@@ -79,3 +80,37 @@ def test_on_redis_cluster_two_names_are_taken_one_after_the_other_with_a_warning
     assert max_overlap(cluster.events()) <= 2
     assert "are taken one after the other, not in one step" in worker.text()
     assert "one Redis Cluster slot" in worker.text()
+
+
+def test_on_redis_cluster_a_namespace_with_a_hash_tag_takes_them_in_one_step(
+    clusters: Clusters, redis_cluster: RedisClusterServers
+) -> None:
+    """``semaphore_namespace = "cs{limits}"``: every semaphore on one slot, so a task's
+    two limits are one script call there too (nothing taken while the other is full)."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    namespace = "cs{limits}"
+    cluster = clusters(
+        extra_conf={
+            "semaphore_redis_url": url,
+            "semaphore_namespace": namespace,
+            "semaphore_park_without_persistence": True,
+        }
+    )
+    worker = cluster.worker("w1", concurrency=4)
+    module = cluster.app_module
+    pair_a = Semaphore(url, "pair-a", 2, namespace=namespace)
+    pair_b = Semaphore(url, "pair-b", 2, namespace=namespace)
+    try:
+        blockers = [module.b_only.delay(1.0, f"b{i}") for i in range(2)]
+        cluster.wait_for(lambda: pair_b.status().holder_count == 2, 10, "pair-b full")
+        pairs = [module.pair.delay(0.1, i) for i in range(4)]
+        time.sleep(0.4)
+        assert pair_a.client.hget(pair_a.keys.meta, "m_granted") is None, "nothing taken"
+        assert [r.get(timeout=60) for r in pairs] == list(range(4))
+        for blocker in blockers:
+            blocker.get(timeout=60)
+        assert int(pair_a.client.hget(pair_a.keys.meta, "m_granted")) == 4
+        assert "not in one step" not in worker.text()
+    finally:
+        pair_a.close()
+        pair_b.close()

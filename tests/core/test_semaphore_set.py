@@ -423,3 +423,23 @@ def test_a_copy_handed_over_by_one_semaphore_is_served_once_and_a_stale_one_refu
     with pytest.raises(StaleHandover):  # a copy of another handover than the last one
         pair.attempt("job", handover=(1, handover.token + 1))
     assert holders(a) == {"job"}, "a stale copy changes nothing"
+
+
+def test_on_a_cluster_a_namespace_with_a_hash_tag_puts_a_set_on_one_slot(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    namespace = f"cs{{{uuid.uuid4().hex[:8]}}}"
+    a, b = (Semaphore(url, name, 1, namespace=namespace) for name in ("gpu", "licence"))
+    try:
+        pair = SemaphoreSet([a, b])
+        blocker = granted(b.attempt("blocker"))
+        places = refused_all(pair.attempt("job"))
+        assert places.refused_by == (1,)
+        assert holders(a) == set(), "nothing taken on the one that would admit it"
+        blocker.release()
+        permits = pair.attempt("job", places.ticket)
+        assert holders(a) == {"job"} and holders(b) == {"job"}, repr(permits)
+    finally:
+        a.close()
+        b.close()

@@ -64,7 +64,7 @@ def test_heartbeat_interval_sets_how_often_leases_are_renewed() -> None:
 
 
 BAD_VALUES = [
-    ({"namespace": "a{b"}, ValueError, "namespace must not contain braces"),
+    ({"namespace": "a{b"}, ValueError, "namespace may contain braces only as one"),
     ({"lease_timeout": 0}, ValueError, "lease_timeout must be a number of seconds > 0"),
     ({"heartbeat_interval": -1}, ValueError, "heartbeat_interval must be a number of seconds"),
     ({"heartbeat_interval": 60}, ValueError,

@@ -7,8 +7,10 @@ import math
 from typing import Any
 
 import pytest
+from redis.crc import key_slot
 
 from celery_semaphore.core import validation
+from celery_semaphore.core.keys import name_from_meta_key, semaphore_keys
 from celery_semaphore.core.validation import MAX_LIMIT, MAX_NAME_LENGTH, MAX_SECONDS
 
 
@@ -33,11 +35,23 @@ def test_bad_names_say_what_is_accepted(name: Any, error: type[Exception], words
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize("namespace", ["{app", "app}", "{app}"])
-def test_namespace_refuses_braces_and_says_why(namespace: str) -> None:
-    with pytest.raises(ValueError, match=r"namespace must not contain braces") as info:
+@pytest.mark.parametrize("namespace", ["{app", "app}", "a{}", "a{b}{c}", "a{b{c}}", "}a{"])
+def test_namespace_takes_braces_only_as_one_hash_tag_and_says_why(namespace: str) -> None:
+    with pytest.raises(ValueError, match=r"namespace may contain braces only as one") as info:
         validation.check_namespace(namespace)
     assert "hash tag" in str(info.value) and repr(namespace) in str(info.value)
+
+
+def test_a_namespace_with_a_hash_tag_puts_every_semaphore_on_one_slot() -> None:
+    for namespace in ("cs{limits}", "{limits}", "a{limits}b"):
+        assert validation.check_namespace(namespace) == namespace
+    slots = {key_slot(semaphore_keys("cs{limits}", name).meta.encode()) for name in "abcdefgh"}
+    assert len(slots) == 1
+    spread = {key_slot(semaphore_keys("cs", name).meta.encode()) for name in "abcdefgh"}
+    assert len(spread) > 1, "without one, each semaphore has its own tag"
+    keys = semaphore_keys("cs{limits}", "a", cluster=True)
+    assert key_slot(keys.epoch.encode()) == key_slot(keys.meta.encode()), "its epoch too"
+    assert name_from_meta_key("cs{limits}", keys.meta) == "a"
 
 
 def test_namespace_is_checked_like_a_name_first() -> None:
