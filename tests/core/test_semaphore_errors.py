@@ -62,7 +62,7 @@ CONSTRUCTOR_CASES = [
     ({"idle_ttl": math.nan}, ValueError, "idle_ttl"),
     ({"namespace": "my{app"}, ValueError, "namespace"),
     ({"namespace": "my}app"}, ValueError, "namespace"),
-    ({"namespace": "{app}"}, ValueError, "namespace"),
+    ({"namespace": "my{a}{b}"}, ValueError, "namespace"),
     ({"namespace": ""}, ValueError, "namespace"),
     ({"namespace": 3}, TypeError, "namespace"),
     ({"redis": "http://127.0.0.1:6379/0"}, ValueError, "redis"),
