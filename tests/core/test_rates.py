@@ -71,7 +71,7 @@ def test_the_concurrency_limit_and_the_rate_are_one_step(make_semaphore: MakeSem
     sem = make_semaphore(2, rate="5/s")
     first = granted(sem.attempt("a"))
     place = refused(sem.attempt("b"))  # a permit is free, the rate says 0.2 s
-    assert place.rate_due is not None and 0.15 < place.rate_due <= 0.2
+    assert place.rate_due is not None and 0.1 < place.rate_due <= 0.2
     assert place.holders == 1 and place.limit == 2
     time.sleep(place.rate_due + 0.01)
     second = granted(sem.attempt("b"))
@@ -89,7 +89,8 @@ def test_the_line_is_served_in_order_across_rate_waits(make_semaphore: MakeSemap
     places = {name: refused(sem.attempt(name)) for name in ("w1", "w2", "w3")}
     assert [p.position for p in places.values()] == [1, 2, 3]
     dues = [p.rate_due or 0 for p in places.values()]
-    assert dues == sorted(dues) and dues[1] - dues[0] == pytest.approx(0.05, abs=0.002)
+    # the two asks are a few ms apart (more on a loaded machine): their slots 50 ms apart
+    assert dues == sorted(dues) and 0.05 - 0.02 <= dues[1] - dues[0] <= 0.05
     order: list[str] = []
     lock = threading.Lock()
 
