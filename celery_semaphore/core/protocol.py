@@ -479,8 +479,10 @@ class SemaphoreSpec:
         cluster: bool = False,
         rate: str | RateLimit | None = None,
         shadow: Iterable[str] = (),
+        fair_weights: validation.FairWeights | None = None,
     ) -> None:
         self.name = validation.check_name(name)
+        self.fair_weights = validation.check_fair_weights(fair_weights)
         self.family = validation.check_name(family, "family") if family != "" else ""
         if limit is None and rate is None:
             raise TypeError(
@@ -532,10 +534,12 @@ class SemaphoreSpec:
         in_place: bool = False,
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
-        weight_arg = self.weight_arg(weight, rate_weight)
+        weight_arg = self.weight_arg(weight, rate_weight, fair_key=fair_key, priority=priority)
         validation.check_ticket(handover, "handover")
         validation.check_info(info)
         wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
@@ -558,9 +562,18 @@ class SemaphoreSpec:
             weight_arg,
         ]
 
-    def weight_arg(self, weight: int, rate_weight: int | None) -> str:
-        """The scripts' "<permits>|<grants>" ('' for 1|1), checked against this
-        semaphore's limit and burst: a weight that could never be granted is an error."""
+    def weight_arg(
+        self,
+        weight: int,
+        rate_weight: int | None,
+        *,
+        fair_key: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """The scripts' weight text, "<permits>|<grants>" ('' for 1|1), checked against
+        this semaphore's limit and burst: a weight that could never be granted is an
+        error; then "|<priority>" and "|<fair weight>|<fair key>" where they are given
+        (see "The order of the line" in lua/common.lua)."""
         permits, grants = validation.check_weights(
             weight,
             rate_weight,
@@ -568,6 +581,13 @@ class SemaphoreSpec:
             self.limit,
             None if self.rate is None else self.rate.burst,
         )
+        priority = validation.check_priority(priority)
+        if fair_key is not None:
+            key = validation.check_fair_key(fair_key)
+            share = validation.fair_weight_of(self.fair_weights, key)
+            return f"{permits}|{grants}|{priority}|{share}|{key}"
+        if priority:
+            return f"{permits}|{grants}|{priority}"
         return "" if permits == grants == 1 else f"{permits}|{grants}"
 
     def park_args(
@@ -581,6 +601,8 @@ class SemaphoreSpec:
         due: float | None,
         weight: int | None = None,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
@@ -596,7 +618,11 @@ class SemaphoreSpec:
         due_ms = 0
         if due is not None:
             due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
-        weight_arg = "" if weight is None else self.weight_arg(weight, rate_weight) or "1|1"
+        weight_arg = ""  # keeps the one its refused attempt recorded
+        if weight is not None or fair_key is not None or priority:
+            permits = 1 if weight is None else weight
+            weight_arg = self.weight_arg(permits, rate_weight, fair_key=fair_key, priority=priority)
+            weight_arg = weight_arg or "1|1"
         return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
                 self.dispatch, due_ms, self.keys.channel, weight_arg]  # fmt: skip
 
@@ -613,10 +639,13 @@ class SemaphoreSpec:
         info: str,
         weight: int = 1,
         rate_weight: int | None = None,
+        *,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_info(info)
-        weight_arg = self.weight_arg(weight, rate_weight)
+        weight_arg = self.weight_arg(weight, rate_weight, fair_key=fair_key, priority=priority)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
@@ -806,6 +835,7 @@ def joint_acquire_args(
     lease_timeout: float | None,
     info: str,
     weights: Sequence[tuple[int, int | None]],
+    priority: int = 0,
     handover: tuple[int, int] | None = None,
 ) -> list[Any]:
     """acquire_all.lua's arguments; ``weights``: (permits, grants or None) per semaphore;
@@ -836,7 +866,7 @@ def joint_acquire_args(
             spec.family,
             spec.rate_arg,
             spec.shadow_arg,
-            spec.weight_arg(weight, rate_weight),
+            spec.weight_arg(weight, rate_weight, priority=priority),
         ]
     return args
 

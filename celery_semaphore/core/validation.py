@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 MAX_NAME_LENGTH = 200
@@ -122,3 +123,72 @@ def check_shadow(shadow: Any) -> list[str]:
                 f"shadow must list only {' and '.join(map(repr, SHADOW_KINDS))}, got {kind!r}"
             )
     return kinds
+
+
+#: A fair limit's weights: key -> its share (a key not in the mapping has 1), or a
+#: function of the key.
+FairWeights = Mapping[str, int] | Callable[[str], int]
+MAX_FAIR_WEIGHT = 1000
+MAX_PRIORITY = 255
+MAX_FAIR_KEY = 200
+
+
+def check_priority(priority: Any) -> int:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -MAX_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise ValueError(
+            f"priority must be an int from {-MAX_PRIORITY} to {MAX_PRIORITY} (higher goes "
+            f"first; 0 is the default), got {priority!r}"
+        )
+    return priority
+
+
+def check_fair_key(key: Any) -> str:
+    if not isinstance(key, str) or len(key) > MAX_FAIR_KEY:
+        raise ValueError(
+            f"fair_key must be a str of at most {MAX_FAIR_KEY} characters (the account, "
+            f"tenant or customer whose turn it is), got {key!r}"
+        )
+    return key
+
+
+def check_fair_weight(weight: Any, key: str) -> int:
+    valid = isinstance(weight, int) and not isinstance(weight, bool)
+    if not valid or not 1 <= weight <= MAX_FAIR_WEIGHT:
+        raise ValueError(
+            f"fair_weights gives key {key!r} the weight {weight!r}: it must be an int from "
+            f"1 to {MAX_FAIR_WEIGHT} (its turns for every one of a key of weight 1)"
+        )
+    return int(weight)
+
+
+def check_fair_weights(weights: Any) -> FairWeights | None:
+    if weights is None or callable(weights):
+        return weights  # type: ignore[no-any-return]
+    if not isinstance(weights, Mapping):
+        raise TypeError(
+            f"fair_weights must be a mapping of key to weight or a function of the key, "
+            f"got {type(weights).__name__}"
+        )
+    for key, weight in weights.items():
+        check_fair_weight(weight, check_fair_key(key))
+    return dict(weights)
+
+
+def fair_weight_of(weights: FairWeights | None, key: str) -> int:
+    """``key``'s weight under ``weights`` (1 unless they say otherwise)."""
+    if weights is None:
+        return 1
+    if isinstance(weights, Mapping):
+        return int(weights.get(key, 1))
+    try:
+        weight = weights(key)
+    except Exception as error:
+        raise ValueError(
+            f"fair_weights raised {type(error).__name__}: {error} for key {key!r} "
+            f"(it must answer an int from 1 to {MAX_FAIR_WEIGHT} for every key)"
+        ) from error
+    return check_fair_weight(weight, key)

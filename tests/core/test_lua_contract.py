@@ -242,12 +242,15 @@ def test_meta_is_read_by_load_meta_only_and_its_fields_written_through_helpers()
                 reads.append((path.name, function))
             if re.search(r"'(HSET|HSETNX|HMSET|HINCRBY|HINCRBYFLOAT)', meta\b", line):
                 writes.append((path.name, function))
-    # besides its fields, meta keeps the weights of weighted waiters ("Weights" in
-    # common.lua): records that weights_of() reads only while n_weighted says some are there
-    assert sorted(reads) == [("common.lua", "load_meta"), ("common.lua", "weights_of")]
+    # besides its fields, meta keeps records: the weights of weighted waiters ("Weights"
+    # in common.lua), read only while n_weighted says some are there, and the fair keys'
+    # ("The order of the line"), read only for a contender with a fair key
+    assert sorted(reads) == [("common.lua", "load_meta"), ("common.lua", "records_of")]
     assert set(writes) == {
         ("common.lua", "count_weighted"),  # n_weighted
         ("common.lua", "weigh_waiter"),  # w|<waiter>
+        ("common.lua", "put_fair"),  # f|<key>, n_fair_keys
+        ("common.lua", "count_fair_grant"),  # fair_grants
         ("common.lua", "set_meta"),
         ("common.lua", "write_meta"),
         ("common.lua", "bump"),  # the m_* counters, which no script reads

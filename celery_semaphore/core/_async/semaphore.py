@@ -45,6 +45,7 @@ from celery_semaphore.core.handover_calls import (
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.scripts import registered
+from celery_semaphore.core.validation import FairWeights
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -171,6 +172,14 @@ class AsyncSemaphore:
     ``handover_deadline``: a handed-over waiter that has not arrived by then is
     handed over again (and the late copy is refused as stale).
 
+    Fair share: contenders that pass ``fair_key=`` (an account, a tenant) are served in
+    turns between the keys that have waiters, FIFO within a key, so one key's backlog
+    does not make another's first job wait behind all of it; a key alone takes every
+    turn. ``fair_weights`` (a mapping of key to weight, or a function of the key; 1
+    unless said) gives a key of weight 3 three turns for every one of a key of weight
+    1. ``priority=`` on a contender orders the line (higher first; within its key's
+    turns when it has a fair key).
+
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
     Redis with the semaphore; the metrics show a family as one series.
@@ -203,6 +212,7 @@ class AsyncSemaphore:
         family: str = "",
         url: str = "",
         pause_after_loss: float | None = None,
+        fair_weights: FairWeights | None = None,
     ) -> None:
         check_on_handover_async(on_handover)
         self.client: AsyncClient
@@ -222,6 +232,7 @@ class AsyncSemaphore:
             cluster=is_cluster(self.client),
             rate=rate,
             shadow=shadow,
+            fair_weights=fair_weights,
         )
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
@@ -302,6 +313,8 @@ class AsyncSemaphore:
         in_place: bool = False,
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> AsyncPermit | Place:
         """Take a permit if one is free and nobody earlier waits; else a `Place`.
 
@@ -319,6 +332,12 @@ class AsyncSemaphore:
         the rate's grants it spends (default: ``weight``). It waits in line until all
         of them are free, and those behind it wait for it (FIFO). Each must be at
         most the limit, and the rate's burst, or ValueError.
+
+        ``priority`` (-255..255, higher first): a new place in line goes ahead of every
+        less urgent waiter, in order among equals. ``fair_key``: the line is shared in
+        turns between the keys that have waiters (FIFO within a key; the semaphore's
+        ``fair_weights`` give a key more turns); with both, priority orders the key's
+        own turns. Both only place a new ticket: a ticket presented again keeps its place.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -332,6 +351,8 @@ class AsyncSemaphore:
             in_place=in_place,
             weight=weight,
             rate_weight=rate_weight,
+            fair_key=fair_key,
+            priority=priority,
         )
         result, handovers = self._spec.parse_acquire(await self._call("acquire", args))
         await self._hand_over(handovers)
@@ -354,6 +375,8 @@ class AsyncSemaphore:
         due: float | None = None,
         weight: int | None = None,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
@@ -366,7 +389,7 @@ class AsyncSemaphore:
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
-            weight=weight, rate_weight=rate_weight,
+            weight=weight, rate_weight=rate_weight, fair_key=fair_key, priority=priority,
         )  # fmt: skip
         await self._list_parked()
         parked, handovers = self._spec.parse_park(await self._call("park", args))
@@ -415,6 +438,8 @@ class AsyncSemaphore:
         info: str = "",
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
 
@@ -424,7 +449,9 @@ class AsyncSemaphore:
         limit, so a producer can tell a near turn from a far one. ``weight``,
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
-        args = self._spec.enqueue_args(holder, wait_lease, info, weight, rate_weight)
+        args = self._spec.enqueue_args(
+            holder, wait_lease, info, weight, rate_weight, fair_key=fair_key, priority=priority
+        )
         return self._spec.parse_enqueue(await self._call("enqueue", args))
 
     async def try_acquire(
@@ -434,6 +461,8 @@ class AsyncSemaphore:
         *,
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> AsyncPermit | None:
         """A permit if one can be granted now, else None.
 
@@ -446,7 +475,13 @@ class AsyncSemaphore:
         """
         queue = holder is not None or ticket is not None
         result = await self.attempt(
-            holder, ticket, queue=queue, weight=weight, rate_weight=rate_weight
+            holder,
+            ticket,
+            queue=queue,
+            weight=weight,
+            rate_weight=rate_weight,
+            fair_key=fair_key,
+            priority=priority,
         )
         return result if isinstance(result, AsyncPermit) else None
 
@@ -459,6 +494,8 @@ class AsyncSemaphore:
         info: str = "",
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> AsyncPermit:
         """Wait in FIFO order for a permit (``weight`` of them: see `attempt()`);
         `SemaphoreTimeout` after ``timeout`` s.
@@ -476,7 +513,14 @@ class AsyncSemaphore:
         started = time.monotonic()
         try:
             result = await self.wait_for_turn(
-                timeout, holder, ticket, info=info, weight=weight, rate_weight=rate_weight
+                timeout,
+                holder,
+                ticket,
+                info=info,
+                weight=weight,
+                rate_weight=rate_weight,
+                fair_key=fair_key,
+                priority=priority,
             )
         except BaseException:
             # Else the place would block the line until its waiter lease runs out.
@@ -503,6 +547,8 @@ class AsyncSemaphore:
         info: str = "",
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> AsyncPermit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
 
@@ -520,7 +566,14 @@ class AsyncSemaphore:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
         result = await self.attempt(
-            holder, ticket, wait_lease=wait_lease, info=info, weight=weight, rate_weight=rate_weight
+            holder,
+            ticket,
+            wait_lease=wait_lease,
+            info=info,
+            weight=weight,
+            rate_weight=rate_weight,
+            fair_key=fair_key,
+            priority=priority,
         )
         if isinstance(result, AsyncPermit) or timeout == 0:
             return result
@@ -539,10 +592,12 @@ class AsyncSemaphore:
                         return await self.attempt(
                             holder, ticket, wait_lease=wait_lease, info=info,
                             weight=weight, rate_weight=rate_weight,
+                            fair_key=fair_key, priority=priority,
                         )  # fmt: skip
                     result = await self.attempt(
                         holder, ticket, wait_lease=wait_lease, info=info, in_place=True,
                         weight=weight, rate_weight=rate_weight,
+                        fair_key=fair_key, priority=priority,
                     )  # fmt: skip
                     if isinstance(result, AsyncPermit):
                         return result

@@ -162,6 +162,7 @@ class AsyncSemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
         handover: tuple[int, int] | None = None,
     ) -> AsyncPermitSet | Places:
         """A permit on every semaphore if each would grant one now, else `Places`
@@ -172,7 +173,8 @@ class AsyncSemaphoreSet:
         all of them (the smallest of ``ticket`` and its places there; else a new one);
         in the others only for ``hold_back`` s (0: it leaves their lines, so it delays
         nobody where it could have been served). ``weights``, ``rate_weights``: per
-        semaphore, in the set's order (see `AsyncSemaphore.attempt`). ``handover``:
+        semaphore, in the set's order (see `AsyncSemaphore.attempt`); ``priority``: as
+        there, the same in every line (a fair key cannot be taken in a set). ``handover``:
         (the index of the semaphore whose `Handover` brought it back, its token);
         [StaleHandover][celery_semaphore.StaleHandover] if a newer copy was handed
         over or it was served already.
@@ -188,6 +190,7 @@ class AsyncSemaphoreSet:
             lease_timeout=lease_timeout,
             info=info,
             weights=self._weights(weights, rate_weights),
+            priority=priority,
             handover=handover,
         )
         reply = await self._first._call("acquire_all", args, specs=self._specs)
@@ -221,12 +224,18 @@ class AsyncSemaphoreSet:
         *,
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
     ) -> AsyncPermitSet | None:
         """The permits if all can be granted now, else None (a place in line kept
         only for a contender that can come back: see `AsyncSemaphore.try_acquire`)."""
         queue = holder is not None or ticket is not None
         result = await self.attempt(
-            holder, ticket, queue=queue, weights=weights, rate_weights=rate_weights
+            holder,
+            ticket,
+            queue=queue,
+            weights=weights,
+            rate_weights=rate_weights,
+            priority=priority,
         )
         return result if isinstance(result, AsyncPermitSet) else None
 
@@ -239,6 +248,7 @@ class AsyncSemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
     ) -> AsyncPermitSet:
         """Wait in FIFO order until every semaphore grants at once;
         `SemaphoreTimeout` after ``timeout`` s, naming a semaphore that refused.
@@ -248,7 +258,13 @@ class AsyncSemaphoreSet:
         started = time.monotonic()
         try:
             result = await self.wait_for_turn(
-                timeout, holder, ticket, info=info, weights=weights, rate_weights=rate_weights
+                timeout,
+                holder,
+                ticket,
+                info=info,
+                weights=weights,
+                rate_weights=rate_weights,
+                priority=priority,
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -276,6 +292,7 @@ class AsyncSemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
     ) -> AsyncPermitSet | Places:
         """Like `acquire()`, but on timeout return the `Places`, still in the lines
         that refused it.
@@ -291,7 +308,7 @@ class AsyncSemaphoreSet:
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         kwargs: dict[str, Any] = {"wait_lease": wait_lease, "info": info}
-        kwargs.update(weights=weights, rate_weights=rate_weights)
+        kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
         started = time.monotonic()
         result = await self.attempt(holder, ticket, **kwargs)
         if isinstance(result, AsyncPermitSet) or timeout == 0:

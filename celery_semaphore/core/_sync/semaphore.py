@@ -45,6 +45,7 @@ from celery_semaphore.core.handover_calls import (
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.scripts import registered
+from celery_semaphore.core.validation import FairWeights
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -169,6 +170,14 @@ class Semaphore:
     ``handover_deadline``: a handed-over waiter that has not arrived by then is
     handed over again (and the late copy is refused as stale).
 
+    Fair share: contenders that pass ``fair_key=`` (an account, a tenant) are served in
+    turns between the keys that have waiters, FIFO within a key, so one key's backlog
+    does not make another's first job wait behind all of it; a key alone takes every
+    turn. ``fair_weights`` (a mapping of key to weight, or a function of the key; 1
+    unless said) gives a key of weight 3 three turns for every one of a key of weight
+    1. ``priority=`` on a contender orders the line (higher first; within its key's
+    turns when it has a fair key).
+
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
     Redis with the semaphore; the metrics show a family as one series.
@@ -201,6 +210,7 @@ class Semaphore:
         family: str = "",
         url: str = "",
         pause_after_loss: float | None = None,
+        fair_weights: FairWeights | None = None,
     ) -> None:
         check_on_handover(on_handover)
         self.client: SyncClient
@@ -220,6 +230,7 @@ class Semaphore:
             cluster=is_cluster(self.client),
             rate=rate,
             shadow=shadow,
+            fair_weights=fair_weights,
         )
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
@@ -298,6 +309,8 @@ class Semaphore:
         in_place: bool = False,
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Permit | Place:
         """Take a permit if one is free and nobody earlier waits; else a `Place`.
 
@@ -315,6 +328,12 @@ class Semaphore:
         the rate's grants it spends (default: ``weight``). It waits in line until all
         of them are free, and those behind it wait for it (FIFO). Each must be at
         most the limit, and the rate's burst, or ValueError.
+
+        ``priority`` (-255..255, higher first): a new place in line goes ahead of every
+        less urgent waiter, in order among equals. ``fair_key``: the line is shared in
+        turns between the keys that have waiters (FIFO within a key; the semaphore's
+        ``fair_weights`` give a key more turns); with both, priority orders the key's
+        own turns. Both only place a new ticket: a ticket presented again keeps its place.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -328,6 +347,8 @@ class Semaphore:
             in_place=in_place,
             weight=weight,
             rate_weight=rate_weight,
+            fair_key=fair_key,
+            priority=priority,
         )
         result, handovers = self._spec.parse_acquire(self._call("acquire", args))
         self._hand_over(handovers)
@@ -350,6 +371,8 @@ class Semaphore:
         due: float | None = None,
         weight: int | None = None,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
@@ -362,7 +385,7 @@ class Semaphore:
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
-            weight=weight, rate_weight=rate_weight,
+            weight=weight, rate_weight=rate_weight, fair_key=fair_key, priority=priority,
         )  # fmt: skip
         self._list_parked()
         parked, handovers = self._spec.parse_park(self._call("park", args))
@@ -409,6 +432,8 @@ class Semaphore:
         info: str = "",
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
 
@@ -418,7 +443,9 @@ class Semaphore:
         limit, so a producer can tell a near turn from a far one. ``weight``,
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
-        args = self._spec.enqueue_args(holder, wait_lease, info, weight, rate_weight)
+        args = self._spec.enqueue_args(
+            holder, wait_lease, info, weight, rate_weight, fair_key=fair_key, priority=priority
+        )
         return self._spec.parse_enqueue(self._call("enqueue", args))
 
     def try_acquire(
@@ -428,6 +455,8 @@ class Semaphore:
         *,
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Permit | None:
         """A permit if one can be granted now, else None.
 
@@ -439,7 +468,15 @@ class Semaphore:
         blocks the line until its lease runs out.
         """
         queue = holder is not None or ticket is not None
-        result = self.attempt(holder, ticket, queue=queue, weight=weight, rate_weight=rate_weight)
+        result = self.attempt(
+            holder,
+            ticket,
+            queue=queue,
+            weight=weight,
+            rate_weight=rate_weight,
+            fair_key=fair_key,
+            priority=priority,
+        )
         return result if isinstance(result, Permit) else None
 
     def acquire(
@@ -451,6 +488,8 @@ class Semaphore:
         info: str = "",
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Permit:
         """Wait in FIFO order for a permit (``weight`` of them: see `attempt()`);
         `SemaphoreTimeout` after ``timeout`` s.
@@ -468,7 +507,14 @@ class Semaphore:
         started = time.monotonic()
         try:
             result = self.wait_for_turn(
-                timeout, holder, ticket, info=info, weight=weight, rate_weight=rate_weight
+                timeout,
+                holder,
+                ticket,
+                info=info,
+                weight=weight,
+                rate_weight=rate_weight,
+                fair_key=fair_key,
+                priority=priority,
             )
         except BaseException:
             # Else the place would block the line until its waiter lease runs out.
@@ -495,6 +541,8 @@ class Semaphore:
         info: str = "",
         weight: int = 1,
         rate_weight: int | None = None,
+        fair_key: str | None = None,
+        priority: int = 0,
     ) -> Permit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
 
@@ -512,7 +560,14 @@ class Semaphore:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
         result = self.attempt(
-            holder, ticket, wait_lease=wait_lease, info=info, weight=weight, rate_weight=rate_weight
+            holder,
+            ticket,
+            wait_lease=wait_lease,
+            info=info,
+            weight=weight,
+            rate_weight=rate_weight,
+            fair_key=fair_key,
+            priority=priority,
         )
         if isinstance(result, Permit) or timeout == 0:
             return result
@@ -531,10 +586,12 @@ class Semaphore:
                         return self.attempt(
                             holder, ticket, wait_lease=wait_lease, info=info,
                             weight=weight, rate_weight=rate_weight,
+                            fair_key=fair_key, priority=priority,
                         )  # fmt: skip
                     result = self.attempt(
                         holder, ticket, wait_lease=wait_lease, info=info, in_place=True,
                         weight=weight, rate_weight=rate_weight,
+                        fair_key=fair_key, priority=priority,
                     )  # fmt: skip
                     if isinstance(result, Permit):
                         return result

@@ -163,6 +163,7 @@ class SemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
         handover: tuple[int, int] | None = None,
     ) -> PermitSet | Places:
         """A permit on every semaphore if each would grant one now, else `Places`
@@ -173,7 +174,8 @@ class SemaphoreSet:
         all of them (the smallest of ``ticket`` and its places there; else a new one);
         in the others only for ``hold_back`` s (0: it leaves their lines, so it delays
         nobody where it could have been served). ``weights``, ``rate_weights``: per
-        semaphore, in the set's order (see `Semaphore.attempt`). ``handover``:
+        semaphore, in the set's order (see `Semaphore.attempt`); ``priority``: as
+        there, the same in every line (a fair key cannot be taken in a set). ``handover``:
         (the index of the semaphore whose `Handover` brought it back, its token);
         [StaleHandover][celery_semaphore.StaleHandover] if a newer copy was handed
         over or it was served already.
@@ -189,6 +191,7 @@ class SemaphoreSet:
             lease_timeout=lease_timeout,
             info=info,
             weights=self._weights(weights, rate_weights),
+            priority=priority,
             handover=handover,
         )
         reply = self._first._call("acquire_all", args, specs=self._specs)
@@ -222,12 +225,18 @@ class SemaphoreSet:
         *,
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
     ) -> PermitSet | None:
         """The permits if all can be granted now, else None (a place in line kept
         only for a contender that can come back: see `Semaphore.try_acquire`)."""
         queue = holder is not None or ticket is not None
         result = self.attempt(
-            holder, ticket, queue=queue, weights=weights, rate_weights=rate_weights
+            holder,
+            ticket,
+            queue=queue,
+            weights=weights,
+            rate_weights=rate_weights,
+            priority=priority,
         )
         return result if isinstance(result, PermitSet) else None
 
@@ -240,6 +249,7 @@ class SemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
     ) -> PermitSet:
         """Wait in FIFO order until every semaphore grants at once;
         `SemaphoreTimeout` after ``timeout`` s, naming a semaphore that refused.
@@ -249,7 +259,13 @@ class SemaphoreSet:
         started = time.monotonic()
         try:
             result = self.wait_for_turn(
-                timeout, holder, ticket, info=info, weights=weights, rate_weights=rate_weights
+                timeout,
+                holder,
+                ticket,
+                info=info,
+                weights=weights,
+                rate_weights=rate_weights,
+                priority=priority,
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -277,6 +293,7 @@ class SemaphoreSet:
         info: str = "",
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
+        priority: int = 0,
     ) -> PermitSet | Places:
         """Like `acquire()`, but on timeout return the `Places`, still in the lines
         that refused it.
@@ -292,7 +309,7 @@ class SemaphoreSet:
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         kwargs: dict[str, Any] = {"wait_lease": wait_lease, "info": info}
-        kwargs.update(weights=weights, rate_weights=rate_weights)
+        kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
         started = time.monotonic()
         result = self.attempt(holder, ticket, **kwargs)
         if isinstance(result, PermitSet) or timeout == 0:

@@ -25,7 +25,8 @@
 --                          rate's schedule moves on as if enforced, so its lateness grows
 --                          while tasks start faster than the rate. A drain still refuses.
 -- ARGV[15] weight          "<permits>|<grants>" the contender asks for at once, or ''
---                          (1|1; see "Weights" in common.lua)
+--                          (1|1; see "Weights" in common.lua), and its priority and
+--                          fair key if it has them (see "The order of the line" there)
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, the shadow limits that
 -- would have refused it ('', 'l', 'r', 'lr'), ms its slot was ahead by a shadow rate, handovers}
@@ -63,9 +64,7 @@ if weigh_gate(s, g, s.ticket) then
 else
   local ticket = s.ticket
   if g.waiter_ms > 0 and not ticket then
-    ticket = seq_after(s.m.ticket)
-    s.meta_writes[#s.meta_writes + 1] = 'ticket'
-    s.meta_writes[#s.meta_writes + 1] = fmt(ticket)
+    ticket = new_ticket(s.m, g.weight, s.meta_writes)
   end
   result = {0, unpack(refuse_gate(s, g, ticket, g.waiter_ms, ARGV[11] == '1', true))}
 end

@@ -80,13 +80,15 @@ for i = 1, n do
 end
 
 if not all and queue and not ticket then  -- one new ticket for every line
-  ticket = 0
-  for i = 1, n do ticket = math.max(ticket, seq_after(states[i].m.ticket)) end
+  local seq = 0
+  for i = 1, n do seq = math.max(seq, seq_after(states[i].m.ticket)) end
   for i = 1, n do
     local writes = states[i].meta_writes
     writes[#writes + 1] = 'ticket'
-    writes[#writes + 1] = fmt(ticket)
+    writes[#writes + 1] = fmt(seq)
   end
+  -- Its priority (the same in every line; a fair key is the caller's to refuse here).
+  ticket = seq - order_in(gates[1].weight) * PRIORITY_STEP
 end
 
 local rows, refused_by = {}, {}

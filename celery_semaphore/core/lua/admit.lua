@@ -104,6 +104,7 @@ local function grant_gate(s, g)
   end
   local waited = 0
   if s.in_line then
+    if any_weighted(m) then count_fair_grant(records_of({'w|' .. holder})[1]) end
     local first = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|')
     if first then waited = now_ms - tonumber(first) end
     -- Arrived by a handover: arrival() made its record a tombstone already.

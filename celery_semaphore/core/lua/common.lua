@@ -86,6 +86,28 @@
 -- free permits and in the rate's room: FIFO, so a heavy waiter at the head holds back
 -- those behind it until its k permits are free (fit()).
 --
+-- The order of the line: priority and fair share ----------------------------------
+--
+-- A contender's weight text may go on: "<k>|<j>|<priority>" or
+-- "<k>|<j>|<priority>|<fair weight>|<fair key>" (order_in()). Its ticket, when it takes
+-- a new one (new_ticket()), is then not just the next in time:
+--   * priority p (-255..255, higher goes first; 0 unless said), without a fair key:
+--     the ticket is moved p x PRIORITY_STEP (2^40 µs, about 12.7 days) earlier, so it
+--     goes ahead of every less urgent waiter, in time order among equals.
+--   * a fair key: the line is shared between the keys that have waiters, in turns
+--     (start-time fair queuing): each key has a tail in meta "f|<key>" =
+--     "<tail>|<waiting>|<urgent tail>|<grants>|<minute>|<grants the minute before>", and
+--     a new waiter of the key starts at max(head of the line, its tail); its tail then
+--     moves on one turn, FAIR_TURN / its fair weight. So keys alternate (weight 3 takes
+--     three turns to one), a key alone takes every turn, and within a key tickets grow:
+--     FIFO. A waiter more urgent than 0 starts at its key's urgent tail instead (its
+--     key's next turn), and its key's tail still moves on (it pays the turn back at
+--     the end of its line). "<waiting>" counts the key's waiters (from their meta w|
+--     records): at 0 the key's record goes (it leaves the rotation; n_fair_keys counts
+--     the records). Ties go to the earlier asker (the low bits of the ticket).
+-- A waiter with such a text keeps it in meta "w|<waiter>" like a weight, so leaving the
+-- line knows its key.
+
 -- Parked records ---------------------------------------------------------------
 --
 -- "<handover token>|<state>|<mark>|<payload>"; no record: the waiter asks itself.
@@ -206,6 +228,12 @@ local function write_meta(m, writes)
   redis.call('HSET', meta, unpack(writes))
 end
 
+-- The records meta keeps besides its fields (weights, fair keys: see the header), read
+-- where they are needed: {value, or false}.
+local function records_of(fields)
+  return redis.call('HMGET', meta, unpack(fields))
+end
+
 local function bump(field, n)
   if n > 0 then redis.call('HINCRBY', meta, field, n) end
 end
@@ -286,10 +314,19 @@ end
 
 local SEAT = '\0'
 
--- "<k>|<j>" (or '') as permits, grants.
+-- "<k>|<j>[|...]" (or '') as permits, grants.
 local function weight_in(text)
-  local k, j = string.match(text or '', '^(%d+)|(%d+)$')
+  local k, j = string.match(text or '', '^(%d+)|(%d+)')
   return tonumber(k) or 1, tonumber(j) or 1
+end
+
+-- A weight text's priority (0 unless said), fair weight and fair key (nil: not fair);
+-- see "The order of the line".
+local function order_in(text)
+  local p, fw, key = string.match(text or '', '^%d+|%d+|(%-?%d+)|(%d+)|(.*)$')
+  if p then return tonumber(p), tonumber(fw), key end
+  p = string.match(text or '', '^%d+|%d+|(%-?%d+)$')
+  return tonumber(p) or 0, 1, nil
 end
 
 -- ``holder``'s seats beyond its own member: {holder\02, ..., holder\0k}.
@@ -343,17 +380,18 @@ local function count_weighted(m, delta)
   if m then m.n_weighted = fmt(n) end
 end
 
--- The weights of the waiters in ``list``: {permits}, {grants}, in order.
+-- The weights of the waiters in ``list``: {permits}, {grants}, {their weight texts, or
+-- false}, in order.
 local function weights_of(m, list)
   local ks, js = {}, {}
   local values = {}
   if #list > 0 and any_weighted(m) then
     local fields = {}
     for i, waiter in ipairs(list) do fields[i] = 'w|' .. waiter end
-    values = redis.call('HMGET', meta, unpack(fields))
+    values = records_of(fields)
   end
   for i = 1, #list do ks[i], js[i] = weight_in(values[i]) end
-  return ks, js
+  return ks, js, values
 end
 
 -- How many of the waiters ``list`` (in line order) fit in ``permits`` and ``room``
@@ -379,26 +417,150 @@ local function weight_ahead(m, ahead)
   return k, j
 end
 
--- Records ``waiter``'s weight ("<k>|<j>", or nil: leaves it as it is) while it is in line.
-local function weigh_waiter(m, waiter, weight)
-  if weight == nil then return end
-  local k, j = weight_in(weight)
-  if k > 1 or j > 1 then
-    if redis.call('HSET', meta, 'w|' .. waiter, fmt(k) .. '|' .. fmt(j)) == 1 then
-      count_weighted(m, 1)
-    end
-  elseif any_weighted(m) and redis.call('HDEL', meta, 'w|' .. waiter) == 1 then
-    count_weighted(m, -1)
+-- Fair share (see "The order of the line") ------------------------------------------
+
+local FAIR_TURN = 1048576
+local PRIORITY_STEP = 1099511627776
+local TIE_BITS = 1024
+
+-- A key's record: {tail, waiting, urgent tail, grants this minute, the minute, grants
+-- the minute before} (numbers; 0 where absent), and whether it exists.
+local function fair_record(key)
+  local text = records_of({'f|' .. key})[1]
+  local f = {}
+  for part in string.gmatch(text or '', '([^|]*)|?') do
+    if #f == 6 then break end
+    f[#f + 1] = tonumber(part) or 0
   end
+  for i = #f + 1, 6 do f[i] = 0 end
+  return f, text ~= false
 end
 
--- Drops the weights of the waiters in ``list``, who left the line.
+-- Writes a key's record (``existed``: it was there), or drops it when nothing of the
+-- key waits (``keep``: not yet: a new ticket's waiter is counted when it stands in
+-- line). n_fair_keys counts the records.
+local function put_fair(key, f, existed, keep)
+  local field = 'f|' .. key
+  if f[2] <= 0 and not keep then
+    if existed then
+      redis.call('HDEL', meta, field)
+      redis.call('HINCRBY', meta, 'n_fair_keys', -1)
+    end
+    return
+  end
+  local parts = {}
+  for i = 1, 6 do parts[i] = fmt(f[i]) end
+  redis.call('HSET', meta, field, table.concat(parts, '|'))
+  if not existed then redis.call('HINCRBY', meta, 'n_fair_keys', 1) end
+end
+
+-- ``delta`` more (or fewer) waiters of ``key``.
+local function count_fair(key, delta)
+  local f, existed = fair_record(key)
+  f[2] = math.max(0, f[2] + delta)
+  put_fair(key, f, existed)
+end
+
+-- This minute's count, this minute, the minute before's: after ``cur`` grants in
+-- minute ``at`` and ``prev`` in the one before.
+local function roll_minute(cur, at, prev)
+  local minute = math.floor(now_ms / 60000)
+  if at == minute then return cur, minute, prev end
+  return 0, minute, at == minute - 1 and cur or 0
+end
+
+-- The metrics' class of a fair weight: 0 for 1, 1 for 2-3, 2 for 4-7, 3 for 8-15, 4 above.
+local function weight_class(fair_weight)
+  local class = 0
+  while fair_weight >= 2 and class < 4 do
+    fair_weight, class = fair_weight / 2, class + 1
+  end
+  return class
+end
+
+-- Counts a grant to a waiter whose weight text is ``record``, if it has a fair key that
+-- has waiters (status shows each key's share of the grants of the last minute or so:
+-- meta.fair_grants "<this minute's>|<minute>|<the minute before's>" counts them all).
+local function count_fair_grant(record)
+  local _, fair_weight, key = order_in(record)
+  if not key then return end
+  local f, existed = fair_record(key)
+  if not existed then return end
+  f[4], f[5], f[6] = roll_minute(f[4], f[5], f[6])
+  f[4] = f[4] + 1
+  put_fair(key, f, true)
+  local all = {}
+  for part in string.gmatch(records_of({'fair_grants'})[1] or '', '([^|]+)') do
+    all[#all + 1] = tonumber(part)
+  end
+  local cur, at, prev = roll_minute(all[1] or 0, all[2] or 0, all[3] or 0)
+  redis.call('HSET', meta, 'fair_grants', fmt(cur + 1) .. '|' .. fmt(at) .. '|' .. fmt(prev))
+  bump('m_fair_granted_c' .. weight_class(fair_weight), 1)
+end
+
+-- A new ticket for a contender whose weight text is ``order`` (see "The order of the
+-- line"); meta.ticket moves on (in ``m`` and in ``writes``, the caller's meta writes).
+local function new_ticket(m, order, writes)
+  local seq = seq_after(m.ticket)
+  m.ticket = fmt(seq)
+  writes[#writes + 1] = 'ticket'
+  writes[#writes + 1] = m.ticket
+  local priority, fair_weight, key = order_in(order)
+  if not key then return seq - priority * PRIORITY_STEP end
+  local head = redis.call('ZRANGE', waiters, 0, 0, 'WITHSCORES')
+  local v = tonumber(head[2]) or seq
+  local f, existed = fair_record(key)
+  local turn = FAIR_TURN / fair_weight
+  local start
+  if priority > 0 then
+    start = math.max(v, f[3])
+    f[3] = start + turn
+    f[1] = math.max(v, f[1]) + turn
+  else
+    start = math.max(v, f[1])
+    f[1] = start + turn
+  end
+  put_fair(key, f, existed, true)
+  return math.floor(start) + seq % TIE_BITS
+end
+
+-- Waiters' weight records -----------------------------------------------------------
+
+-- Drops the weight records of the waiters in ``list``, who left the line (and counts
+-- them out of their fair keys).
 local function unweigh(m, list)
   if not any_weighted(m) then return end
   local fields = {}
   for i, waiter in ipairs(list) do fields[i] = 'w|' .. waiter end
-  local unweighed = redis.call('HDEL', meta, unpack(fields))
-  if unweighed > 0 then count_weighted(m, -unweighed) end
+  local unweighed = 0
+  for _, record in ipairs(records_of(fields)) do
+    if record then
+      unweighed = unweighed + 1
+      local _, _, key = order_in(record)
+      if key then count_fair(key, -1) end
+    end
+  end
+  if unweighed > 0 then
+    redis.call('HDEL', meta, unpack(fields))
+    count_weighted(m, -unweighed)
+  end
+end
+
+-- Records ``waiter``'s weight text (see "Weights" and "The order of the line"; nil:
+-- leaves it as it is) while it is in line.
+local function weigh_waiter(m, waiter, weight)
+  if weight == nil then return end
+  if weight ~= '' and weight ~= '1|1' then
+    local old = records_of({'w|' .. waiter})[1]
+    if old == weight then return end
+    if old then unweigh(m, {waiter}) end
+    redis.call('HSET', meta, 'w|' .. waiter, weight)
+    count_weighted(m, 1)
+    local _, _, key = order_in(weight)
+    if key then count_fair(key, 1) end
+  elseif any_weighted(m) then
+    unweigh(m, {waiter})
+  end
 end
 
 -- Parked records (see the header) ----------------------------------------------
@@ -634,10 +796,10 @@ local function grant_in_place(m, declared, channel)
   local fence, last_at, average, granted = m.fence, m.grant_at, m.grant_gap_ms, 0
   local list = redis.call('ZRANGE', waiters, 0, free - 1)
   local n = #list
-  local ks, js = {}, {}
+  local ks, js, records = {}, {}, {}
   if any_weighted(m) then
     n = fit(m, list, permits, room)
-    ks, js = weights_of(m, list)
+    ks, js, records = weights_of(m, list)
   end
   local spent = 0
   for i = 1, n do
@@ -648,6 +810,7 @@ local function grant_in_place(m, declared, channel)
     local waited = now_ms - (tonumber(since) or now_ms)
     local expires = now_ms + tonumber(lease_ms)
     fence = fmt(seq_after(fence))
+    if records[i] then count_fair_grant(records[i]) end
     leave_line({holder}, 'served', m)
     occupy(holder, expires, ks[i] or 1)
     spent = spent + (js[i] or 1)

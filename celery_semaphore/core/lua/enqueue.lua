@@ -14,7 +14,8 @@
 --                          made room
 -- ARGV[9] rate             '' or the caller's rate (see "Rates" in common.lua)
 -- ARGV[10] weight          "<permits>|<grants>" it will ask for, or '' (1|1; see
---                          "Weights" in common.lua)
+--                          "Weights" in common.lua), with its priority and fair key if
+--                          it has them (see "The order of the line" there)
 --
 -- Returns {ticket, position, holders, effective limit, draining 0/1, µs until the
 -- rate allows it a grant ('' without a rate)}: the ticket already held by this
@@ -41,7 +42,9 @@ local ahead = waiting
 if ticket then
   ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
 else
-  ticket = next_seq(m, 'ticket')
+  local writes = {}
+  ticket = new_ticket(m, weight, writes)
+  write_meta(m, writes)
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
   redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - horizon_ms)

@@ -28,7 +28,11 @@ local m = load_meta({'ticket'}, true)
 redis.call('ZREM', sent, holder)  -- its message now waits here, not in the broker
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end
-if not ticket then ticket = next_seq(m, 'ticket') end
+if not ticket then
+  local writes = {}
+  ticket = new_ticket(m, weight or '', writes)
+  write_meta(m, writes)
+end
 stand_in_line(m, holder, ticket, park_ms, info, weight)
 put_record(holder, '0|p|' .. (m.released or '0') .. '|' .. payload,
   redis.call('HGET', parked, holder))
