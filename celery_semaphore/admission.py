@@ -43,7 +43,7 @@ from .core import (
     SemaphoreTimeout,
     StaleHandover,
 )
-from .gates import joint_of, semaphore_of, task_gates
+from .gates import joint_of, semaphore_of, task_gates, urgency
 from .limits import RateLimited
 from .retry import WAITS_MARK, Waits
 from .state import state_of
@@ -70,7 +70,8 @@ def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any
     raw = getattr(request, GATES_HEADER, None)
     if raw is not None:
         return decode_gates(raw)
-    return task_gates(task, args, kwargs)
+    priority = (getattr(request, "delivery_info", None) or {}).get("priority")
+    return task_gates(task, args, kwargs, urgency(task.app, priority))
 
 
 def _info(task: Any, request: Any) -> str:
@@ -143,7 +144,7 @@ class Admission:
         result = self.joint.attempt(
             self.request.id, min(known, default=None), queue=queue, wait_lease=wait_lease,
             info=self.info, handover=handover, weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates],
+            rate_weights=[g.rate_weight for g in self.gates], priority=self.gates[0].priority,
         )  # fmt: skip
         self._keep_ticket(result)
         return result
@@ -155,7 +156,7 @@ class Admission:
             seconds, self.request.id, min(known, default=None),
             wait_lease=seconds + PLACE_GRACE, info=self.info,
             weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates],
+            rate_weights=[g.rate_weight for g in self.gates], priority=self.gates[0].priority,
         )  # fmt: skip
         self._keep_ticket(result)
         return result
@@ -213,8 +214,7 @@ class Admission:
             return None
         for gate in self.gates:
             result = self._sem(gate).attempt(
-                self.request.id, queue=False, info=self.info, weight=gate.weight,
-                rate_weight=gate.rate_weight,
+                self.request.id, queue=False, info=self.info, **gate.asks(),
             )  # fmt: skip
             if isinstance(result, Place):
                 self.exit(unused=True)
@@ -234,7 +234,7 @@ class Admission:
             return True
         result = self._sem(gate).attempt(
             self.request.id, place.ticket, wait_lease=seconds, info=self.info,
-            weight=gate.weight, rate_weight=gate.rate_weight,
+            **gate.asks(),
         )  # fmt: skip
         if isinstance(result, Place):
             return False
@@ -248,7 +248,7 @@ class Admission:
             handover, self.state.handover = self.state.handover[1], None
         result = self._sem(gate).attempt(
             self.request.id, ticket, wait_lease=PLACE_GRACE, info=self.info, handover=handover,
-            weight=gate.weight, rate_weight=gate.rate_weight,
+            **gate.asks(),
         )  # fmt: skip
         if isinstance(result, Place):
             self.state.tickets[gate.name] = result.ticket
@@ -257,7 +257,7 @@ class Admission:
     def _wait_for_turn(self, gate: Gate, place: Place, seconds: float) -> Permit | Place:
         return self._sem(gate).wait_for_turn(
             seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE,
-            info=self.info, weight=gate.weight, rate_weight=gate.rate_weight,
+            info=self.info, **gate.asks(),
         )  # fmt: skip
 
     def _granted(self, gate: Gate, permit: Permit) -> None:
@@ -378,7 +378,7 @@ def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry
         admission._send(signals.rate_limited, gate, retry_after=seconds)
         result = semaphore.attempt(
             request.id, tickets.get(gate.name), wait_lease=seconds + PLACE_GRACE,
-            info=admission.info, weight=gate.weight, rate_weight=gate.rate_weight,
+            info=admission.info, **gate.asks(),
         )  # fmt: skip
         if isinstance(result, Place):
             place = place or result

@@ -78,23 +78,66 @@ def queue_of(queues: Iterable[Any], exchange: Any, routing_key: str | None) -> s
     return routing_key
 
 
-def queue_gate(queue: str | None, config: SemaphoreConfig) -> Gate | None:
+def queue_gate(queue: str | None, config: SemaphoreConfig, priority: int = 0) -> Gate | None:
     if queue is None or (queue not in config.queue_limits and queue not in config.queue_rates):
         return None
     limit = config.queue_limits.get(queue, validation.MAX_LIMIT)
-    return Gate(QUEUE_PREFIX + queue, limit, rate=config.queue_rates.get(queue))
+    return Gate(QUEUE_PREFIX + queue, limit, rate=config.queue_rates.get(queue), priority=priority)
 
 
-def task_gates(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Gate]:
-    """The task's own gates (none for a task that declares no limits).
+#: Brokers whose lower priority numbers go first (kombu's virtual transports: Redis,
+#: SQS, ...; 0 is the most urgent and the default). AMQP (RabbitMQ): higher goes first.
+LOWER_FIRST_MOST = 9
+AMQP_MOST = 255
+
+
+def urgency(app: Any, priority: Any) -> int:
+    """A message's ``priority`` as a place in a semaphore's line (higher goes first, 0
+    for none), with the meaning the app's broker gives the number: on RabbitMQ (AMQP)
+    higher is more urgent (0-255), on Redis and kombu's other virtual transports
+    lower is (0-9, 0 the most urgent and the default). A number the broker does not
+    take is brought into its range, as the broker does, with one WARNING."""
+    if priority is None:
+        return 0
+    amqp = _broker_is_amqp(app)
+    most = AMQP_MOST if amqp else LOWER_FIRST_MOST
+    valid = isinstance(priority, int) and not isinstance(priority, bool)
+    if not valid or not 0 <= priority <= most:
+        clamped = min(max(int(priority) if valid else 0, 0), most)
+        logger.warning(
+            "priority %r is outside what the broker takes (0-%d): ordered as %d",
+            priority, most, clamped,
+        )  # fmt: skip
+        priority = clamped
+    return int(priority) if amqp else -int(priority)
+
+
+def _broker_is_amqp(app: Any) -> bool:
+    cached = state_of(app).broker_is_amqp
+    if cached is None:
+        try:
+            driver = app.connection_for_write().transport.driver_type
+        except Exception:  # an unknown transport: the AMQP meaning (higher first)
+            driver = "amqp"
+        cached = state_of(app).broker_is_amqp = driver == "amqp"
+    return cached
+
+
+def task_gates(
+    task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], priority: int = 0
+) -> list[Gate]:
+    """The task's own gates (none for a task that declares no limits); ``priority``:
+    its message's, as `urgency()` gives it.
 
     Raises ValueError / TypeError naming the task when a key function fails.
     """
     declared: list[Declared] = getattr(task, "declared_limits", None) or []
-    return [_gate(task, limits, args, kwargs) for limits in declared]
+    return [_gate(task, limits, args, kwargs, priority) for limits in declared]
 
 
-def _gate(task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Gate:
+def _gate(
+    task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str, Any], priority: int
+) -> Gate:
     spec = limits.name
     limit = validation.MAX_LIMIT if limits.limit is None else limits.limit
     if callable(spec):
@@ -117,7 +160,34 @@ def _gate(task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str,
     weight = _weight(task, limits.weight, limit, "limit", args=args, kwargs=kwargs)
     burst = validation.MAX_LIMIT if limits.rate is None else limits.rate.burst
     rate_weight = _weight(task, limits.rate_weight, burst, "burst", args=args, kwargs=kwargs)
-    return Gate(name, limit, family, limits.rate, limits.shadow, weight, rate_weight)
+    fair_key, fair_weight = None, 1
+    if limits.fair_by is not None:
+        fair_key, fair_weight = _account(task, limits, args, kwargs)
+    return Gate(
+        name, limit, family, limits.rate, limits.shadow, weight, rate_weight, priority,
+        fair_key, fair_weight,
+    )  # fmt: skip
+
+
+def _account(
+    task: Any, limits: Declared, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[str, int]:
+    """The account whose turn this request takes on a fair limit, and its weight
+    (checked here, naming the task)."""
+    try:
+        account = limits.fair_by(*args, **kwargs)  # type: ignore[misc]
+    except Exception as error:
+        raise ValueError(
+            f"task {task.name}: the fair_by function {limits.fair_by!r} failed on this "
+            f"task's arguments: {error!r}"
+        ) from error
+    if isinstance(account, int) and not isinstance(account, bool):
+        account = str(account)
+    try:
+        key = validation.check_fair_key(account)
+        return key, validation.fair_weight_of(limits.fair_weights, key)
+    except ValueError as error:
+        raise ValueError(f"task {task.name}: fair_by: {error}") from None
 
 
 def _weight(
@@ -143,12 +213,18 @@ def _weight(
 
 
 def request_gates(
-    task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None
+    task: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    queue: str | None,
+    priority: Any = None,
 ) -> list[Gate]:
     """The gates of one request of ``task`` consumed from ``queue``, in the order
-    they are taken (those with a rate last). Raises like `task_gates()`."""
-    queue_gates = [gate for gate in [queue_gate(queue, get_config(task.app))] if gate]
-    gates = queue_gates + task_gates(task, args, kwargs)
+    they are taken (those with a rate last); ``priority``: its message's, as the
+    broker gives it (`urgency()`). Raises like `task_gates()`."""
+    urgent = urgency(task.app, priority)
+    queue_gates = [gate for gate in [queue_gate(queue, get_config(task.app), urgent)] if gate]
+    gates = queue_gates + task_gates(task, args, kwargs, urgent)
     return sorted(gates, key=lambda gate: gate.rate is not None)
 
 
@@ -170,6 +246,12 @@ def joint_of(app: Any, gates: Sequence[Gate], config: SemaphoreConfig) -> Semaph
     if len(gates) < 2:
         return None
     try:
+        fair = [gate.name for gate in gates if gate.fair_key is not None]
+        if fair:
+            raise ValueError(
+                f"a fair limit ({', '.join(fair)}) orders its own line by account, which one "
+                "step across several lines cannot keep"
+            )
         return SemaphoreSet([semaphore_of(app, gate, config) for gate in gates])
     except ValueError as error:
         names = tuple(gate.name for gate in gates)

@@ -17,6 +17,14 @@ int or a function of the task's arguments (``weight=lambda rows, **_: len(rows) 
 the short form's ``weight=`` applies to its limit and its rate. A task waits until its
 whole weight is free, in line order.
 
+Every limit takes ``fair_by=``: a function of the task's arguments naming the account
+(tenant, customer) a task is for; the tasks waiting on that semaphore are then served in
+turns between the accounts that have tasks waiting, in order within each account, so one
+account's backlog does not hold another's first task behind all of it.
+``fair_weights=`` (a mapping of account to weight, or a function of the account) gives
+an account of weight 3 three turns for every one of an account of weight 1. The
+message's ``priority`` orders the line (within an account's turns on a fair limit).
+
 Limits that name the same semaphore are one gate: its concurrency limit and its
 rate are granted by one script call, in one line (see "Rates" in
 ``core/lua/common.lua``). Different names are different gates, all taken in one
@@ -42,6 +50,7 @@ from .core.rates import RateLimit, parse_rate
 
 Name = str | Callable[..., str]
 Weight = int | Callable[..., int]
+FairBy = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -50,12 +59,16 @@ class Concurrency:
     function of the task's arguments: `per_key()`). ``shadow=True``: never refuse,
     only count the tasks it would have made wait (to try a limit before enforcing it).
     ``weight``: the permits one task takes (an int up to ``limit``, or a function of
-    the task's arguments returning one; Prefect calls it ``occupy``)."""
+    the task's arguments returning one; Prefect calls it ``occupy``). ``fair_by``: a
+    function of the task's arguments naming its account: waiting tasks are served in
+    turns between accounts (``fair_weights``: an account's turns, 1 unless said)."""
 
     name: Name
     limit: int
     shadow: bool = False
     weight: Weight = 1
+    fair_by: FairBy | None = None
+    fair_weights: validation.FairWeights | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,8 @@ class Rate:
     ``burst`` at once after an idle spell (1: evenly spaced starts). ``shadow=True``:
     never delay a start, only count those it would have delayed, and by how much.
     ``weight``: the starts one task counts as (an int up to ``burst``, or a function of
-    the task's arguments returning one: a batch call that counts as 5 requests)."""
+    the task's arguments returning one: a batch call that counts as 5 requests).
+    ``fair_by``, ``fair_weights``: as for `Concurrency`."""
 
     name: Name
     count: int
@@ -72,6 +86,8 @@ class Rate:
     burst: int = 1
     shadow: bool = False
     weight: Weight = 1
+    fair_by: FairBy | None = None
+    fair_weights: validation.FairWeights | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,9 @@ class Declared:
     #: The permits of ``limit`` and the starts of ``rate`` one task takes.
     weight: Weight = 1
     rate_weight: Weight = 1
+    #: Whose turn a task is (a function of its arguments), and the accounts' weights.
+    fair_by: FairBy | None = None
+    fair_weights: validation.FairWeights | None = None
 
 
 class RateLimited(Exception):
@@ -117,11 +136,13 @@ def declared(task: Any) -> list[Declared]:
     spec = _static(task, "semaphore")
     limit, rate, listed = (_static(task, attribute) for attribute in ("limit", "rate", "limits"))
     weight = _static(task, "weight")
+    fair_by, fair_weights = _static(task, "fair_by"), _static(task, "fair_weights")
     if listed is not None:
-        if spec is not None or limit is not None or rate is not None or weight is not None:
+        short = (spec, limit, rate, weight, fair_by, fair_weights)
+        if any(option is not None for option in short):
             raise TypeError(
-                f"{owner}: give either semaphore= with limit=, rate= and weight=, or "
-                "limits=[...] (each with its own weight=), not both"
+                f"{owner}: give either semaphore= with limit=, rate=, weight= and fair_by=, "
+                "or limits=[...] (each with its own weight= and fair_by=), not both"
             )
         return _grouped(owner, listed)
     if spec is None:
@@ -140,7 +161,8 @@ def declared(task: Any) -> list[Declared]:
     weight = 1 if weight is None else weight
     _check_weight(owner, "weight", weight, limit, "limit")
     _check_weight(owner, "weight", weight, None if checked is None else checked.burst, "burst")
-    return [Declared(spec, limit, checked, weight=weight, rate_weight=weight)]
+    fair = _check_fair(owner, "", fair_by, fair_weights)
+    return [Declared(spec, limit, checked, weight=weight, rate_weight=weight, **fair)]
 
 
 def _grouped(owner: str, listed: Any) -> list[Declared]:
@@ -153,6 +175,7 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
     rates: dict[Any, RateLimit] = {}
     weights: dict[tuple[Any, str], Weight] = {}
     shadow: dict[Any, set[str]] = {}
+    fair: dict[Any, dict[str, Any]] = {}
     order: list[Any] = []
     for item in listed:
         if not isinstance(item, Concurrency | Rate):
@@ -180,6 +203,13 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
             rates[item.name] = _checked_rate(owner, item)
             _check_weight(owner, f"{item!r}: weight", item.weight, item.burst, "burst")
         weights[(item.name, kind)] = item.weight
+        if item.fair_by is not None or item.fair_weights is not None:
+            given = _check_fair(owner, f"{item!r}: ", item.fair_by, item.fair_weights)
+            if fair.setdefault(item.name, given) != given:
+                raise ValueError(
+                    f"{owner}: the limits on {item.name!r} give different fair_by= or "
+                    "fair_weights=; they share one line: give them on one of the limits"
+                )
     found = [
         Declared(
             name,
@@ -188,6 +218,7 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
             frozenset(shadow.get(name, ())),
             weight=weights.get((name, "Concurrency"), 1),
             rate_weight=weights.get((name, "Rate"), 1),
+            **fair.get(name, {}),
         )
         for name in order
     ]
@@ -223,3 +254,25 @@ def _static(task: Any, attribute: str) -> Any:
     """An option as declared (a key function stays a plain function, not a method)."""
     value = inspect.getattr_static(task, attribute, None)
     return value.__func__ if isinstance(value, staticmethod) else value
+
+
+def _check_fair(owner: str, what: str, fair_by: Any, fair_weights: Any) -> dict[str, Any]:
+    """``fair_by`` a function of the task's arguments; ``fair_weights`` a mapping or a
+    function of the account, and only with ``fair_by``: the `Declared` fields."""
+    if fair_by is None:
+        if fair_weights is not None:
+            raise TypeError(
+                f"{owner}: {what}fair_weights= needs fair_by= (a function of the task's "
+                "arguments naming its account)"
+            )
+        return {}
+    if not callable(fair_by) or isinstance(fair_by, type):
+        raise TypeError(
+            f"{owner}: {what}fair_by must be a function of the task's arguments returning "
+            f"its account (a str or an int), like lambda account, **_: account; got {fair_by!r}"
+        )
+    try:
+        weights = validation.check_fair_weights(fair_weights)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{owner}: {what}{error}") from None
+    return {"fair_by": fair_by, "fair_weights": weights}

@@ -63,6 +63,7 @@ def take_places(
     exchange: Any = None,
     routing_key: Any = None,
     declare: Any = None,
+    properties: dict[str, Any] | None = None,
     **_: Any,
 ) -> None:
     """``before_task_publish`` handler: a place in line per gate of a new task."""
@@ -78,7 +79,8 @@ def take_places(
         if task is None:
             continue
         queue = published_queue(app, declare, exchange, routing_key)
-        if places_of(app, task, body, headers, queue):
+        priority = (properties or {}).get("priority")
+        if places_of(app, task, body, headers, queue, priority=priority):
             return
 
 
@@ -88,10 +90,17 @@ def is_new(headers: dict[str, Any]) -> bool:
 
 
 def places_of(
-    app: Any, task: Any, body: Any, headers: dict[str, Any], queue: str | None
+    app: Any,
+    task: Any,
+    body: Any,
+    headers: dict[str, Any],
+    queue: str | None,
+    *,
+    priority: Any = None,
 ) -> dict[Gate, Place]:
-    """Places in line for a new message of ``task`` to ``queue``, one per gate (none
-    while publishing is paused, or if Redis fails); their tickets go in ``headers``."""
+    """Places in line for a new message of ``task`` to ``queue`` with ``priority`` (as
+    the broker gives it), one per gate (none while publishing is paused, or if Redis
+    fails); their tickets go in ``headers``."""
     warn_disagreeing_limits(app)
     state = state_of(app)
     if time.monotonic() < state.publish_paused_until:
@@ -103,10 +112,9 @@ def places_of(
                 headers["id"],
                 wait_lease=PLACE_AT_PUBLISH,
                 info=task.name,
-                weight=gate.weight,
-                rate_weight=gate.rate_weight,
+                **gate.asks(),
             )
-            for gate in request_gates(task, body[0], body[1], queue)
+            for gate in request_gates(task, body[0], body[1], queue, priority)
         }
     except (TypeError, ValueError):
         return {}  # a bad key function fails the task in the worker, with a clear message
@@ -185,7 +193,7 @@ class ParkingProducer:
         queue = published_queue(
             app, options.get("declare"), options.get("exchange"), options.get("routing_key")
         )
-        places = places_of(app, task, body, headers, queue)
+        places = places_of(app, task, body, headers, queue, priority=options.get("priority"))
         if len(places) != 1:
             return False  # no gate, or a queue cap and a task cap: each waits at a worker
         ((gate, place),) = places.items()

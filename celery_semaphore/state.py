@@ -182,6 +182,9 @@ class AppState:
     #: The gates' names that one script call cannot reach together, warned of once
     #: (`celery_semaphore.gates.joint_of`).
     joint_warned: set[tuple[str, ...]] = field(default_factory=set)
+    #: Whether the app's broker speaks AMQP, where a higher priority goes first
+    #: (`celery_semaphore.gates.urgency`); None until asked.
+    broker_is_amqp: bool | None = None
 
 
 _create_lock = threading.Lock()

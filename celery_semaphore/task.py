@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any, ClassVar
 
@@ -37,7 +37,12 @@ class LimitedTask(Task):  # type: ignore[misc]
       both are granted in one step (give ``limit``, ``rate`` or both);
     - ``weight``: the permits one task takes (and the rate's starts it counts as),
       an int or a function of the task's arguments (default 1);
-    - ``limits``: instead of the four above, a list of
+    - ``fair_by``: a function of the task's arguments naming its account (tenant,
+      customer): waiting tasks are served in turns between the accounts that have
+      tasks waiting, in order within each (``fair_by=lambda account, **_: account``);
+      ``fair_weights``: a mapping of account to weight, or a function of the account
+      (an account of weight 3 gets three turns for every one of weight 1);
+    - ``limits``: instead of the options above, a list of
       [Concurrency][celery_semaphore.Concurrency] and
       [Rate][celery_semaphore.Rate] limits, each on a semaphore of its own or a
       shared one (`celery_semaphore.limits`);
@@ -55,6 +60,8 @@ class LimitedTask(Task):  # type: ignore[misc]
     limit: ClassVar[int | None] = None
     rate: ClassVar[str | None] = None
     weight: ClassVar[int | Callable[..., int] | None] = None
+    fair_by: ClassVar[Callable[..., Any] | None] = None
+    fair_weights: ClassVar[Mapping[str, int] | Callable[[str], int] | None] = None
     limits: ClassVar[list[Concurrency | Rate] | None] = None
     semaphore_options: ClassVar[dict[str, Any]] = {}
     #: The limits above, checked once (`celery_semaphore.limits.declared`).
@@ -81,7 +88,8 @@ class LimitedTask(Task):  # type: ignore[misc]
                 if option not in TASK_OPTIONS:
                     raise ValueError(
                         f"{name}: unknown option {attribute}; accepted: semaphore, limit, "
-                        "rate, weight, limits, " + ", ".join(PREFIX + o for o in TASK_OPTIONS)
+                        "rate, weight, fair_by, fair_weights, limits, "
+                        + ", ".join(PREFIX + o for o in TASK_OPTIONS)
                     )
                 options[option] = getattr(cls, attribute)
         for option in TASK_OPTIONS:

@@ -103,15 +103,34 @@ class Gate:
     #: The permits this request takes, and its rate's starts (`celery_semaphore.limits`).
     weight: int = 1
     rate_weight: int = 1
+    #: Its place in the line: the message's priority (higher first: see
+    #: `celery_semaphore.gates.urgency`), and on a fair limit the account whose turn it
+    #: takes and that account's weight.
+    priority: int = 0
+    fair_key: str | None = None
+    fair_weight: int = 1
+
+    def asks(self) -> dict[str, Any]:
+        """What the request asks of the gate's semaphore, as keyword arguments of
+        ``Semaphore.attempt()`` and the like."""
+        return {
+            "weight": self.weight, "rate_weight": self.rate_weight, "priority": self.priority,
+            "fair_key": self.fair_key, "fair_weight": self.fair_weight,
+        }  # fmt: skip
 
     def encode(self) -> list[Any]:
-        """[name, limit], then family, rate, shadow and "<weight>|<rate weight>" where
-        any is set."""
+        """[name, limit], then family, rate, shadow, "<weight>|<rate weight>" and
+        "<priority>[|<fair weight>|<fair key>]" where any is set."""
         rate = "" if self.rate is None else self.rate.encode()
         weights = (
             "" if self.weight == self.rate_weight == 1 else f"{self.weight}|{self.rate_weight}"
         )
-        tail = [self.family, rate, ",".join(sorted(self.shadow)), weights]
+        order = ""
+        if self.fair_key is not None:
+            order = f"{self.priority}|{self.fair_weight}|{self.fair_key}"
+        elif self.priority:
+            order = str(self.priority)
+        tail = [self.family, rate, ",".join(sorted(self.shadow)), weights, order]
         while tail and not tail[-1]:
             tail.pop()
         return [self.name, self.limit, *tail]
@@ -119,17 +138,19 @@ class Gate:
     @classmethod
     def decode(cls, raw: Any) -> Gate:
         name, limit, *rest = raw
-        if len(rest) > 4 or not all(isinstance(item, str) for item in rest):
+        if len(rest) > 5 or not all(isinstance(item, str) for item in rest):
             raise ValueError(
-                f"a gate is [name, limit] followed by up to four texts (family, rate, "
-                f"shadow limits, weights), got {raw!r}"
+                f"a gate is [name, limit] followed by up to five texts (family, rate, "
+                f"shadow limits, weights, order), got {raw!r}"
             )
-        family, rate, shadow, weights = [*rest, "", "", "", ""][:4]
+        family, rate, shadow, weights, order = [*rest, "", "", "", "", ""][:5]
         kinds = frozenset(shadow.split(",")) if shadow else frozenset()
         weight, _, rate_weight = weights.partition("|")
+        priority, fair_weight, fair_key = [*order.split("|", 2), None, None][:3]
         return cls(
             str(name), int(limit), family, RateLimit.decode(rate), kinds,
-            int(weight or 1), int(rate_weight or 1),
+            int(weight or 1), int(rate_weight or 1), int(priority or 0), fair_key,
+            int(fair_weight or 1),
         )  # fmt: skip
 
 

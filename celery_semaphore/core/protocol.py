@@ -535,11 +535,14 @@ class SemaphoreSpec:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
-        weight_arg = self.weight_arg(weight, rate_weight, fair_key=fair_key, priority=priority)
+        weight_arg = self.weight_arg(
+            weight, rate_weight, fair_key=fair_key, fair_weight=fair_weight, priority=priority
+        )
         validation.check_ticket(handover, "handover")
         validation.check_info(info)
         wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
@@ -568,12 +571,14 @@ class SemaphoreSpec:
         rate_weight: int | None,
         *,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> str:
         """The scripts' weight text, "<permits>|<grants>" ('' for 1|1), checked against
         this semaphore's limit and burst: a weight that could never be granted is an
         error; then "|<priority>" and "|<fair weight>|<fair key>" where they are given
-        (see "The order of the line" in lua/common.lua)."""
+        (see "The order of the line" in lua/common.lua). ``fair_weight`` None: the
+        semaphore's ``fair_weights`` say."""
         permits, grants = validation.check_weights(
             weight,
             rate_weight,
@@ -584,7 +589,10 @@ class SemaphoreSpec:
         priority = validation.check_priority(priority)
         if fair_key is not None:
             key = validation.check_fair_key(fair_key)
-            share = validation.fair_weight_of(self.fair_weights, key)
+            if fair_weight is None:
+                share = validation.fair_weight_of(self.fair_weights, key)
+            else:
+                share = validation.check_fair_weight(fair_weight, key)
             return f"{permits}|{grants}|{priority}|{share}|{key}"
         if priority:
             return f"{permits}|{grants}|{priority}"
@@ -602,6 +610,7 @@ class SemaphoreSpec:
         weight: int | None = None,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> list[Any]:
         validation.check_holder(holder)
@@ -621,7 +630,9 @@ class SemaphoreSpec:
         weight_arg = ""  # keeps the one its refused attempt recorded
         if weight is not None or fair_key is not None or priority:
             permits = 1 if weight is None else weight
-            weight_arg = self.weight_arg(permits, rate_weight, fair_key=fair_key, priority=priority)
+            weight_arg = self.weight_arg(
+                permits, rate_weight, fair_key=fair_key, fair_weight=fair_weight, priority=priority
+            )
             weight_arg = weight_arg or "1|1"
         return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
                 self.dispatch, due_ms, self.keys.channel, weight_arg]  # fmt: skip
@@ -641,11 +652,14 @@ class SemaphoreSpec:
         rate_weight: int | None = None,
         *,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_info(info)
-        weight_arg = self.weight_arg(weight, rate_weight, fair_key=fair_key, priority=priority)
+        weight_arg = self.weight_arg(
+            weight, rate_weight, fair_key=fair_key, fair_weight=fair_weight, priority=priority
+        )
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,

@@ -24,11 +24,13 @@ def consumed_queue(consumer: Any, delivery_info: dict[str, Any]) -> str | None:
 
 def decide_gates(sender: Any = None, request: Any = None, **_: Any) -> None:
     """``task_received`` handler (``sender`` is the consumer)."""
-    queue = consumed_queue(sender, request.delivery_info or {})
+    delivery_info = request.delivery_info or {}
+    queue = consumed_queue(sender, delivery_info)
     if queue is not None:
         request.request_dict[QUEUE_HEADER] = queue
+    priority = delivery_info.get("priority")
     try:
-        gates = request_gates(request.task, request.args, request.kwargs, queue)
+        gates = request_gates(request.task, request.args, request.kwargs, queue, priority)
     except (TypeError, ValueError):
         gates = []  # the child computes them again and fails the task with the message
     if gates:

@@ -187,7 +187,7 @@ def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **op
         (
             {"semaphore": None, "weight": 2, "limits": [Rate("s", 10)]},
             TypeError,
-            r"task opts\.t: give either semaphore= with limit=, rate= and weight=, or limits=",
+            r"task opts\.t: give either semaphore= with limit=, rate=, weight= and fair_by=, or limits=",
         ),
     ],
 )

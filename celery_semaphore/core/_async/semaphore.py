@@ -314,6 +314,7 @@ class AsyncSemaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> AsyncPermit | Place:
         """Take a permit if one is free and nobody earlier waits; else a `Place`.
@@ -337,7 +338,9 @@ class AsyncSemaphore:
         less urgent waiter, in order among equals. ``fair_key``: the line is shared in
         turns between the keys that have waiters (FIFO within a key; the semaphore's
         ``fair_weights`` give a key more turns); with both, priority orders the key's
-        own turns. Both only place a new ticket: a ticket presented again keeps its place.
+        own turns. ``fair_weight``: the key's weight here (default: what the semaphore's
+        ``fair_weights`` give it). These only place a new ticket: a ticket presented
+        again keeps its place.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -376,6 +379,7 @@ class AsyncSemaphore:
         weight: int | None = None,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
@@ -389,7 +393,8 @@ class AsyncSemaphore:
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
-            weight=weight, rate_weight=rate_weight, fair_key=fair_key, priority=priority,
+            weight=weight, rate_weight=rate_weight,
+            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
         )  # fmt: skip
         await self._list_parked()
         parked, handovers = self._spec.parse_park(await self._call("park", args))
@@ -439,6 +444,7 @@ class AsyncSemaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
@@ -450,7 +456,14 @@ class AsyncSemaphore:
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
         args = self._spec.enqueue_args(
-            holder, wait_lease, info, weight, rate_weight, fair_key=fair_key, priority=priority
+            holder,
+            wait_lease,
+            info,
+            weight,
+            rate_weight,
+            fair_key=fair_key,
+            fair_weight=fair_weight,
+            priority=priority,
         )
         return self._spec.parse_enqueue(await self._call("enqueue", args))
 
@@ -462,6 +475,7 @@ class AsyncSemaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> AsyncPermit | None:
         """A permit if one can be granted now, else None.
@@ -495,6 +509,7 @@ class AsyncSemaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> AsyncPermit:
         """Wait in FIFO order for a permit (``weight`` of them: see `attempt()`);
@@ -548,6 +563,7 @@ class AsyncSemaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> AsyncPermit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
@@ -592,12 +608,12 @@ class AsyncSemaphore:
                         return await self.attempt(
                             holder, ticket, wait_lease=wait_lease, info=info,
                             weight=weight, rate_weight=rate_weight,
-                            fair_key=fair_key, priority=priority,
+                            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
                         )  # fmt: skip
                     result = await self.attempt(
                         holder, ticket, wait_lease=wait_lease, info=info, in_place=True,
                         weight=weight, rate_weight=rate_weight,
-                        fair_key=fair_key, priority=priority,
+                        fair_key=fair_key, fair_weight=fair_weight, priority=priority,
                     )  # fmt: skip
                     if isinstance(result, AsyncPermit):
                         return result

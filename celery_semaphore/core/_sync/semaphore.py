@@ -310,6 +310,7 @@ class Semaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Permit | Place:
         """Take a permit if one is free and nobody earlier waits; else a `Place`.
@@ -333,7 +334,9 @@ class Semaphore:
         less urgent waiter, in order among equals. ``fair_key``: the line is shared in
         turns between the keys that have waiters (FIFO within a key; the semaphore's
         ``fair_weights`` give a key more turns); with both, priority orders the key's
-        own turns. Both only place a new ticket: a ticket presented again keeps its place.
+        own turns. ``fair_weight``: the key's weight here (default: what the semaphore's
+        ``fair_weights`` give it). These only place a new ticket: a ticket presented
+        again keeps its place.
         """
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
@@ -372,6 +375,7 @@ class Semaphore:
         weight: int | None = None,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
@@ -385,7 +389,8 @@ class Semaphore:
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
-            weight=weight, rate_weight=rate_weight, fair_key=fair_key, priority=priority,
+            weight=weight, rate_weight=rate_weight,
+            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
         )  # fmt: skip
         self._list_parked()
         parked, handovers = self._spec.parse_park(self._call("park", args))
@@ -433,6 +438,7 @@ class Semaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
@@ -444,7 +450,14 @@ class Semaphore:
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
         args = self._spec.enqueue_args(
-            holder, wait_lease, info, weight, rate_weight, fair_key=fair_key, priority=priority
+            holder,
+            wait_lease,
+            info,
+            weight,
+            rate_weight,
+            fair_key=fair_key,
+            fair_weight=fair_weight,
+            priority=priority,
         )
         return self._spec.parse_enqueue(self._call("enqueue", args))
 
@@ -456,6 +469,7 @@ class Semaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Permit | None:
         """A permit if one can be granted now, else None.
@@ -489,6 +503,7 @@ class Semaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Permit:
         """Wait in FIFO order for a permit (``weight`` of them: see `attempt()`);
@@ -542,6 +557,7 @@ class Semaphore:
         weight: int = 1,
         rate_weight: int | None = None,
         fair_key: str | None = None,
+        fair_weight: int | None = None,
         priority: int = 0,
     ) -> Permit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
@@ -586,12 +602,12 @@ class Semaphore:
                         return self.attempt(
                             holder, ticket, wait_lease=wait_lease, info=info,
                             weight=weight, rate_weight=rate_weight,
-                            fair_key=fair_key, priority=priority,
+                            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
                         )  # fmt: skip
                     result = self.attempt(
                         holder, ticket, wait_lease=wait_lease, info=info, in_place=True,
                         weight=weight, rate_weight=rate_weight,
-                        fair_key=fair_key, priority=priority,
+                        fair_key=fair_key, fair_weight=fair_weight, priority=priority,
                     )  # fmt: skip
                     if isinstance(result, Permit):
                         return result
