@@ -361,3 +361,49 @@ def shadowed(self: Any, seconds: float, tag: Any = None) -> Any:
 def slow_down_long(self: Any, tag: Any, retry_after: float) -> Any:
     """A pause longer than its backoff_max: it comes back early and waits in its place."""
     return _slow_down(self, tag, retry_after)
+
+
+# -- fair share and priority (test_fair_in_workers) ------------------------------------
+
+
+def _account(account: str, *_: Any, **__: Any) -> str:
+    return account
+
+
+def _gold_first(account: str) -> int:
+    return 3 if account == "gold" else 1
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="fair-api", limit=2, fair_by=_account)
+def fair_call(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="fair-api-countdown", limit=2,
+          fair_by=_account, semaphore_wait_mode="countdown")  # fmt: skip
+def fair_call_countdown(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, limits=[
+    Rate("fair-paced", 20, fair_by=_account, fair_weights=_gold_first),
+])  # fmt: skip
+def fair_paced(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="fair-broken", limit=1,
+          fair_by=lambda account, **_: {}[account])  # fmt: skip
+def fair_broken(self: Any, account: str) -> Any:
+    return account
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="prio", limit=1)
+def prioritized(self: Any, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="prio-countdown", limit=1,
+          semaphore_wait_mode="countdown")  # fmt: skip
+def prioritized_countdown(self: Any, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
