@@ -107,6 +107,6 @@ def test_a_fair_by_function_that_fails_fails_its_task_with_a_clear_message(
     cluster = clusters()
     cluster.worker("w1", concurrency=2)
     result = cluster.app_module.fair_broken.delay("nobody")
-    with pytest.raises(Exception, match="fair_by function .* failed on this task's arguments"):
+    with pytest.raises(Exception, match=r"fair_by function .* failed on this task's arguments"):
         result.get(timeout=30)
     assert cluster.app_module.fair_call.delay("A", 0.0, "after").get(timeout=30) == "after"

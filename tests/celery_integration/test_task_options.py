@@ -187,7 +187,40 @@ def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **op
         (
             {"semaphore": None, "weight": 2, "limits": [Rate("s", 10)]},
             TypeError,
-            r"task opts\.t: give either semaphore= with limit=, rate=, weight= and fair_by=, or limits=",
+            r"task opts\.t: give either semaphore= with limit=, rate=, weight= and fair_by=, or "
+            r"limits=",
+        ),
+        (
+            {"limit": 2, "fair_by": "account"},
+            TypeError,
+            r"task opts\.t: fair_by must be a function of the task's arguments returning its "
+            r"account",
+        ),
+        (
+            {"limit": 2, "fair_weights": {"gold": 3}},
+            TypeError,
+            r"task opts\.t: fair_weights= needs fair_by=",
+        ),
+        (
+            {"limit": 2, "fair_by": lambda a, **_: a, "fair_weights": {"gold": 0}},
+            ValueError,
+            r"task opts\.t: fair_weights gives key 'gold' the weight 0: it must be an int",
+        ),
+        (
+            {"limit": 2, "fair_by": lambda a, **_: a, "fair_weights": ["gold"]},
+            TypeError,
+            r"task opts\.t: fair_weights must be a mapping of key to weight or a function",
+        ),
+        (
+            {
+                "semaphore": None,
+                "limits": [
+                    Concurrency("s", 2, fair_by=lambda a, **_: a),
+                    Rate("s", 10, fair_by=lambda b, **_: b),
+                ],
+            },
+            ValueError,
+            r"task opts\.t: the limits on 's' give different fair_by= or fair_weights=",
         ),
     ],
 )

@@ -293,3 +293,66 @@ def test_the_request_dict_wins_and_falls_back_when_it_has_no_gates() -> None:
 )
 def test_no_gates_recorded(request_: Any) -> None:
     assert recorded_gates(request_) == []
+
+
+# ------------------------------------------------------ fair share and priority
+
+
+def test_a_gate_carries_its_priority_and_account_through_the_header() -> None:
+    gates = [
+        Gate("plain", 2),
+        Gate("urgent", 2, priority=5),
+        Gate("fair", 2, priority=-3, fair_key="acme|eu", fair_weight=3),
+        Gate("fair-plain", 2, fair_key=""),
+    ]
+    encoded = encode_gates(gates)
+    assert encoded[0] == ["plain", 2] and encoded[1][-1] == "5"
+    assert encoded[2][-1] == "-3|3|acme|eu", "the account is last: it may hold '|'"
+    assert decode_gates(encoded) == gates
+
+
+def test_the_brokers_priority_becomes_a_place_in_line(make_app: MakeApp) -> None:
+    from celery_semaphore.gates import urgency
+
+    redis_app = make_app(broker_url="redis://127.0.0.1:6379/0")
+    assert [urgency(redis_app, p) for p in (None, 0, 3, 9)] == [0, 0, -3, -9], "lower first"
+    amqp_app = make_app(broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    assert [urgency(amqp_app, p) for p in (None, 0, 3, 255)] == [0, 0, 3, 255], "higher first"
+
+
+def test_a_priority_the_broker_does_not_take_is_brought_into_its_range(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_semaphore.gates import urgency
+
+    app = make_app(broker_url="redis://127.0.0.1:6379/0")
+    assert urgency(app, -1) == 0 and urgency(app, 12) == -9 and urgency(app, "x") == 0
+    assert "priority -1 is outside what the broker takes (0-9): ordered as 0" in caplog.text
+
+
+def test_fair_by_names_the_account_and_its_weight(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(base=LimitedTask, semaphore="api", limit=4, fair_by=lambda account, **_: account,
+              fair_weights={"gold": 3})  # fmt: skip
+    def named_account(account: Any) -> None: ...
+
+    assert task_gates(named_account, ("gold",), {}, 2) == [
+        Gate("api", 4, priority=2, fair_key="gold", fair_weight=3)
+    ]
+    assert task_gates(named_account, (7,), {})[0].fair_key == "7", "an int account is its text"
+    with pytest.raises(ValueError, match=r"fair_by: fair_key must be a str"):
+        task_gates(named_account, (None,), {})
+
+
+def test_a_fair_weights_function_is_asked_per_task(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(base=LimitedTask, semaphore="api", limit=4, fair_by=lambda account, **_: account,
+              fair_weights=lambda account: {"gold": 3, "bad": 0}.get(account, 1))  # fmt: skip
+    def weighed_account(account: Any) -> None: ...
+
+    assert task_gates(weighed_account, ("gold",), {})[0].fair_weight == 3
+    assert task_gates(weighed_account, ("tin",), {})[0].fair_weight == 1
+    with pytest.raises(ValueError, match=r"fair_weights gives key 'bad' the weight 0"):
+        task_gates(weighed_account, ("bad",), {})
