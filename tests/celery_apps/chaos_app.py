@@ -1,4 +1,5 @@
-"""The app of the chaos test (``test_chaos.py``): one limited task whose bodies say,
+"""The app of the chaos test (``test_chaos.py``): one limited task (fair between two
+accounts, and published with priorities) whose bodies say,
 in Redis, when they start and end and in which process, so an observer outside the
 package can count the bodies running at once.
 
@@ -56,8 +57,13 @@ def _prerun(task_id: str = "", **_: Any) -> None:
     record("prerun", task_id)
 
 
-@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT, rate=RATE, shared=False)
-def body(self: Any, seconds: float) -> float:
+def _account(seconds: float, account: str = "A", **_: Any) -> str:
+    return account
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="chaos", limit=LIMIT, rate=RATE, shared=False,
+          fair_by=_account)  # fmt: skip
+def body(self: Any, seconds: float, account: str = "A") -> float:
     record("start", self.request.id)
     time.sleep(seconds)
     record("end", self.request.id)

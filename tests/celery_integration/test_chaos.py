@@ -2,7 +2,9 @@
 pool children and whole workers, revokes tasks, shuts workers down warm and
 stalls Redis (SIGSTOP); in the "data loss" run the semaphores live in a Redis of
 their own (no persistence, so tasks wait as countdown retries) that is also
-restarted empty six times. An observer outside the package (the bodies' own records,
+restarted empty six times. The task is fair between two accounts (one busier) and
+some of its messages carry a priority, so the lines are ordered by turns and urgency
+throughout. An observer outside the package (the bodies' own records,
 process liveness from /proc, and the semaphore's holders sampled every 50 ms)
 checks what must always hold:
 
@@ -257,7 +259,12 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     def produce() -> None:
         while not stop_producing.wait(rng.uniform(0.05, 0.3)):
             try:
-                result = chaos_app.body.delay(round(rng.uniform(0.05, 0.5), 3))
+                # Two accounts, one busier, and some messages more urgent (Redis: 0 first).
+                result = chaos_app.body.apply_async(
+                    (round(rng.uniform(0.05, 0.5), 3),),
+                    {"account": rng.choice("AAAB")},
+                    priority=rng.choice([None, None, 0, 5]),
+                )
             except Exception:  # Redis stalled: the producer tries again later
                 continue
             submitted[result.id] = result
