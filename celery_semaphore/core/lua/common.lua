@@ -96,7 +96,7 @@
 --     goes ahead of every less urgent waiter, in time order among equals.
 --   * a fair key: the line is shared between the keys that have waiters, in turns
 --     (start-time fair queuing): each key has a tail in meta "f|<key>" =
---     "<tail>|<waiting>|<urgent tail>|<grants>|<minute>|<grants the minute before>", and
+--     "<tail>|<waiting>|<urgent tail>|<grants>|<minute>|<grants the minute before>|<tie>", and
 --     a new waiter of the key starts at max(head of the line, its tail); its tail then
 --     moves on one turn, FAIR_TURN / its fair weight. So keys alternate (weight 3 takes
 --     three turns to one), a key alone takes every turn, and within a key tickets grow:
@@ -104,7 +104,8 @@
 --     key's next turn), and its key's tail still moves on (it pays the turn back at
 --     the end of its line). "<waiting>" counts the key's waiters (from their meta w|
 --     records): at 0 the key's record goes (it leaves the rotation; n_fair_keys counts
---     the records). Ties go to the earlier asker (the low bits of the ticket).
+--     the records). Within one turn, keys go in the order they joined the rotation
+--     (<tie>, the low bits of their tickets: meta.fair_joins counts the joins).
 -- A waiter with such a text keeps it in meta "w|<waiter>" like a weight, so leaving the
 -- line knows its key.
 
@@ -423,16 +424,18 @@ local FAIR_TURN = 1048576
 local PRIORITY_STEP = 1099511627776
 local TIE_BITS = 1024
 
+local FAIR_FIELDS = 7
+
 -- A key's record: {tail, waiting, urgent tail, grants this minute, the minute, grants
--- the minute before} (numbers; 0 where absent), and whether it exists.
+-- the minute before, tie} (numbers; 0 where absent), and whether it exists.
 local function fair_record(key)
   local text = records_of({'f|' .. key})[1]
   local f = {}
   for part in string.gmatch(text or '', '([^|]*)|?') do
-    if #f == 6 then break end
+    if #f == FAIR_FIELDS then break end
     f[#f + 1] = tonumber(part) or 0
   end
-  for i = #f + 1, 6 do f[i] = 0 end
+  for i = #f + 1, FAIR_FIELDS do f[i] = 0 end
   return f, text ~= false
 end
 
@@ -448,10 +451,13 @@ local function put_fair(key, f, existed, keep)
     end
     return
   end
+  if not existed then
+    redis.call('HINCRBY', meta, 'n_fair_keys', 1)
+    f[7] = redis.call('HINCRBY', meta, 'fair_joins', 1) % TIE_BITS
+  end
   local parts = {}
-  for i = 1, 6 do parts[i] = fmt(f[i]) end
+  for i = 1, FAIR_FIELDS do parts[i] = fmt(f[i]) end
   redis.call('HSET', meta, field, table.concat(parts, '|'))
-  if not existed then redis.call('HINCRBY', meta, 'n_fair_keys', 1) end
 end
 
 -- ``delta`` more (or fewer) waiters of ``key``.
@@ -521,7 +527,7 @@ local function new_ticket(m, order, writes)
     f[1] = start + turn
   end
   put_fair(key, f, existed, true)
-  return math.floor(start) + seq % TIE_BITS
+  return math.floor(start) + f[7]
 end
 
 -- Waiters' weight records -----------------------------------------------------------

@@ -1,0 +1,41 @@
+"""Fair share and priority on a Redis Cluster: a semaphore's accounts' records live in
+its meta hash, in its one slot, so the line takes turns there as on one Redis."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from outcomes import granted, refused
+
+from devkit.redis_servers import RedisClusterServers
+
+MakeSemaphore = Any
+
+
+def test_accounts_take_turns_and_priority_goes_first_on_redis_cluster(
+    make_semaphore: MakeSemaphore, redis_cluster: RedisClusterServers
+) -> None:
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    for name in (f"fair-{uuid.uuid4().hex[:6]}" for _ in range(3)):  # slots on several masters
+        sem = make_semaphore(1, name=name, url=url)
+        head = granted(sem.attempt("head"))
+        for i in range(4):
+            refused(sem.attempt(f"a{i}", fair_key="A"))
+        for i in range(2):
+            refused(sem.attempt(f"b{i}", fair_key="B"))
+        refused(sem.attempt("urgent", priority=5))  # no account: ahead of every ticket
+        order = []
+        permit = head
+        for _ in range(7):
+            permit.release()
+            status = sem.status()
+            nxt = status.waiters[0].holder
+            key = "A" if nxt.startswith("a") else "B" if nxt.startswith("b") else None
+            permit = granted(sem.attempt(nxt, fair_key=key))
+            order.append(nxt)
+        permit.release()
+        assert order[0] == "urgent"
+        # turns between A and B (A joined the rotation first), in order within each
+        assert order[1:] == ["a0", "b0", "a1", "b1", "a2", "a3"], order
+        assert sem.status().waiter_count == 0
