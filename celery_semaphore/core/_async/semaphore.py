@@ -387,7 +387,8 @@ class AsyncSemaphore:
         freed since it was refused), or ``due`` seconds from now at the latest (by
         the next call that hands over: its wait budget runs out then). The place
         holds ``park_lease`` seconds. ``weight``/``rate_weight``: as in `attempt()`;
-        None keeps what its refused attempt said (1 for a new place).
+        None keeps what its refused attempt said (1 for a new place, and 1 when ``fair_key``
+        or ``priority`` is given: the weight text is one, so give all of them together).
 
         The semaphore is listed in its namespace's parked index first, where
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
