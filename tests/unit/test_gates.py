@@ -356,3 +356,21 @@ def test_a_fair_weights_function_is_asked_per_task(make_app: MakeApp) -> None:
     assert task_gates(weighed_account, ("tin",), {})[0].fair_weight == 1
     with pytest.raises(ValueError, match=r"fair_weights gives key 'bad' the weight 0"):
         task_gates(weighed_account, ("bad",), {})
+
+
+def test_a_fair_limit_is_taken_apart_from_the_others_with_one_warning(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_semaphore.config import get_config
+    from celery_semaphore.gates import joint_of
+
+    app = make_app()
+    gates = [Gate("shared", 4, fair_key="acme"), Gate("region", 2)]
+    assert joint_of(app, gates, get_config(app)) is None
+    assert joint_of(app, gates, get_config(app)) is None
+    warnings = [r.getMessage() for r in caplog.records if "one after the other" in r.getMessage()]
+    assert warnings == [
+        "the limits shared, region are taken one after the other, not in one step: a fair "
+        "limit (shared) orders its own line by account, which one step across several lines "
+        "cannot keep"
+    ]
