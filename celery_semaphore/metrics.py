@@ -129,10 +129,16 @@ class SemaphoreCollector:
                 status = open_semaphore(self.client, self.namespace, name, self.url).status()
             except UnknownSemaphore:
                 continue  # its keys went, or no contender has declared a limit yet
-            raw = self.client.hgetall(semaphore_keys(self.namespace, name).meta)
-            meta = {text(k): text(v) for k, v in raw.items()}
-            label = name if self.per_key else meta.get("family") or name
-            counts = {field: float(meta.get(field, 0)) for field in COUNTERS}
+            # the fields it needs, not HGETALL: meta also holds a record per weighted or
+            # fair waiter and per fair key (a long fair line: thousands of them)
+            family, *values = self.client.hmget(
+                semaphore_keys(self.namespace, name).meta, "family", *COUNTERS
+            )
+            label = name if self.per_key else text(family or "") or name
+            counts = {
+                field: float(text(value or 0))
+                for field, value in zip(COUNTERS, values, strict=True)
+            }
             seen[name] = (label, counts)
             row = series.setdefault(label, _zeros())
             row["holders"] += status.holder_count
