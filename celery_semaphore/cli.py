@@ -461,6 +461,9 @@ def _summary(status: SemaphoreStatus, declared_rate: RateLimit | None = None) ->
         else None,
         "rate_paused_until": paused,
         "rate_paused_for": round(paused - now, 3) if paused is not None else None,
+        "fair_keys_waiting": status.fair_keys_waiting,
+        "fair_grants": status.fair_grants,
+        "fair_keys": [dataclasses.asdict(key) for key in status.fair_keys],
     }
 
 
@@ -504,6 +507,7 @@ def _seconds_cell(value: float | None) -> str:
 
 
 BUSIEST = 5  # members of a family that ``status FAMILY`` shows
+FAIR_SHOWN = 5  # fair keys of a semaphore that the ``status`` table shows
 
 #: A column of a table: header, alignment ("<" left, ">" right), cell of a row.
 Column = tuple[str, str, Callable[[dict[str, Any]], str]]
@@ -545,6 +549,18 @@ HOLDERS_COLUMNS: list[Column] = [
     ("HELD", ">", lambda row: _seconds_cell(row["held_for"])),
     ("LEASE", ">", lambda row: _seconds_cell(row["lease_left"])),
 ]
+FAIR_KEYS_COLUMNS: list[Column] = [
+    ("KEY", "<", lambda row: str(row["key"])),
+    ("WAITING", ">", lambda row: str(row["waiting"])),
+    ("GRANTS", ">", lambda row: str(row["grants"])),
+    ("SHARE", ">", lambda row: f"{row['share']:.0%}"),
+]
+WAITERS_BY_KEY_COLUMNS: list[Column] = [
+    ("KEY", "<", lambda row: "-" if row["fair_key"] is None else str(row["fair_key"])),
+    ("WAITING", ">", lambda row: str(row["waiting"])),
+    ("FIRST", ">", lambda row: str(row["first_position"])),
+    ("LONGEST", ">", lambda row: _seconds_cell(row["longest_waiting"])),
+]
 WAITERS_COLUMNS: list[Column] = [
     ("#", ">", lambda row: str(row["position"] or "-")),
     ("HOLDER", "<", lambda row: str(row["holder"])),
@@ -553,6 +569,12 @@ WAITERS_COLUMNS: list[Column] = [
     ("STATE", "<", lambda row: str(row["state"])),
     ("WAITING", ">", lambda row: _seconds_cell(row["waiting_for"])),
 ]
+#: Shown before WAITING while a fair key waits (a line without one shows no KEY column).
+WAITER_KEY_COLUMN: Column = (
+    "KEY",
+    "<",
+    lambda row: "-" if row["fair_key"] is None else str(row["fair_key"]),
+)
 
 
 # Celery's command line imports this module (the ``celery.commands`` entry point)
@@ -598,11 +620,16 @@ def status(
     in place, parked, handed over) and the tasks still in the broker whose place
     lapsed. PARKED: of those, parked in Redis until their turn. SENT: published
     with a place and not at a worker yet (in the broker).
+
+    Below the table, each semaphore whose line is shared by fair keys (fair_key=)
+    shows how many keys wait and the 5 with the most waiting: their waiters in
+    line, their grants in this minute and the one before (Redis's clock: 60 to
+    120 s), and their SHARE of all fair grants then (--json lists up to 20).
     """
     with _operator(ctx) as operator:
         while True:
             rows = _status_rows(operator, names)
-            text = json.dumps(rows, indent=2) if as_json else _table(STATUS_COLUMNS, _flat(rows))
+            text = json.dumps(rows, indent=2) if as_json else _status_text(_flat(rows))
             if not watch:
                 click.echo(text)
                 return
@@ -611,6 +638,34 @@ def status(
                 time.sleep(interval)
             except KeyboardInterrupt:
                 return
+
+
+def _status_text(rows: list[dict[str, Any]]) -> str:
+    """The ``status`` table; below it, each fair line's keys with the most waiting."""
+    blocks = [_table(STATUS_COLUMNS, rows)]
+    for row in rows:
+        if row["fair_keys"]:
+            blocks.append(_fair_keys_text(row))
+    return "\n\n".join(blocks)
+
+
+def _fair_keys_text(row: dict[str, Any]) -> str:
+    """``row``'s fair keys waiting: the `FAIR_SHOWN` with the most waiting, with their
+    share of the fair grants of this minute and the minute before (server clock)."""
+    keys = row["fair_keys"]
+    count = row["fair_keys_waiting"]
+    head = (
+        f"{row['name'].strip()}: {count} fair key{'' if count == 1 else 's'} waiting; "
+        f"{row['fair_grants']} fair grant{'' if row['fair_grants'] == 1 else 's'} "
+        "this minute and the one before"
+    )
+    shown = keys[:FAIR_SHOWN]
+    more = count - len(shown)
+    table = _table(FAIR_KEYS_COLUMNS, shown)
+    lines = [head, *("  " + line for line in table.splitlines())]
+    if more > 0:
+        lines.append(f"  ... and {more} more key{'' if more == 1 else 's'} (--json lists up to 20)")
+    return "\n".join(lines)
 
 
 def _status_rows(operator: Operator, names: Sequence[str]) -> list[dict[str, Any]]:
@@ -671,6 +726,10 @@ def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
             (row["rate_paused_for"] for row in members if row["rate_paused_for"] is not None),
             default=None,
         ),
+        # each member's fair keys are its own line's: its row lists them
+        "fair_keys_waiting": total("fair_keys_waiting"),
+        "fair_grants": total("fair_grants"),
+        "fair_keys": [],
         "busiest": busiest[:BUSIEST],
     }
 
@@ -728,17 +787,42 @@ def holders(ctx: click.Context, name: str, as_json: bool) -> None:
 @semaphore.command(example="waiters partner-api --json")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--by-key",
+    is_flag=True,
+    help="One row per fair key (fair_key=): its waiters in line, the position of its "
+    "first, the longest wait.",
+)
 @click.pass_context
-def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Who waits for NAME, in line order: task id, task name, worker, state, waiting since.
+def waiters(ctx: click.Context, name: str, as_json: bool, by_key: bool) -> None:
+    """Who waits for NAME, in line order: task id, task name, worker, state, fair key,
+    waiting since.
 
     State: parked (its message waits in Redis for its turn), handed over (published
     for its turn, not yet at a worker), waiting in place (blocked at a worker, its
     turn near), asking (at a worker, or retrying itself), in broker (published with
-    a place that lapsed before it reached a worker; listed last, no position)."""
+    a place that lapsed before it reached a worker; listed last, no position).
+    KEY: the fair key whose turns it takes (-: none).
+
+    --by-key groups the waiters in line by fair key, in the order of each key's
+    first waiter (those without a key as -; tasks in the broker have no place, so
+    no key, and are left out); of a line of more than 1,000, the first 1,000."""
     with _operator(ctx) as operator:
         found = operator.semaphores(name)
         states = [s.status() for s in found]
+        if by_key:
+            rows = [row for state in states for row in _by_key(state)]
+            if as_json:
+                click.echo(json.dumps(rows, indent=2))
+                return
+            click.echo(_table(_with_semaphore(WAITERS_BY_KEY_COLUMNS, found, name), rows))
+            for state in states:
+                if state.waiter_count > len(state.waiters):
+                    click.echo(
+                        f"{state.name}: the first {len(state.waiters)} of "
+                        f"{state.waiter_count} waiters in line"
+                    )
+            return
         rows = [
             {
                 "semaphore": state.name,
@@ -747,6 +831,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
                 **_describe(w.info),
                 "ticket": w.ticket,
                 "state": w.state,
+                "fair_key": w.fair_key,
                 "waiting_for": round(state.server_time - w.since, 3),
             }
             for state in states
@@ -755,8 +840,31 @@ def waiters(ctx: click.Context, name: str, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return
-        click.echo(_table(_with_semaphore(WAITERS_COLUMNS, found, name), rows))
+        columns = WAITERS_COLUMNS
+        if any(state.fair_keys_waiting for state in states):
+            columns = [*columns[:-1], WAITER_KEY_COLUMN, columns[-1]]
+        click.echo(_table(_with_semaphore(columns, found, name), rows))
         _echo_rates(states)
+
+
+def _by_key(state: SemaphoreStatus) -> list[dict[str, Any]]:
+    """``waiters --by-key`` of one semaphore: its listed waiters in line by fair key."""
+    rows: dict[str | None, dict[str, Any]] = {}
+    for w in state.waiters:
+        waiting_for = round(state.server_time - w.since, 3)
+        row = rows.setdefault(
+            w.fair_key,
+            {
+                "semaphore": state.name,
+                "fair_key": w.fair_key,
+                "waiting": 0,
+                "first_position": w.position,
+                "longest_waiting": waiting_for,
+            },
+        )
+        row["waiting"] += 1
+        row["longest_waiting"] = max(row["longest_waiting"], waiting_for)
+    return list(rows.values())
 
 
 def _echo_rates(states: list[SemaphoreStatus]) -> None:

@@ -38,6 +38,8 @@ GAUGES = (
     ("rate_paused_seconds",
      "Seconds left of a pause of the rate after a task raised RateLimited "
      "(0: none; of a family: the longest)."),
+    ("fair_keys_waiting",
+     "Fair keys (fair_key=) with waiters in line (of a family: summed over its members)."),
 )  # fmt: skip
 #: The gauge of the effective rate: only for a series with a rate (no sample otherwise).
 RATE = (
@@ -65,6 +67,16 @@ COUNTED = (
     ("m_shadow_wait_ms", "shadow_rate_delay_seconds",
      "How long a shadow rate would have delayed those grants, in all."),
 )  # fmt: skip
+#: The grants to waiters of a fair key, by the key's fair weight: the ``meta`` counter
+#: of each class (common.lua's weight_class()), its ``weight_class`` label. Only for a
+#: series that has had a fair line (a key waiting now, or a grant counted).
+FAIR_GRANTS = {
+    "m_fair_granted_c0": "1",
+    "m_fair_granted_c1": "2-3",
+    "m_fair_granted_c2": "4-7",
+    "m_fair_granted_c3": "8-15",
+    "m_fair_granted_c4": "16+",
+}
 #: Gauges of the last loss of the Redis's data (read from its epoch hash, see
 #: celery_semaphore.core.epochs; on a Cluster, of its slots: the latest loss, the
 #: longest pause, the permits written back summed): name, help.
@@ -78,7 +90,7 @@ DATA_LOSS = (
 )  # fmt: skip
 #: Counter fields of the ``meta`` hash, and the buckets and sums of the histograms.
 COUNTERS = (
-    *OUTCOMES, *(field for field, _, _ in COUNTED),
+    *OUTCOMES, *(field for field, _, _ in COUNTED), *FAIR_GRANTS,
     *(f"m_{kind}_b{i}" for kind in ("wait", "hold") for i in range(len(BUCKETS) + 1)),
     "m_wait_sum", "m_hold_sum",
 )  # fmt: skip
@@ -117,10 +129,16 @@ class SemaphoreCollector:
                 status = open_semaphore(self.client, self.namespace, name, self.url).status()
             except UnknownSemaphore:
                 continue  # its keys went, or no contender has declared a limit yet
-            raw = self.client.hgetall(semaphore_keys(self.namespace, name).meta)
-            meta = {text(k): text(v) for k, v in raw.items()}
-            label = name if self.per_key else meta.get("family") or name
-            counts = {field: float(meta.get(field, 0)) for field in COUNTERS}
+            # the fields it needs, not HGETALL: meta also holds a record per weighted or
+            # fair waiter and per fair key (a long fair line: thousands of them)
+            family, *values = self.client.hmget(
+                semaphore_keys(self.namespace, name).meta, "family", *COUNTERS
+            )
+            label = name if self.per_key else text(family or "") or name
+            counts = {
+                field: float(text(value or 0))
+                for field, value in zip(COUNTERS, values, strict=True)
+            }
             seen[name] = (label, counts)
             row = series.setdefault(label, _zeros())
             row["holders"] += status.holder_count
@@ -131,6 +149,7 @@ class SemaphoreCollector:
             row["handed_over"] += status.handed_over_count
             row["sent"] += status.sent_count
             row["members"] += 1
+            row["fair_keys_waiting"] += status.fair_keys_waiting
             if status.rate is not None:
                 row["rated"] += 1
                 row["rate_per_second"] += status.rate.count / status.rate.per
@@ -186,6 +205,12 @@ class SemaphoreCollector:
         attempts = CounterMetricFamily(
             p + "acquire_attempts", "Acquire attempts by outcome.", labels=[*by, "outcome"]
         )
+        fair_grants = CounterMetricFamily(
+            p + "fair_grants",
+            "Permits granted to waiters of a fair key (fair_key=), by the key's fair weight "
+            "(weight_class: 1, 2-3, 4-7, 8-15, 16+); no series per key.",
+            labels=[*by, "weight_class"],
+        )
         histograms = {
             "wait": HistogramMetricFamily(
                 p + "wait_seconds", "Time from first ask to grant.", labels=by
@@ -201,6 +226,9 @@ class SemaphoreCollector:
                 counter.add_metric([label], row[field] / (1000 if field.endswith("_ms") else 1))
             for field, outcome in OUTCOMES.items():
                 attempts.add_metric([label, outcome], row[field])
+            if row["fair_keys_waiting"] or any(row[field] for field in FAIR_GRANTS):
+                for field, weight_class in FAIR_GRANTS.items():
+                    fair_grants.add_metric([label, weight_class], row[field])
             for kind, histogram in histograms.items():
                 buckets, total = _histogram(row, kind)
                 histogram.add_metric([label], buckets, total)
@@ -211,6 +239,7 @@ class SemaphoreCollector:
             loss.add_metric([], value)
             yield loss
         yield attempts
+        yield fair_grants
         yield from counters.values()
         yield from histograms.values()
 

@@ -28,6 +28,7 @@ from .errors import (
     WaitingForPermit,
 )
 from .protocol import (
+    FairKeyInfo,
     Handover,
     HolderInfo,
     Parked,
@@ -43,6 +44,7 @@ __all__ = [
     "AsyncPermitSet",
     "AsyncSemaphore",
     "AsyncSemaphoreSet",
+    "FairKeyInfo",
     "Handover",
     "HolderInfo",
     "Parked",

@@ -25,6 +25,8 @@ DEFAULT_IDLE_TTL = 7 * 24 * 3600.0
 DEFAULT_HANDOVER_WINDOW = 1.0
 DEFAULT_HANDOVER_DEADLINE = 30.0
 STATUS_MOST = 1000
+#: The fair keys a status lists: those with the most waiters (see `SemaphoreStatus`).
+FAIR_TOP = 20
 #: How long a task published with a place is counted as sent (in the broker)
 #: while it has not reached a worker; then it is presumed lost (a purged queue,
 #: an expired message, a failed publish) and no longer counted.
@@ -117,6 +119,21 @@ class WaiterInfo:
     expires_at: float
     info: str
     state: str = "asking"
+    #: The key whose turns it takes (``fair_key=``), or None.
+    fair_key: str | None = None
+
+
+@dataclass(frozen=True)
+class FairKeyInfo:
+    """A fair key with waiters in line (``fair_key=``): how many, and its grants in
+    this minute and the minute before of the Redis server's clock (60 to 120 s).
+    ``share``: those grants over all fair keys' in the same minutes (0.0 when none);
+    a key's count restarts when its last waiter leaves the line (its record goes)."""
+
+    key: str
+    waiting: int
+    grants: int
+    share: float
 
 
 @dataclass(frozen=True)
@@ -178,6 +195,15 @@ class SemaphoreStatus:
     next_start_at: float | None = None
     #: Until when the rate grants nothing after a task raised `RateLimited`; None: no pause.
     rate_paused_until: float | None = None
+    #: Fair keys with waiters in line (``fair_key=``; 0: none, and nothing below is read).
+    fair_keys_waiting: int = 0
+    #: Grants to waiters of any fair key in this minute and the minute before (server clock).
+    fair_grants: int = 0
+    #: The 20 keys with the most waiting, most first (ties: more grants first). Read from
+    #: a bounded sample when there are many: a scan of the meta hash that examines about
+    #: 4,000 fields (``fair_keys_read`` < ``fair_keys_waiting``: the sample missed some).
+    fair_keys: list[FairKeyInfo] = field(default_factory=list)
+    fair_keys_read: int = 0
 
 
 @dataclass(frozen=True)
@@ -382,6 +408,14 @@ class WaiterRow(NamedTuple):
     expires_ms: int
     record: str  # winfo: "<first ask ms>|<info>"
     state: str  # a key of WAITER_STATES
+    order: str  # its weight text while fair keys wait, else '' (see status.lua)
+
+
+@reply_shape
+class FairKeyRow(NamedTuple):
+    key: str
+    waiting: int
+    grants: int
 
 
 @reply_shape
@@ -414,6 +448,16 @@ class StatusReply(NamedTuple):
     rate_room: int
     next_start_ms: int
     rate_paused_until_ms: int  # 0: no pause
+    fair_keys_waiting: int
+    fair_grants: int
+    fair_keys_read: int
+    fair_keys: list[FairKeyRow]
+
+
+def fair_key_in(order: str) -> str | None:
+    """The fair key of a weight text (`SemaphoreSpec.weight_arg`), or None."""
+    parts = order.split("|", 4)
+    return parts[4] if len(parts) == 5 else None
 
 
 def rate_window(rate: RateLimit, handover_window: float) -> float:
@@ -692,7 +736,7 @@ class SemaphoreSpec:
         return [field, value, self.idle_ms, self.keys.channel, self.dispatch, self.rate_arg]
 
     def status_args(self) -> list[Any]:
-        return [STATUS_MOST, self.sent_horizon_ms, self.limit, self.rate_arg]
+        return [STATUS_MOST, self.sent_horizon_ms, self.limit, self.rate_arg, FAIR_TOP]
 
     def pause(self, place: Place, remaining: float | None) -> float:
         """How long a blocked waiter sleeps unless woken: never past the earliest
@@ -800,6 +844,7 @@ class SemaphoreSpec:
                     waiter.expires_ms / 1000,
                     info,
                     WAITER_STATES[waiter.state],
+                    fair_key_in(waiter.order),
                 )
             )
         return SemaphoreStatus(
@@ -829,6 +874,18 @@ class SemaphoreSpec:
             rate_paused_until=status.rate_paused_until_ms / 1000
             if status.rate_paused_until_ms
             else None,
+            fair_keys_waiting=status.fair_keys_waiting,
+            fair_grants=status.fair_grants,
+            fair_keys=[
+                FairKeyInfo(
+                    row.key,
+                    row.waiting,
+                    row.grants,
+                    round(row.grants / status.fair_grants, 3) if status.fair_grants else 0.0,
+                )
+                for row in status.fair_keys
+            ],
+            fair_keys_read=status.fair_keys_read,
         )
 
     def expected_types(self) -> Iterable[tuple[str, str]]:

@@ -244,8 +244,14 @@ def test_meta_is_read_by_load_meta_only_and_its_fields_written_through_helpers()
                 writes.append((path.name, function))
     # besides its fields, meta keeps records: the weights of weighted waiters ("Weights"
     # in common.lua), read only while n_weighted says some are there, and the fair keys'
-    # ("The order of the line"), read only for a contender with a fair key
-    assert sorted(reads) == [("common.lua", "load_meta"), ("common.lua", "records_of")]
+    # ("The order of the line"), read only for a contender with a fair key; status.lua
+    # also scans the fair keys' records (scan_records(), bounded), only while
+    # n_fair_keys says some are there
+    assert sorted(reads) == [
+        ("common.lua", "load_meta"),
+        ("common.lua", "records_of"),
+        ("common.lua", "scan_records"),
+    ]
     assert set(writes) == {
         ("common.lua", "count_weighted"),  # n_weighted
         ("common.lua", "weigh_waiter"),  # w|<waiter>

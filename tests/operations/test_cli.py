@@ -662,3 +662,99 @@ def test_holders_show_a_weighted_holders_permits(redis_url):
         assert (status["holders"], status["utilization"]) == (3, 0.75), "permits in use"
     finally:
         sem.close()
+
+
+@pytest.fixture
+def fair_line(redis_url: str):
+    """'fair-api' (limit 1): one holder; waiting in line, by fair key: bigco 4 (weight
+    3), acme 3, and five more keys 2 each, and one without a key; then the first 3 in
+    line granted in turn (one of them still holds): each key's first turn comes before
+    any key's second, so 7 keys still wait."""
+    sem = Semaphore(redis_url, "fair-api", 1, fair_weights={"bigco": 3})
+    assert isinstance(sem.attempt("t-0"), Permit)
+    waiting = {
+        "bigco": 4,
+        "acme": 3,
+        **dict.fromkeys(["globex", "hooli", "initech", "umbrella", "wayne"], 2),
+    }
+    for key, count in waiting.items():
+        for i in range(count):
+            assert isinstance(sem.attempt(f"{key}-{i}", fair_key=key, wait_lease=60), Place)
+    assert isinstance(sem.attempt("plain", wait_lease=60), Place)
+    holding, served = "t-0", []
+    for _ in range(3):
+        head = sem.status().waiters[0]
+        sem.release(holding)
+        assert isinstance(sem.attempt(head.holder, fair_key=head.fair_key), Permit)
+        holding = head.holder
+        served.append(head.fair_key)
+    yield sem, served
+    sem.close()
+
+
+def test_status_shows_a_fair_lines_keys_waiting_and_their_share(redis_url, fair_line, busy):
+    sem, served = fair_line
+    status = sem.status()
+    out = run(redis_url, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {row["name"]: row for row in json.loads(out.stdout)}
+    fair = rows["fair-api"]
+    assert (fair["fair_keys_waiting"], fair["fair_grants"]) == (status.fair_keys_waiting, 3)
+    assert fair["fair_keys"] == [
+        {"key": k.key, "waiting": k.waiting, "grants": k.grants, "share": k.share}
+        for k in status.fair_keys
+    ]
+    assert fair["fair_keys_waiting"] == 7
+    waiting = {k["key"]: k["waiting"] for k in fair["fair_keys"]}
+    for key in ("bigco", "acme", "globex"):
+        assert waiting[key] == {"bigco": 4, "acme": 3, "globex": 2}[key] - served.count(key)
+    assert [k["waiting"] for k in fair["fair_keys"]] == sorted(waiting.values(), reverse=True)
+    assert sum(k["grants"] for k in fair["fair_keys"]) <= 3
+    assert (rows["partner-api"]["fair_keys_waiting"], rows["partner-api"]["fair_keys"]) == (0, [])
+    text = run(redis_url, "status").stdout
+    table, _, below = text.partition("\n\n")
+    assert "fair-api" in table and "partner-api" in table and "KEY" not in table
+    lines = below.splitlines()
+    count = status.fair_keys_waiting
+    assert (
+        lines[0]
+        == f"fair-api: {count} fair keys waiting; 3 fair grants this minute and the one before"
+    )
+    assert lines[1].split() == ["KEY", "WAITING", "GRANTS", "SHARE"]
+    shown = [line.split() for line in lines[2:7]]
+    assert shown == [
+        [k["key"], str(k["waiting"]), str(k["grants"]), f"{k['share']:.0%}"]
+        for k in fair["fair_keys"][:5]
+    ]
+    assert lines[7:] == ["  ... and 2 more keys (--json lists up to 20)"]
+    only_busy = run(redis_url, "status", "partner-api").stdout
+    assert "\n\n" not in only_busy.strip() and "fair" not in only_busy
+
+
+def test_waiters_show_each_fair_key_and_by_key_group_them(redis_url, fair_line, busy):
+    sem, _ = fair_line
+    line = sem.status().waiters
+    rows = json.loads(run(redis_url, "waiters", "fair-api", "--json").stdout)
+    assert [(r["holder"], r["fair_key"]) for r in rows] == [(w.holder, w.fair_key) for w in line]
+    assert {r["holder"]: r["fair_key"] for r in rows}["plain"] is None
+    lines = run(redis_url, "waiters", "fair-api").stdout.splitlines()
+    assert lines[0].split() == ["#", "HOLDER", "TASK", "WORKER", "STATE", "KEY", "WAITING"]
+    assert [row.split()[-2] for row in lines[1:]] == [w.fair_key or "-" for w in line]
+    plain = run(redis_url, "waiters", "partner-api").stdout.splitlines()
+    assert "KEY" not in plain[0].split(), "a line without fair keys shows no KEY column"
+
+    groups = json.loads(run(redis_url, "waiters", "fair-api", "--by-key", "--json").stdout)
+    expected: dict[str | None, dict] = {}
+    for w in line:
+        group = expected.setdefault(w.fair_key, {"waiting": 0, "first_position": w.position})
+        group["waiting"] += 1
+    assert [(g["fair_key"], g["waiting"], g["first_position"]) for g in groups] == [
+        (key, g["waiting"], g["first_position"]) for key, g in expected.items()
+    ]
+    assert all(g["semaphore"] == "fair-api" and g["longest_waiting"] >= 0 for g in groups)
+    table = run(redis_url, "waiters", "fair-api", "--by-key").stdout.splitlines()
+    assert table[0].split() == ["KEY", "WAITING", "FIRST", "LONGEST"]
+    assert [row.split()[:3] for row in table[1:]] == [
+        [key or "-", str(g["waiting"]), str(g["first_position"])] for key, g in expected.items()
+    ]
+    assert len({len(row) for row in table}) == 1, table

@@ -160,6 +160,12 @@ def exported() -> set[str]:
         assert paced.try_acquire("started") is not None
         assert paced.try_acquire("throttled") is None  # a permit is free: the rate says no
         paced.pause_rate(60)
+        fair = Semaphore(client, "fair", 1, namespace=NAMESPACE)
+        assert fair.try_acquire("holder") is not None
+        for holder, key in (("x1", "x"), ("x2", "x"), ("y1", "y")):
+            assert fair.try_acquire(holder, fair_key=key) is None
+        fair.release("holder")
+        assert fair.try_acquire("x1", fair_key="x") is not None  # a fair grant
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SemaphoreCollector(client, NAMESPACE))
         text = generate_latest(registry).decode()
@@ -172,6 +178,13 @@ def exported() -> set[str]:
     rated = {s.name: s.value for s in samples if s.labels.get("semaphore") == "paced"}
     for name in ("rate_per_second", "rate_paused_seconds", "throttled_total"):
         assert rated[f"celery_semaphore_{name}"] > 0, name
+    fair_line = {
+        (s.name, s.labels.get("weight_class")): s.value
+        for s in samples
+        if s.labels.get("semaphore") == "fair"
+    }
+    assert fair_line["celery_semaphore_fair_keys_waiting", None] == 2
+    assert fair_line["celery_semaphore_fair_grants_total", "1"] == 1
     return {sample.name for sample in samples}
 
 

@@ -284,3 +284,59 @@ def test_shadow_metrics_count_what_a_shadow_limit_would_have_refused(redis_serve
     finally:
         server.close()
         client.close()
+
+
+def test_fair_lines_show_keys_waiting_and_grants_by_weight_class_not_per_key(redis_server):
+    """A fair line: a gauge of its keys waiting and a counter of its grants by the
+    keys' fair weight class, per semaphore (a family summed), no series per key."""
+    client = redis_server.client()
+    weights = {"small": 1, "pair": 2, "big": 5, "huge": 40}
+    sem = Semaphore(client, "fair", 1, fair_weights=weights)
+    members = [
+        Semaphore(client, f"tenant-{i}", 1, family="tenant", fair_weights=weights) for i in range(2)
+    ]
+    Semaphore(client, "plain", 1).try_acquire("p")
+    granted = {"small": 0, "pair": 0, "big": 0, "huge": 0}
+    for line in (sem, *members):
+        assert line.try_acquire("holder") is not None
+        for key in weights:
+            for i in range(2):
+                assert line.attempt(f"{key}-{i}", fair_key=key, wait_lease=60).ticket
+        holding = "holder"
+        for _ in range(3):  # the first three in line, in turn
+            head = line.status().waiters[0]
+            line.release(holding)
+            assert line.try_acquire(head.holder, fair_key=head.fair_key) is not None
+            granted[head.fair_key] += line is sem
+            holding = head.holder
+    port = free_port()
+    server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
+    try:
+        m = scrape(port)
+        assert m['celery_semaphore_fair_keys_waiting{semaphore="fair"}'] == 4
+        assert m['celery_semaphore_fair_keys_waiting{semaphore="tenant"}'] == 8
+        assert m['celery_semaphore_fair_keys_waiting{semaphore="plain"}'] == 0
+        by_class = {
+            weight_class: m[
+                f'celery_semaphore_fair_grants_total{{semaphore="fair",weight_class="{weight_class}"}}'
+            ]
+            for weight_class in ("1", "2-3", "4-7", "8-15", "16+")
+        }
+        assert by_class == {
+            "1": granted["small"],
+            "2-3": granted["pair"],
+            "4-7": granted["big"],
+            "8-15": 0,
+            "16+": granted["huge"],
+        }
+        family = [
+            value
+            for sample, value in m.items()
+            if sample.startswith('celery_semaphore_fair_grants_total{semaphore="tenant"')
+        ]
+        assert (len(family), sum(family)) == (5, 6)
+        assert not any("fair_grants" in sample and '"plain"' in sample for sample in m)
+        assert not any(key in sample for sample in m for key in weights), "no series per key"
+    finally:
+        server.close()
+        client.close()

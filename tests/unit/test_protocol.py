@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import Handover, Place, RateLimit, StaleHandover
+from celery_semaphore import FairKeyInfo, Handover, Place, RateLimit, StaleHandover
 from celery_semaphore.core import epochs
 from celery_semaphore.core.protocol import (
     WAITER_STATES,
@@ -107,9 +107,9 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
 
 
 def test_waiter_states_in_status() -> None:
-    reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p",
-                                              b"w2", b"6", b"9000", b"", b""], 1, 0,
-             3, [b"t9", b"800"], 1, 0, b"", b"", 0, 0, 0]  # fmt: skip
+    reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p", b"",
+                                              b"w2", b"6", b"9000", b"", b"", b""], 1, 0,
+             3, [b"t9", b"800"], 1, 0, b"", b"", 0, 0, 0, 0, 0, 0, []]  # fmt: skip
     status = spec().parse_status(reply)
     assert (status.declared_limit, status.override, status.effective_limit) == (3, None, 5)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
@@ -122,6 +122,26 @@ def test_waiter_states_in_status() -> None:
     ]
     assert status.resumes_at is None
     assert set(WAITER_STATES.values()) == {"parked", "handed over", "waiting in place", "asking"}
+
+
+def test_fair_keys_in_status() -> None:
+    """Each waiter's fair key comes from its weight text (a key may hold bars); a key's
+    share is its grants over all fair keys' in the same minutes."""
+    waiters = [b"a", b"5", b"9000", b"", b"", b"1|1|0|1|acme|eu",
+               b"b", b"6", b"9000", b"", b"", b"2|1",
+               b"c", b"7", b"9000", b"", b"", b""]  # fmt: skip
+    fair = [b"acme|eu", b"3", b"6", b"zed", b"1", b"0"]
+    reply = [1000, b"3", b"", 5, 0, 0, 3, [], waiters, 0, 0, 0, [], 0, 0,
+             b"", b"", 0, 0, 0, 2, 8, 2, fair]  # fmt: skip
+    status = spec().parse_status(reply)
+    assert [w.fair_key for w in status.waiters] == ["acme|eu", None, None]
+    assert (status.fair_keys_waiting, status.fair_grants, status.fair_keys_read) == (2, 8, 2)
+    assert status.fair_keys == [
+        FairKeyInfo("acme|eu", 3, 6, 0.75),
+        FairKeyInfo("zed", 1, 0, 0.0),
+    ]
+    no_grants = [*reply[:-3], 0, 1, [b"zed", b"1", b"0"]]
+    assert spec().parse_status(no_grants).fair_keys == [FairKeyInfo("zed", 1, 0, 0.0)]
 
 
 def test_a_grant_message_admits_its_waiter_only() -> None:
@@ -173,7 +193,7 @@ def test_a_wake_up_admits_tickets_up_to_its_bound() -> None:
 
 def test_a_rate_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 0, [], [], 0, 0, 0, [], 0, 0,
-             b"50000|1", b"600000|2", 0, 1040, 3000]  # fmt: skip
+             b"50000|1", b"600000|2", 0, 1040, 3000, 0, 0, 0, []]  # fmt: skip
     status = spec().parse_status(reply)
     assert status.rate == RateLimit(20, 1.0)
     assert status.rate_override == RateLimit(100, 60.0, burst=2)

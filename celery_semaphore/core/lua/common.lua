@@ -235,6 +235,21 @@ local function records_of(fields)
   return redis.call('HMGET', meta, unpack(fields))
 end
 
+-- The records meta keeps whose field matches ``pattern`` (HSCAN): {field, value, ...},
+-- and whether the scan went through the whole hash. At most ``calls`` calls of COUNT
+-- ``count``, so a hash of more fields than that (each call examines about ``count``
+-- of them) yields a bounded sample: the fields of the buckets examined.
+local function scan_records(pattern, calls, count)
+  local found, cursor = {}, '0'
+  for _ = 1, calls do
+    local reply = redis.call('HSCAN', meta, cursor, 'MATCH', pattern, 'COUNT', count)
+    cursor = reply[1]
+    for _, item in ipairs(reply[2]) do found[#found + 1] = item end
+    if cursor == '0' then return found, true end
+  end
+  return found, false
+end
+
 local function bump(field, n)
   if n > 0 then redis.call('HINCRBY', meta, field, n) end
 end
@@ -426,17 +441,22 @@ local TIE_BITS = 1024
 
 local FAIR_FIELDS = 7
 
--- A key's record: {tail, waiting, urgent tail, grants this minute, the minute, grants
--- the minute before, tie} (numbers; 0 where absent), and whether it exists.
-local function fair_record(key)
-  local text = records_of({'f|' .. key})[1]
+-- A key's record text (or false) as {tail, waiting, urgent tail, grants this minute,
+-- the minute, grants the minute before, tie} (numbers; 0 where absent).
+local function fair_fields(text)
   local f = {}
   for part in string.gmatch(text or '', '([^|]*)|?') do
     if #f == FAIR_FIELDS then break end
     f[#f + 1] = tonumber(part) or 0
   end
   for i = #f + 1, FAIR_FIELDS do f[i] = 0 end
-  return f, text ~= false
+  return f
+end
+
+-- A key's record (fair_fields()), and whether it exists.
+local function fair_record(key)
+  local text = records_of({'f|' .. key})[1]
+  return fair_fields(text), text ~= false
 end
 
 -- Writes a key's record (``existed``: it was there), or drops it when nothing of the
@@ -473,6 +493,13 @@ local function roll_minute(cur, at, prev)
   local minute = math.floor(now_ms / 60000)
   if at == minute then return cur, minute, prev end
   return 0, minute, at == minute - 1 and cur or 0
+end
+
+-- The grants of this minute and the minute before (60 to 120 s), counted ``cur`` in
+-- minute ``at`` and ``prev`` in the one before: an older count is 0.
+local function recent_grants(cur, at, prev)
+  local now_count, _, before = roll_minute(cur, at, prev)
+  return now_count + before
 end
 
 -- The metrics' class of a fair weight: 0 for 1, 1 for 2-3, 2 for 4-7, 3 for 8-15, 4 above.

@@ -5,14 +5,16 @@
 -- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
 -- ARGV[3] declared limit   the caller's (see effective_limit())
 -- ARGV[4] declared rate    the caller's, or '' for none declared (see "Rates" in common.lua)
+-- ARGV[5] fair top         at most this many fair keys are listed (see below)
 --
 -- Returns {now ms, recorded limit or '', override or '', effective limit, draining 0/1,
 -- live holders, live waiters,
 -- {holder, lease expiry ms, hinfo record, ...} earliest lease expiry first (live
 -- holders counts permits: a weighted holder's seats too),
--- {holder, ticket, waiter lease expiry ms, winfo record, parked state, ...} in
--- line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
--- '' asking itself;
+-- {holder, ticket, waiter lease expiry ms, winfo record, parked state, weight text, ...}
+-- in line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
+-- '' asking itself; weight text: its meta "w|<waiter>" record while fair keys wait
+-- (see "The order of the line" in common.lua), else '';
 -- then how many waiters are parked and how many handed over, how many tasks
 -- published with a place have not reached a worker yet (sent, places lapsed or
 -- not), {holder, published ms, ...} of the first ``most`` of them whose place
@@ -22,13 +24,26 @@
 -- admissions resume after a data loss (ms; 0: not paused); then the rate (see
 -- "Rates" in common.lua): the effective one, the override (each "<interval µs>|<burst>"
 -- or ''), how many grants it allows now, when the next one after those is
--- allowed (ms), and until when a RateLimited pause lasts (ms; 0: none).
+-- allowed (ms), and until when a RateLimited pause lasts (ms; 0: none);
+-- then the fair keys with waiters in line (see "The order of the line" in common.lua):
+-- how many (n_fair_keys), the grants to fair waiters in this minute and the minute
+-- before (all keys'), how many key records were read, and {key, waiting, grants in
+-- this minute and the minute before, ...} of the ``fair top`` with the most waiting
+-- among those read (ties: more grants first, then by key). The records are read by
+-- HSCAN of meta, at most FAIR_SCAN_CALLS calls of FAIR_SCAN_COUNT: a line of more
+-- fair keys than that reads a sample (fewer records read than n_fair_keys). With no
+-- fair key (n_fair_keys 0) none of this reads anything more, and a waiter's fair key
+-- (in its row, below) is ''.
 -- Entries whose lease ran out (not yet reclaimed) are left out.
+
+local FAIR_SCAN_CALLS, FAIR_SCAN_COUNT = 4, 1000
 
 local most, horizon_ms, declared = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 if ARGV[4] ~= '' then declared_rate = ARGV[4] end
+local fair_top = tonumber(ARGV[5])
 local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed', 'rate',
-  'rate_override', 'tat', 'rate_pause'})
+  'rate_override', 'tat', 'rate_pause', 'n_fair_keys', 'fair_grants'})
+local n_fair_keys = math.max(0, tonumber(m.n_fair_keys) or 0)
 
 local rate, room, next_us = effective_rate(m), rate_room(m)
 
@@ -45,7 +60,7 @@ end
 local listed_waiters = {}
 local w = redis.call('ZRANGE', waiters, 0, most * 2 - 1, 'WITHSCORES')
 for i = 1, #w, 2 do
-  if #listed_waiters >= most * 5 then break end
+  if #listed_waiters >= most * 6 then break end
   local lease = tonumber(redis.call('ZSCORE', wexp, w[i]))
   if lease and lease > now_ms then
     listed_waiters[#listed_waiters + 1] = w[i]
@@ -55,6 +70,40 @@ for i = 1, #w, 2 do
     local state = state_in(redis.call('HGET', parked, w[i]))
     if state ~= 'p' and state ~= 'h' and state ~= 'w' then state = '' end
     listed_waiters[#listed_waiters + 1] = state
+    listed_waiters[#listed_waiters + 1] = ''
+  end
+end
+if n_fair_keys > 0 and #listed_waiters > 0 then
+  local fields = {}
+  for i = 1, #listed_waiters, 6 do fields[#fields + 1] = 'w|' .. listed_waiters[i] end
+  local records = records_of(fields)
+  for i = 1, #fields do listed_waiters[6 * i] = records[i] or '' end
+end
+
+local fair_grants, fair_read, listed_fair = 0, 0, {}
+if n_fair_keys > 0 then
+  local all = {}
+  for part in string.gmatch(m.fair_grants or '', '([^|]+)') do all[#all + 1] = tonumber(part) end
+  fair_grants = recent_grants(all[1] or 0, all[2] or 0, all[3] or 0)
+  local keys, seen = {}, {}
+  local found = scan_records('f|*', FAIR_SCAN_CALLS, FAIR_SCAN_COUNT)
+  for i = 1, #found, 2 do
+    if not seen[found[i]] then  -- HSCAN may return a field twice
+      seen[found[i]] = true
+      local f = fair_fields(found[i + 1])
+      keys[#keys + 1] = {string.sub(found[i], 3), f[2], recent_grants(f[4], f[5], f[6])}
+    end
+  end
+  fair_read = #keys
+  table.sort(keys, function(a, b)
+    if a[2] ~= b[2] then return a[2] > b[2] end
+    if a[3] ~= b[3] then return a[3] > b[3] end
+    return a[1] < b[1]
+  end)
+  for i = 1, math.min(fair_top, #keys) do
+    listed_fair[#listed_fair + 1] = keys[i][1]
+    listed_fair[#listed_fair + 1] = fmt(keys[i][2])
+    listed_fair[#listed_fair + 1] = fmt(keys[i][3])
   end
 end
 
@@ -85,4 +134,5 @@ return {
   rate and fmt(rate.interval) .. '|' .. fmt(rate.burst) or '', m.rate_override or '',
   rate and room or 0, rate and fmt(now_ms + math.ceil(next_us / 1000)) or 0,
   math.max(0, (tonumber(m.rate_pause) or 0) > now_ms and tonumber(m.rate_pause) or 0),
+  n_fair_keys, fair_grants, fair_read, listed_fair,
 }
