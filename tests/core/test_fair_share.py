@@ -217,6 +217,24 @@ def test_an_urgent_waiter_of_a_key_takes_its_keys_next_turn_and_pays_it_back(
     assert at["a-late"] < at[b[14]]
 
 
+def test_a_key_that_joins_behind_an_urgent_waiter_without_a_key_still_takes_turns(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """The urgent ticket is far ahead of the others' (a priority level is 2^40 µs): a key
+    that joins behind it must start at the line's head among the others, not at it."""
+    sem = make_semaphore(1)
+    gate = granted(sem.attempt("gate"))
+    a, b = names("a", 5), names("b", 5)
+    queue(sem, a, fair_key="A")
+    queue(sem, ["urgent"], priority=1)
+    queue(sem, b, fair_key="B")
+    queue(sem, ["b-late"], fair_key="B")
+    order = serve(sem, gate)
+    assert order[0] == "urgent"
+    assert rounds_of(order[1:11], 2) == [{a[i], b[i]} for i in range(5)], "not all of B first"
+    assert order[11] == "b-late"
+
+
 def test_a_set_orders_its_line_by_priority(make_semaphore: MakeSemaphore) -> None:
     first, second = make_semaphore(1), make_semaphore(1)
     if isinstance(first, BlockingSemaphore):

@@ -97,7 +97,8 @@
 --   * a fair key: the line is shared between the keys that have waiters, in turns
 --     (start-time fair queuing): each key has a tail in meta "f|<key>" =
 --     "<tail>|<waiting>|<urgent tail>|<grants>|<minute>|<grants the minute before>", and
---     a new waiter of the key starts at max(head of the line, its tail); its tail then
+--     a new waiter of the key starts at max(head of the line, its tail) (the head
+--     among the tickets no priority moved: fair_head()); its tail then
 --     moves on one turn, FAIR_TURN / its fair weight. So keys alternate (weight 3 takes
 --     three turns to one), a key alone takes every turn, and within a key tickets grow:
 --     FIFO. A waiter more urgent than 0 starts at its key's urgent tail instead (its
@@ -498,6 +499,18 @@ local function count_fair_grant(record)
   bump('m_fair_granted_c' .. weight_class(fair_weight), 1)
 end
 
+-- The head of the line as the fair keys see it (``seq``: the next ticket in time): the
+-- first ticket that no priority moved (those are PRIORITY_STEP or more away from the
+-- tickets of their time; a fair key's are not), else ``seq``. A ticket an urgent waiter
+-- without a key took is 2^40 µs early per level: a key starting there would be given
+-- that much of a head start over the keys already in line.
+local function fair_head(seq)
+  local band = PRIORITY_STEP / 2
+  local head = redis.call('ZRANGEBYSCORE', waiters, fmt(seq - band), fmt(seq + band),
+    'WITHSCORES', 'LIMIT', 0, 1)
+  return tonumber(head[2]) or seq
+end
+
 -- A new ticket for a contender whose weight text is ``order`` (see "The order of the
 -- line"); meta.ticket moves on (in ``m`` and in ``writes``, the caller's meta writes).
 local function new_ticket(m, order, writes)
@@ -507,8 +520,7 @@ local function new_ticket(m, order, writes)
   writes[#writes + 1] = m.ticket
   local priority, fair_weight, key = order_in(order)
   if not key then return seq - priority * PRIORITY_STEP end
-  local head = redis.call('ZRANGE', waiters, 0, 0, 'WITHSCORES')
-  local v = tonumber(head[2]) or seq
+  local v = fair_head(seq)
   local f, existed = fair_record(key)
   local turn = FAIR_TURN / fair_weight
   local start
