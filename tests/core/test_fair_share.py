@@ -235,6 +235,25 @@ def test_a_key_that_joins_behind_an_urgent_waiter_without_a_key_still_takes_turn
     assert order[11] == "b-late"
 
 
+def test_a_new_contender_is_weighed_where_its_new_ticket_goes(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """Places taken at publish hold the line while a permit is free (their tasks are
+    still in the broker): a plain newcomer waits behind them, an urgent one does not."""
+    sem = make_semaphore(1)
+    for holder in names("p", 3):
+        sem.take_place(holder, wait_lease=LONG)
+    assert refused(sem.attempt("plain", queue=False)).position == 4
+    urgent = granted(sem.attempt("urgent", priority=1))
+    for holder in names("a", 3):
+        sem.take_place(holder, wait_lease=LONG, fair_key="A")
+    place = refused(sem.attempt("b0", wait_lease=LONG, fair_key="B"))
+    assert place.position <= 5, "B's first turn: in the first round, with A's"
+    assert line(sem).index("b0") == place.position - 1
+    assert refused(sem.attempt("urgent-2", wait_lease=LONG, priority=1)).position == 1
+    urgent.release()
+
+
 def test_a_set_orders_its_line_by_priority(make_semaphore: MakeSemaphore) -> None:
     first, second = make_semaphore(1), make_semaphore(1)
     if isinstance(first, BlockingSemaphore):
@@ -268,7 +287,8 @@ def test_places_taken_at_publish_share_the_line_in_turns_and_by_priority(
         sem.take_place(holder, wait_lease=LONG, fair_key="A")
     for holder in b:
         sem.take_place(holder, wait_lease=LONG, fair_key="B")
-    sem.take_place("urgent", wait_lease=LONG, priority=2)
+    place = sem.take_place("urgent", wait_lease=LONG, priority=2)
+    assert place.position == 1, "the place it took, not the end of the line"
     order = serve(sem, gate)
     assert order[0] == "urgent"
     assert rounds_of(order[1:7], 2) == [{a[i], b[i]} for i in range(3)]

@@ -511,15 +511,13 @@ local function fair_head(seq)
   return tonumber(head[2]) or seq
 end
 
--- A new ticket for a contender whose weight text is ``order`` (see "The order of the
--- line"); meta.ticket moves on (in ``m`` and in ``writes``, the caller's meta writes).
-local function new_ticket(m, order, writes)
+-- Where a new ticket for a contender whose weight text is ``order`` goes (see "The
+-- order of the line"), without taking it: the ticket, the next ticket in time, and with
+-- a fair key the key, its record once the ticket is taken, and whether it existed.
+local function place_ticket(m, order)
   local seq = seq_after(m.ticket)
-  m.ticket = fmt(seq)
-  writes[#writes + 1] = 'ticket'
-  writes[#writes + 1] = m.ticket
   local priority, fair_weight, key = order_in(order)
-  if not key then return seq - priority * PRIORITY_STEP end
+  if not key then return seq - priority * PRIORITY_STEP, seq end
   local v = fair_head(seq)
   local f, existed = fair_record(key)
   local turn = FAIR_TURN / fair_weight
@@ -532,8 +530,18 @@ local function new_ticket(m, order, writes)
     start = math.max(v, f[1])
     f[1] = start + turn
   end
-  put_fair(key, f, existed, true)
-  return math.floor(start) + seq % TIE_BITS
+  return math.floor(start) + seq % TIE_BITS, seq, key, f, existed
+end
+
+-- Takes the new ticket place_ticket() finds: meta.ticket moves on (in ``m`` and in
+-- ``writes``, the caller's meta writes), and so does the key's tail.
+local function new_ticket(m, order, writes)
+  local ticket, seq, key, f, existed = place_ticket(m, order)
+  m.ticket = fmt(seq)
+  writes[#writes + 1] = 'ticket'
+  writes[#writes + 1] = m.ticket
+  if key then put_fair(key, f, existed, true) end
+  return ticket
 end
 
 -- Waiters' weight records -----------------------------------------------------------
