@@ -6,7 +6,7 @@ What an observer sees from the task bodies' own records: a late account's tasks 
 between the busy account's instead of after all of them, each account in its own
 order, in both wait modes; a weighted account gets its share under a rate; a more
 urgent task goes ahead of a line published before it. Tolerant bounds; the figures
-are benchmarks/bench_fair.py's.
+are benchmarks/bench_fair.py's (real workers) and bench_fair_core.py's.
 """
 
 from __future__ import annotations

@@ -39,3 +39,32 @@ def test_accounts_take_turns_and_priority_goes_first_on_redis_cluster(
         # turns between A and B (A joined the rotation first), in order within each
         assert order[1:] == ["a0", "b0", "a1", "b1", "a2", "a3"], order
         assert sem.status().waiter_count == 0
+
+
+def test_a_fair_line_whose_turns_ran_days_ahead_of_the_clock_still_takes_turns(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """Under a steady backlog the fair tickets (about 1 s of turn each) run ahead of the
+    server clock; a new key must still start at the line's head, not at "now" (which
+    would put it ahead of every waiting ticket). Simulated: the line moved 8 days on."""
+    import redis
+
+    sem = make_semaphore(1)
+    head = granted(sem.attempt("head"))
+    for i in range(3):
+        refused(sem.attempt(f"a{i}", fair_key="A"))
+    client = redis.Redis.from_url(sem.url)
+    ahead = 8 * 86400 * 1_000_000  # past half a priority step (2^39 us, 6.4 days)
+    keys = sem.keys
+    for member, score in client.zrange(keys.waiters, 0, -1, withscores=True):
+        client.zadd(keys.waiters, {member: int(score) + ahead})
+    fields = dict.fromkeys(("f|A",), None)
+    record = client.hget(keys.meta, "f|A").decode().split("|")
+    record[0] = str(int(record[0]) + ahead)
+    fields["f|A"] = "|".join(record)
+    clock = int(client.hget(keys.meta, "fair_clock")) + ahead
+    client.hset(keys.meta, mapping={**fields, "fair_clock": clock})
+    refused(sem.attempt("b0", fair_key="B"))
+    order = [m.decode() for m in client.zrange(keys.waiters, 0, -1)]
+    assert order == ["a0", "b0", "a1", "a2"], "B joins at the head's turn, not before all"
+    head.release()

@@ -80,3 +80,23 @@ def test_bench_polling_quick_json_reports_every_system() -> None:
         assert _positive(figures["grants"]), name
         assert 0 < figures["utilisation"] <= 1.5, name
         assert 0 < figures["fairness"] <= 1.0, name
+
+
+@pytest.mark.slow
+def test_bench_fair_quick_json_serves_every_line_in_turns() -> None:
+    script = BENCH.with_name("bench_fair_core.py")
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    fair = results["fair"]
+    for line in ("none", "one_key", "many_keys", "round_robin"):
+        assert fair[line]["grants"] == results["settings"]["contenders"], line
+        assert _positive(fair[line]["us_per_grant"]), line
+    assert _positive(fair["many_over_one"]) and _positive(fair["one_over_none"])
+    assert fair["round_robin_errors"] == []
+    assert fair["records_left_many_keys"] == 0
+    assert results["targets"] == {"many_over_one_max": 1.5}
+    assert not results["environment"]["server"].endswith(":6379")

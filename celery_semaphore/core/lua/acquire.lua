@@ -59,7 +59,9 @@ end
 
 local s = open_gate(g, false)
 local result
-if weigh_gate(s, g, s.ticket) then
+-- A new contender is weighed where its new ticket would go (ahead of the less urgent
+-- waiters, at its key's turn), not behind everyone.
+if weigh_gate(s, g, s.ticket or place_ticket(s.m, g.weight).ticket) then
   result = {1, unpack(grant_gate(s, g))}
 else
   local ticket = s.ticket

@@ -72,23 +72,27 @@ for i = 1, n do
   if t and (not ticket or t < ticket) then ticket = t end
   queue = queue or gates[i].waiter_ms > 0
 end
+-- Without a ticket: where one new ticket for every line would go, by its priority (the
+-- same in every line; a fair key is the caller's to refuse here); weighed there.
+local seq, placed = 0, ticket
+if not ticket then
+  for i = 1, n do seq = math.max(seq, seq_after(states[i].m.ticket)) end
+  placed = seq - order_in(gates[1].weight) * PRIORITY_STEP
+end
 local all = true
 for i = 1, n do
   use(i, gates[i].rate)
-  states[i].admits = weigh_gate(states[i], gates[i], ticket)
+  states[i].admits = weigh_gate(states[i], gates[i], placed)
   all = all and states[i].admits
 end
 
-if not all and queue and not ticket then  -- one new ticket for every line
-  local seq = 0
-  for i = 1, n do seq = math.max(seq, seq_after(states[i].m.ticket)) end
+if not all and queue and not ticket then  -- it takes that ticket
   for i = 1, n do
     local writes = states[i].meta_writes
     writes[#writes + 1] = 'ticket'
     writes[#writes + 1] = fmt(seq)
   end
-  -- Its priority (the same in every line; a fair key is the caller's to refuse here).
-  ticket = seq - order_in(gates[1].weight) * PRIORITY_STEP
+  ticket = placed
 end
 
 local rows, refused_by = {}, {}

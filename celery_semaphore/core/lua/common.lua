@@ -97,7 +97,8 @@
 --   * a fair key: the line is shared between the keys that have waiters, in turns
 --     (start-time fair queuing): each key has a tail in meta "f|<key>" =
 --     "<tail>|<waiting>|<urgent tail>|<grants>|<minute>|<grants the minute before>|<tie>", and
---     a new waiter of the key starts at max(head of the line, its tail); its tail then
+--     a new waiter of the key starts at max(head of the line, its tail) (the head
+--     among the tickets no priority moved: fair_head()); its tail then
 --     moves on one turn, FAIR_TURN / its fair weight. So keys alternate (weight 3 takes
 --     three turns to one), a key alone takes every turn, and within a key tickets grow:
 --     FIFO. A waiter more urgent than 0 starts at its key's urgent tail instead (its
@@ -473,7 +474,7 @@ local function put_fair(key, f, existed, keep)
   end
   if not existed then
     redis.call('HINCRBY', meta, 'n_fair_keys', 1)
-    f[7] = redis.call('HINCRBY', meta, 'fair_joins', 1) % TIE_BITS
+    redis.call('HINCRBY', meta, 'fair_joins', 1)  -- the join place_ticket() gave its tie
   end
   local parts = {}
   for i = 1, FAIR_FIELDS do parts[i] = fmt(f[i]) end
@@ -531,18 +532,33 @@ local function count_fair_grant(record)
   bump('m_fair_granted_c' .. weight_class(fair_weight), 1)
 end
 
--- A new ticket for a contender whose weight text is ``order`` (see "The order of the
--- line"); meta.ticket moves on (in ``m`` and in ``writes``, the caller's meta writes).
-local function new_ticket(m, order, writes)
+-- The head of the line as the fair keys see it (``seq``: the next ticket in time): the
+-- first ticket that no priority moved, else ``seq``. A ticket an urgent waiter without
+-- a key took is 2^40 µs early per level: a key starting there would be given that much
+-- of a head start over the keys already in line. Fair tickets are virtual times that
+-- run ahead of the clock under a steady backlog (a turn is about 1 s of them), so the
+-- head is looked for near the fair clock (meta.fair_clock: the head the last fair
+-- ticket started from) when that is ahead of ``seq``.
+local function fair_head(seq)
+  local anchor = math.max(seq, tonumber(records_of({'fair_clock'})[1]) or 0)
+  local band = PRIORITY_STEP / 2
+  local head = redis.call('ZRANGEBYSCORE', waiters, fmt(anchor - band), fmt(anchor + band),
+    'WITHSCORES', 'LIMIT', 0, 1)
+  return tonumber(head[2]) or seq
+end
+
+-- Where a new ticket for a contender whose weight text is ``order`` goes (see "The
+-- order of the line"), without taking it: {ticket, seq (the next ticket in time)}, and
+-- with a fair key also key, f (its record once the ticket is taken), existed, head.
+local function place_ticket(m, order)
   local seq = seq_after(m.ticket)
-  m.ticket = fmt(seq)
-  writes[#writes + 1] = 'ticket'
-  writes[#writes + 1] = m.ticket
   local priority, fair_weight, key = order_in(order)
-  if not key then return seq - priority * PRIORITY_STEP end
-  local head = redis.call('ZRANGE', waiters, 0, 0, 'WITHSCORES')
-  local v = tonumber(head[2]) or seq
+  if not key then return {ticket = seq - priority * PRIORITY_STEP, seq = seq} end
+  local v = fair_head(seq)
   local f, existed = fair_record(key)
+  if not existed then  -- it joins the rotation: put_fair() counts the join
+    f[7] = ((tonumber(records_of({'fair_joins'})[1]) or 0) + 1) % TIE_BITS
+  end
   local turn = FAIR_TURN / fair_weight
   local start
   if priority > 0 then
@@ -553,8 +569,23 @@ local function new_ticket(m, order, writes)
     start = math.max(v, f[1])
     f[1] = start + turn
   end
-  put_fair(key, f, existed, true)
-  return math.floor(start) + f[7]
+  return {ticket = math.floor(start) + f[7], seq = seq, key = key, f = f, existed = existed,
+    head = v}
+end
+
+-- Takes the new ticket place_ticket() finds: meta.ticket moves on (in ``m`` and in
+-- ``writes``, the caller's meta writes), and so do the key's tail and the fair clock.
+local function new_ticket(m, order, writes)
+  local placed = place_ticket(m, order)
+  m.ticket = fmt(placed.seq)
+  writes[#writes + 1] = 'ticket'
+  writes[#writes + 1] = m.ticket
+  if placed.key then
+    put_fair(placed.key, placed.f, placed.existed, true)
+    writes[#writes + 1] = 'fair_clock'
+    writes[#writes + 1] = fmt(placed.head)
+  end
+  return placed.ticket
 end
 
 -- Waiters' weight records -----------------------------------------------------------

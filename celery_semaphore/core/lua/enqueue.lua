@@ -38,10 +38,7 @@ if not m.limit then
   write_meta(m, family ~= '' and {'limit', declared, 'family', family} or {'limit', declared})
 end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
-local ahead = waiting
-if ticket then
-  ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
-else
+if not ticket then
   local writes = {}
   ticket = new_ticket(m, weight, writes)
   write_meta(m, writes)
@@ -51,6 +48,7 @@ else
   redis.call('ZADD', sent, 'NX', now_ms, holder)
   redis.call('PEXPIRE', sent, horizon_ms)
 end
+local ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
 weigh_waiter(m, holder, weight)
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
