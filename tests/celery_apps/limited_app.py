@@ -407,3 +407,11 @@ def prioritized(self: Any, seconds: float, tag: Any = None) -> Any:
           semaphore_wait_mode="countdown")  # fmt: skip
 def prioritized_countdown(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, limits=[
+    Concurrency(per_key("capped-account", lambda account, *_, **__: f"acct-{account}"), 1),
+    Concurrency("fair-capped", 2, fair_by=_account),
+])  # fmt: skip
+def fair_capped(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)

@@ -110,3 +110,27 @@ def test_a_fair_by_function_that_fails_fails_its_task_with_a_clear_message(
     with pytest.raises(Exception, match=r"fair_by function .* failed on this task's arguments"):
         result.get(timeout=30)
     assert cluster.app_module.fair_call.delay("A", 0.0, "after").get(timeout=30) == "after"
+
+
+def test_a_per_account_cap_beside_a_fair_limit_keeps_the_other_account_going(
+    clusters: Clusters,
+) -> None:
+    """What the docs offer until ``max_per_key`` exists: a per-account Concurrency of 1
+    beside a fair limit of 2 (taken one after the other). Account A never runs two at
+    once, and its backlog does not stop B from using the second permit."""
+    cluster = clusters(extra_conf=PARKING)
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=2)
+    call = cluster.app_module.fair_capped
+    busy = [call.delay("A", 0.2, f"a{i:02}") for i in range(8)]
+    time.sleep(0.3)
+    late = [call.delay("B", 0.2, f"b{i:02}") for i in range(4)]
+    for result in busy + late:
+        result.get(timeout=90)
+    events = cluster.events()
+    assert max_overlap([e for e in events if e["tag"].startswith("a")]) <= 1, "A: 1 at once"
+    assert max_overlap(events) <= 2, "the shared cap of 2 holds"
+    begun = starts(events)
+    last_b = max(e["at"] for e in begun if e["tag"].startswith("b"))
+    a_after = [e for e in begun if e["tag"].startswith("a") and e["at"] > last_b]
+    assert a_after, "B's tasks ran beside A's backlog, not after it"
