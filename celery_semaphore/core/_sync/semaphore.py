@@ -176,7 +176,10 @@ class Semaphore:
     turn. ``fair_weights`` (a mapping of key to weight, or a function of the key; 1
     unless said) gives a key of weight 3 three turns for every one of a key of weight
     1. ``priority=`` on a contender orders the line (higher first; within its key's
-    turns when it has a fair key).
+    turns when it has a fair key). Give every contender of a fair line a fair key, and
+    the same key and priority each time it asks: a contender without one takes a ticket
+    in time, which may fall anywhere among the turns, and asking without its key counts
+    a waiter out of its key.
 
     ``family``: the name of a group of semaphores made by one key function
     (``customer-1``, ``customer-2``, ... in family ``customer``), recorded in
