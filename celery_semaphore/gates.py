@@ -14,6 +14,7 @@ release-by-id paths all agree on the same names.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -132,7 +133,30 @@ def task_gates(
     Raises ValueError / TypeError naming the task when a key function fails.
     """
     declared: list[Declared] = getattr(task, "declared_limits", None) or []
-    return [_gate(task, limits, args, kwargs, priority) for limits in declared]
+    gates = []
+    for limits in declared:
+        gate = _gate(task, limits, args, kwargs, priority)
+        if limits.max_per_key is not None and gate.fair_key is not None:
+            gates.append(account_cap(gate, limits.max_per_key))
+        gates.append(gate)
+    return gates
+
+
+#: What the semaphore of a fair limit's per-account cap (``max_per_key``) is named after.
+ACCOUNT_CAP = ":account:"
+
+
+def account_cap(gate: Gate, most: int) -> Gate:
+    """The gate of ``max_per_key``: a semaphore of ``most`` permits per account of a
+    fair limit, taken before it (a task of an account at its cap waits there, out of
+    the shared line, so it holds back no other account), in family
+    ``<semaphore>:account`` (one series in the metrics)."""
+    name = f"{gate.name}{ACCOUNT_CAP}{gate.fair_key}"
+    if len(name) > validation.MAX_NAME_LENGTH:
+        digest = hashlib.sha1(str(gate.fair_key).encode()).hexdigest()[:20]
+        name = f"{gate.name[:150]}{ACCOUNT_CAP}{digest}"
+    family = f"{gate.name[:190]}:account"
+    return Gate(name, most, family, priority=gate.priority)
 
 
 def _gate(

@@ -61,7 +61,8 @@ class Concurrency:
     ``weight``: the permits one task takes (an int up to ``limit``, or a function of
     the task's arguments returning one; Prefect calls it ``occupy``). ``fair_by``: a
     function of the task's arguments naming its account: waiting tasks are served in
-    turns between accounts (``fair_weights``: an account's turns, 1 unless said)."""
+    turns between accounts (``fair_weights``: an account's turns, 1 unless said;
+    ``max_per_key``: the most permits of this limit one account holds at once)."""
 
     name: Name
     limit: int
@@ -69,6 +70,7 @@ class Concurrency:
     weight: Weight = 1
     fair_by: FairBy | None = None
     fair_weights: validation.FairWeights | None = None
+    max_per_key: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,11 @@ class Declared:
     #: The permits of ``limit`` and the starts of ``rate`` one task takes.
     weight: Weight = 1
     rate_weight: Weight = 1
-    #: Whose turn a task is (a function of its arguments), and the accounts' weights.
+    #: Whose turn a task is (a function of its arguments), the accounts' weights, and
+    #: the most permits of ``limit`` one account holds at once.
     fair_by: FairBy | None = None
     fair_weights: validation.FairWeights | None = None
+    max_per_key: int | None = None
 
 
 class RateLimited(Exception):
@@ -137,8 +141,9 @@ def declared(task: Any) -> list[Declared]:
     limit, rate, listed = (_static(task, attribute) for attribute in ("limit", "rate", "limits"))
     weight = _static(task, "weight")
     fair_by, fair_weights = _static(task, "fair_by"), _static(task, "fair_weights")
+    max_per_key = _static(task, "max_per_key")
     if listed is not None:
-        short = (spec, limit, rate, weight, fair_by, fair_weights)
+        short = (spec, limit, rate, weight, fair_by, fair_weights, max_per_key)
         if any(option is not None for option in short):
             raise TypeError(
                 f"{owner}: give either semaphore= with limit=, rate=, weight= and fair_by=, "
@@ -161,7 +166,7 @@ def declared(task: Any) -> list[Declared]:
     weight = 1 if weight is None else weight
     _check_weight(owner, "weight", weight, limit, "limit")
     _check_weight(owner, "weight", weight, None if checked is None else checked.burst, "burst")
-    fair = _check_fair(owner, "", fair_by, fair_weights)
+    fair = _check_fair(owner, "", fair_by, fair_weights, max_per_key=max_per_key, limit=limit)
     return [Declared(spec, limit, checked, weight=weight, rate_weight=weight, **fair)]
 
 
@@ -203,13 +208,23 @@ def _grouped(owner: str, listed: Any) -> list[Declared]:
             rates[item.name] = _checked_rate(owner, item)
             _check_weight(owner, f"{item!r}: weight", item.weight, item.burst, "burst")
         weights[(item.name, kind)] = item.weight
-        if item.fair_by is not None or item.fair_weights is not None:
-            given = _check_fair(owner, f"{item!r}: ", item.fair_by, item.fair_weights)
-            if fair.setdefault(item.name, given) != given:
+        per_key = item.max_per_key if isinstance(item, Concurrency) else None
+        if item.fair_by is not None or item.fair_weights is not None or per_key is not None:
+            most = item.limit if isinstance(item, Concurrency) else None
+            given = _check_fair(
+                owner, f"{item!r}: ", item.fair_by, item.fair_weights, max_per_key=per_key,
+                limit=most,
+            )  # fmt: skip
+            known = fair.setdefault(item.name, given)
+            if (known["fair_by"], known["fair_weights"]) != (
+                given["fair_by"],
+                given["fair_weights"],
+            ):
                 raise ValueError(
                     f"{owner}: the limits on {item.name!r} give different fair_by= or "
                     "fair_weights=; they share one line: give them on one of the limits"
                 )
+            known["max_per_key"] = known["max_per_key"] or given["max_per_key"]
     found = [
         Declared(
             name,
@@ -256,16 +271,38 @@ def _static(task: Any, attribute: str) -> Any:
     return value.__func__ if isinstance(value, staticmethod) else value
 
 
-def _check_fair(owner: str, what: str, fair_by: Any, fair_weights: Any) -> dict[str, Any]:
+def _check_fair(
+    owner: str,
+    what: str,
+    fair_by: Any,
+    fair_weights: Any,
+    *,
+    max_per_key: Any = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
     """``fair_by`` a function of the task's arguments; ``fair_weights`` a mapping or a
-    function of the account, and only with ``fair_by``: the `Declared` fields."""
+    function of the account, and ``max_per_key`` an int up to the ``limit``, both only
+    with ``fair_by``: the `Declared` fields."""
     if fair_by is None:
-        if fair_weights is not None:
-            raise TypeError(
-                f"{owner}: {what}fair_weights= needs fair_by= (a function of the task's "
-                "arguments naming its account)"
-            )
+        for given, option in ((fair_weights, "fair_weights"), (max_per_key, "max_per_key")):
+            if given is not None:
+                raise TypeError(
+                    f"{owner}: {what}{option}= needs fair_by= (a function of the task's "
+                    "arguments naming its account)"
+                )
         return {}
+    if max_per_key is not None:
+        if limit is None:
+            raise TypeError(
+                f"{owner}: {what}max_per_key= caps what one account holds of a concurrency "
+                "limit: give it with limit= (or on Concurrency(...))"
+            )
+        validation.check_limit(max_per_key, f"{owner}: {what}max_per_key")
+        if max_per_key > limit:
+            raise ValueError(
+                f"{owner}: {what}max_per_key {max_per_key} is more than the limit {limit}: "
+                "give it at most the limit"
+            )
     if not callable(fair_by) or isinstance(fair_by, type):
         raise TypeError(
             f"{owner}: {what}fair_by must be a function of the task's arguments returning "
@@ -275,4 +312,4 @@ def _check_fair(owner: str, what: str, fair_by: Any, fair_weights: Any) -> dict[
         weights = validation.check_fair_weights(fair_weights)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{owner}: {what}{error}") from None
-    return {"fair_by": fair_by, "fair_weights": weights}
+    return {"fair_by": fair_by, "fair_weights": weights, "max_per_key": max_per_key}

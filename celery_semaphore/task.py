@@ -42,6 +42,8 @@ class LimitedTask(Task):  # type: ignore[misc]
       tasks waiting, in order within each (``fair_by=lambda account, **_: account``);
       ``fair_weights``: a mapping of account to weight, or a function of the account
       (an account of weight 3 gets three turns for every one of weight 1);
+      ``max_per_key``: the most permits one account holds at once (taken first, on a
+      semaphore per account, ``<semaphore>:account:<account>``);
     - ``limits``: instead of the options above, a list of
       [Concurrency][celery_semaphore.Concurrency] and
       [Rate][celery_semaphore.Rate] limits, each on a semaphore of its own or a
@@ -62,6 +64,7 @@ class LimitedTask(Task):  # type: ignore[misc]
     weight: ClassVar[int | Callable[..., int] | None] = None
     fair_by: ClassVar[Callable[..., Any] | None] = None
     fair_weights: ClassVar[Mapping[str, int] | Callable[[str], int] | None] = None
+    max_per_key: ClassVar[int | None] = None
     limits: ClassVar[list[Concurrency | Rate] | None] = None
     semaphore_options: ClassVar[dict[str, Any]] = {}
     #: The limits above, checked once (`celery_semaphore.limits.declared`).
@@ -88,7 +91,7 @@ class LimitedTask(Task):  # type: ignore[misc]
                 if option not in TASK_OPTIONS:
                     raise ValueError(
                         f"{name}: unknown option {attribute}; accepted: semaphore, limit, "
-                        "rate, weight, fair_by, fair_weights, limits, "
+                        "rate, weight, fair_by, fair_weights, max_per_key, limits, "
                         + ", ".join(PREFIX + o for o in TASK_OPTIONS)
                     )
                 options[option] = getattr(cls, attribute)

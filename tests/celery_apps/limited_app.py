@@ -409,9 +409,7 @@ def prioritized_countdown(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
-@app.task(bind=True, base=LimitedTask, limits=[
-    Concurrency(per_key("capped-account", lambda account, *_, **__: f"acct-{account}"), 1),
-    Concurrency("fair-capped", 2, fair_by=_account),
-])  # fmt: skip
+@app.task(bind=True, base=LimitedTask, semaphore="fair-capped", limit=2, fair_by=_account,
+          max_per_key=1)  # fmt: skip
 def fair_capped(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)

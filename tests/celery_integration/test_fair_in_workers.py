@@ -112,12 +112,9 @@ def test_a_fair_by_function_that_fails_fails_its_task_with_a_clear_message(
     assert cluster.app_module.fair_call.delay("A", 0.0, "after").get(timeout=30) == "after"
 
 
-def test_a_per_account_cap_beside_a_fair_limit_keeps_the_other_account_going(
-    clusters: Clusters,
-) -> None:
-    """What the docs offer until ``max_per_key`` exists: a per-account Concurrency of 1
-    beside a fair limit of 2 (taken one after the other). Account A never runs two at
-    once, and its backlog does not stop B from using the second permit."""
+def test_max_per_key_caps_an_account_and_keeps_the_other_going(clusters: Clusters) -> None:
+    """``max_per_key=1`` on a fair limit of 2: account A never runs two at once, and its
+    backlog does not stop B from using the second permit."""
     cluster = clusters(extra_conf=PARKING)
     for name in ("w1", "w2"):
         cluster.worker(name, concurrency=2)
@@ -129,6 +126,7 @@ def test_a_per_account_cap_beside_a_fair_limit_keeps_the_other_account_going(
         result.get(timeout=90)
     events = cluster.events()
     assert max_overlap([e for e in events if e["tag"].startswith("a")]) <= 1, "A: 1 at once"
+    assert max_overlap([e for e in events if e["tag"].startswith("b")]) <= 1, "B: 1 at once"
     assert max_overlap(events) <= 2, "the shared cap of 2 holds"
     begun = starts(events)
     last_b = max(e["at"] for e in begun if e["tag"].startswith("b"))

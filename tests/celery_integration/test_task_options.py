@@ -202,6 +202,21 @@ def limited(app: Celery, name: str, body: Callable[..., Any] | None = None, **op
             r"task opts\.t: fair_weights= needs fair_by=",
         ),
         (
+            {"limit": 2, "max_per_key": 1},
+            TypeError,
+            r"task opts\.t: max_per_key= needs fair_by=",
+        ),
+        (
+            {"limit": 2, "fair_by": lambda a, **_: a, "max_per_key": 3},
+            ValueError,
+            r"task opts\.t: max_per_key 3 is more than the limit 2",
+        ),
+        (
+            {"rate": "5/s", "fair_by": lambda a, **_: a, "max_per_key": 1},
+            TypeError,
+            r"task opts\.t: max_per_key= caps what one account holds of a concurrency limit",
+        ),
+        (
             {"limit": 2, "fair_by": lambda a, **_: a, "fair_weights": {"gold": 0}},
             ValueError,
             r"task opts\.t: fair_weights gives key 'gold' the weight 0: it must be an int",

@@ -374,3 +374,21 @@ def test_a_fair_limit_is_taken_apart_from_the_others_with_one_warning(
         "limit (shared) orders its own line by account, which one step across several lines "
         "cannot keep"
     ]
+
+
+def test_max_per_key_puts_a_per_account_cap_before_the_fair_limit(make_app: MakeApp) -> None:
+    app = finalized(make_app)
+
+    @app.task(base=LimitedTask, semaphore="api", limit=4, fair_by=lambda account, **_: account,
+              max_per_key=2)  # fmt: skip
+    def capped_account(account: Any) -> None: ...
+
+    assert task_gates(capped_account, ("acme",), {}, 3) == [
+        Gate("api:account:acme", 2, "api:account", priority=3),
+        Gate("api", 4, priority=3, fair_key="acme"),
+    ]
+    long_key = "x" * 300
+    with pytest.raises(ValueError, match="fair_key must be a str of at most 200"):
+        task_gates(capped_account, (long_key,), {})
+    cap = task_gates(capped_account, ("y" * 190,), {})[0]
+    assert len(cap.name) <= 200 and cap.name.startswith("api:account:"), "a digest if long"
