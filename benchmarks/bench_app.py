@@ -22,9 +22,14 @@ Tasks:
   permit itself (non-blocking), and when refused retries with exponential
   backoff and full jitter, as its README suggests for Celery;
 - ``noop_limited(index, total, counter)`` / ``noop_plain(...)``: count themselves in
-  Redis; the ``total``-th stamps the time in ``<counter>:last``.
+  Redis; the ``total``-th stamps the time in ``<counter>:last``;
+- ``fair(account, index, hold)`` / ``fair_countdown(...)``: ``fair_by`` the account
+  (bench_fair.py), handover and countdown mode, each on a semaphore of its own;
+  ``unfair(account, index, hold)``: the same without ``fair_by`` (its baseline);
+- ``prioritized(index, hold)``: no account, ordered by the message's priority.
 
-Each execution of ``ours``/``ours_countdown``/``baseline`` appends (when it has ended: off the
+Each execution of ``ours``/``ours_countdown``/``baseline`` (and of the fair and
+priority tasks, with their account and their message's priority) appends (when it has ended: off the
 hand-off path) one JSON record to the Redis
 list ``bench:records:<task>``. In the worker processes, the app also records
 (list ``bench:inplace``) every wait in place of ours (``Semaphore.wait_for_turn``,
@@ -64,6 +69,10 @@ LEASE = 60.0
 
 OURS = "bench-ours"
 OURS_COUNTDOWN = "bench-ours-countdown"
+FAIR = "bench-fair"
+FAIR_COUNTDOWN = "bench-fair-countdown"
+UNFAIR = "bench-unfair"
+PRIORITIZED = "bench-prioritized"
 BASELINE = "bench-baseline"
 NOOP = "bench-noop"
 READY_KEY = "bench:ready"
@@ -105,7 +114,7 @@ def _flush(**_: Any) -> None:
         _pending.clear()
 
 
-def _held(task: Any, kind: str, index: int, hold: float) -> int:
+def _held(task: Any, kind: str, index: int, hold: float, **extra: Any) -> int:
     start = time.time()
     time.sleep(hold)
     end = time.time()
@@ -119,6 +128,7 @@ def _held(task: Any, kind: str, index: int, hold: float) -> int:
         waits=header.get("waits", 0),
         retries=task.request.retries,
         pid=os.getpid(),
+        **extra,
     )
     return index
 
@@ -159,6 +169,36 @@ def baseline(self: Any, index: int, hold: float) -> int:
     finally:
         permit.release()
     return index
+
+
+def _account(account: str, *_: Any, **__: Any) -> str:
+    return account
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=FAIR, limit=LIMIT, fair_by=_account)
+def fair(self: Any, account: str, index: int, hold: float) -> int:
+    """Served in turns between the accounts with tasks waiting (handover mode)."""
+    return _held(self, "fair", index, hold, account=account)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=FAIR_COUNTDOWN, limit=LIMIT,
+          fair_by=_account, semaphore_wait_mode="countdown")  # fmt: skip
+def fair_countdown(self: Any, account: str, index: int, hold: float) -> int:
+    """The same in countdown mode."""
+    return _held(self, "fair_countdown", index, hold, account=account)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=UNFAIR, limit=LIMIT)
+def unfair(self: Any, account: str, index: int, hold: float) -> int:
+    """No ``fair_by``: one line, first come first served (the baseline of ``fair``)."""
+    return _held(self, "unfair", index, hold, account=account)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore=PRIORITIZED, limit=LIMIT)
+def prioritized(self: Any, index: int, hold: float) -> int:
+    """Ordered by its message's priority (on Redis 0, the default, goes first)."""
+    priority = (self.request.delivery_info or {}).get("priority")
+    return _held(self, "prioritized", index, hold, priority=priority)
 
 
 def _count(counter: str, total: int) -> None:
