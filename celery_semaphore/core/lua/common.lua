@@ -101,7 +101,8 @@
 --     among the tickets no priority moved: fair_head()); its tail then
 --     moves on one turn, FAIR_TURN / its fair weight. So keys alternate (weight 3 takes
 --     three turns to one), a key alone takes every turn, and within a key tickets grow:
---     FIFO. A waiter more urgent than 0 starts at its key's urgent tail instead (its
+--     FIFO. A waiter more urgent than the least urgent priority the line has seen
+--     (meta.fair_low, at most 0) starts at its key's urgent tail instead (its
 --     key's next turn), and its key's tail still moves on (it pays the turn back at
 --     the end of its line). "<waiting>" counts the key's waiters (from their meta w|
 --     records): at 0 the key's record goes (it leaves the rotation; n_fair_keys counts
@@ -556,12 +557,16 @@ local function place_ticket(m, order)
   if not key then return {ticket = seq - priority * PRIORITY_STEP, seq = seq} end
   local v = fair_head(seq)
   local f, existed = fair_record(key)
+  local joins, low = unpack(records_of({'fair_joins', 'fair_low'}))
   if not existed then  -- it joins the rotation: put_fair() counts the join
-    f[7] = ((tonumber(records_of({'fair_joins'})[1]) or 0) + 1) % TIE_BITS
+    f[7] = ((tonumber(joins) or 0) + 1) % TIE_BITS
   end
+  -- Urgent: more urgent than the least urgent priority this line has seen (0 unless a
+  -- lower one came: on Redis, a default of 5 is -5 here, and 0 is then urgent).
+  low = math.min(0, tonumber(low) or 0, priority)
   local turn = FAIR_TURN / fair_weight
   local start
-  if priority > 0 then
+  if priority > low then
     start = math.max(v, f[3])
     f[3] = start + turn
     f[1] = math.max(v, f[1]) + turn
@@ -570,7 +575,7 @@ local function place_ticket(m, order)
     f[1] = start + turn
   end
   return {ticket = math.floor(start) + f[7], seq = seq, key = key, f = f, existed = existed,
-    head = v}
+    head = v, low = low}
 end
 
 -- Takes the new ticket place_ticket() finds: meta.ticket moves on (in ``m`` and in
@@ -584,6 +589,8 @@ local function new_ticket(m, order, writes)
     put_fair(placed.key, placed.f, placed.existed, true)
     writes[#writes + 1] = 'fair_clock'
     writes[#writes + 1] = fmt(placed.head)
+    writes[#writes + 1] = 'fair_low'
+    writes[#writes + 1] = fmt(placed.low)
   end
   return placed.ticket
 end

@@ -1,5 +1,6 @@
-"""Fair share and priority on a Redis Cluster: a semaphore's accounts' records live in
-its meta hash, in its one slot, so the line takes turns there as on one Redis."""
+"""The fair line's edges: on a Redis Cluster (the accounts' records live in the
+semaphore's meta hash, in its one slot), after its turns ran days ahead of the server
+clock, and what "urgent" means when the usual priority is below the default."""
 
 from __future__ import annotations
 
@@ -67,4 +68,21 @@ def test_a_fair_line_whose_turns_ran_days_ahead_of_the_clock_still_takes_turns(
     refused(sem.attempt("b0", fair_key="B"))
     order = [m.decode() for m in client.zrange(keys.waiters, 0, -1)]
     assert order == ["a0", "b0", "a1", "a2"], "B joins at the head's turn, not before all"
+    head.release()
+
+
+def test_on_a_fair_line_urgent_means_more_than_the_least_urgent_seen(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """Redis brokers: the usual tasks at priority 5 (-5 here), an urgent one at 0 takes
+    its key's next turn, though 0 is no more than the default."""
+    sem = make_semaphore(1)
+    head = granted(sem.attempt("head"))
+    for i in range(4):
+        refused(sem.attempt(f"a{i}", fair_key="A", priority=-5))
+    refused(sem.attempt("b0", fair_key="B", priority=-5))
+    refused(sem.attempt("a-urgent", fair_key="A", priority=0))
+    order = [w.holder for w in sem.status().waiters]
+    assert order.index("a-urgent") <= 2, f"A's next turn, not behind A's backlog: {order}"
+    assert order.index("a-urgent") > order.index("a0")
     head.release()
