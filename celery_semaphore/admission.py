@@ -134,7 +134,6 @@ class Admission:
 
     def _joint_attempt(self, wait_lease: float, *, queue: bool = True) -> PermitSet | Places:
         assert self.joint is not None
-        known = [t for t in (self.state.tickets.get(g.name) for g in self.gates) if t]
         handover = None
         if self.state.handover is not None:
             names = [gate.name for gate in self.gates]
@@ -142,24 +141,41 @@ class Admission:
             if name in names:
                 handover, self.state.handover = (names.index(name), token), None
         result = self.joint.attempt(
-            self.request.id, min(known, default=None), queue=queue, wait_lease=wait_lease,
+            self.request.id, self._joint_ticket(), queue=queue, wait_lease=wait_lease,
             info=self.info, handover=handover, weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates], priority=self.gates[0].priority,
+            rate_weights=[g.rate_weight for g in self.gates], **self._order(),
         )  # fmt: skip
         self._keep_ticket(result)
         return result
 
     def _joint_wait(self, seconds: float) -> PermitSet | Places:
         assert self.joint is not None
-        known = [t for t in (self.state.tickets.get(g.name) for g in self.gates) if t]
         result = self.joint.wait_for_turn(
-            seconds, self.request.id, min(known, default=None),
+            seconds, self.request.id, self._joint_ticket(),
             wait_lease=seconds + PLACE_GRACE, info=self.info,
             weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates], priority=self.gates[0].priority,
+            rate_weights=[g.rate_weight for g in self.gates], **self._order(),
         )  # fmt: skip
         self._keep_ticket(result)
         return result
+
+    def _joint_ticket(self) -> int | None:
+        """The ticket the set presents: its place in a fair line (at its account's turn),
+        else the earliest of its places."""
+        tickets = self.state.tickets
+        for gate in self.gates:
+            if gate.fair_key is not None:
+                return tickets.get(gate.name) or None
+        return min((t for t in (tickets.get(g.name) for g in self.gates) if t), default=None)
+
+    def _order(self) -> dict[str, Any]:
+        """The set's priority and fair key (of at most one gate: `gates.joint_of`)."""
+        fair = [g for g in self.gates if g.fair_key is not None]
+        return {
+            "priority": self.gates[0].priority,
+            "fair_keys": [g.fair_key for g in self.gates] if fair else None,
+            "fair_weight": fair[0].fair_weight if fair else None,
+        }
 
     def _keep_ticket(self, result: PermitSet | Places) -> None:
         if isinstance(result, Places) and result.ticket:

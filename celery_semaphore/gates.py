@@ -271,10 +271,16 @@ def joint_of(app: Any, gates: Sequence[Gate], config: SemaphoreConfig) -> Semaph
         return None
     try:
         fair = [gate.name for gate in gates if gate.fair_key is not None]
-        if fair:
+        capped = [gate.name for gate in gates if ACCOUNT_CAP in gate.name]
+        if len(fair) > 1:
             raise ValueError(
-                f"a fair limit ({', '.join(fair)}) orders its own line by account, which one "
-                "step across several lines cannot keep"
+                f"the fair limits {', '.join(fair)} each order their line by account: one "
+                "step takes one ticket for every line, placed by one of them"
+            )
+        if capped:
+            raise ValueError(
+                f"a task of an account at its max_per_key ({', '.join(capped)}) must wait "
+                "out of the shared line, not hold its place there"
             )
         return SemaphoreSet([semaphore_of(app, gate, config) for gate in gates])
     except ValueError as error:

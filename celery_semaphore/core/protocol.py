@@ -907,10 +907,13 @@ def joint_acquire_args(
     info: str,
     weights: Sequence[tuple[int, int | None]],
     priority: int = 0,
+    fair_keys: Sequence[str | None] | None = None,
+    fair_weight: int | None = None,
     handover: tuple[int, int] | None = None,
 ) -> list[Any]:
     """acquire_all.lua's arguments; ``weights``: (permits, grants or None) per semaphore;
-    ``handover``: (index of the semaphore that handed it over, the `Handover`'s token)."""
+    ``fair_keys``: per semaphore, at most one not None; ``handover``: (index of the
+    semaphore that handed it over, the `Handover`'s token)."""
     validation.check_holder(holder)
     validation.check_ticket(ticket)
     validation.check_info(info)
@@ -924,7 +927,13 @@ def joint_acquire_args(
             )
         came_by = f"{index + 1}|{validation.check_ticket(token, 'handover')}"
     args: list[Any] = [holder, hold_ms, info, "" if ticket is None else ticket, came_by]
-    for spec, (weight, rate_weight) in zip(specs, weights, strict=True):
+    keys = [None] * len(specs) if fair_keys is None else list(fair_keys)
+    if len(keys) != len(specs) or sum(key is not None for key in keys) > 1:
+        raise ValueError(
+            f"fair_keys must give one value per semaphore ({len(specs)}), at most one of "
+            f"them a key (a set takes one fair line), got {fair_keys!r}"
+        )
+    for spec, (weight, rate_weight), key in zip(specs, weights, keys, strict=True):
         wait_seconds = spec.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(wait_seconds, "wait_lease")) if queue else 0
         args += [
@@ -937,7 +946,9 @@ def joint_acquire_args(
             spec.family,
             spec.rate_arg,
             spec.shadow_arg,
-            spec.weight_arg(weight, rate_weight, priority=priority),
+            spec.weight_arg(
+                weight, rate_weight, priority=priority, fair_key=key, fair_weight=fair_weight
+            ),
         ]
     return args
 

@@ -413,3 +413,10 @@ def prioritized_countdown(self: Any, seconds: float, tag: Any = None) -> Any:
           max_per_key=1)  # fmt: skip
 def fair_capped(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, limits=[
+    Concurrency("fair-joint", 2, fair_by=_account), Concurrency("joint-other", 3),
+])  # fmt: skip
+def fair_joint(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)

@@ -35,7 +35,7 @@ def starts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted((e for e in events if e["event"] == "start"), key=lambda e: e["at"])
 
 
-@pytest.mark.parametrize("task", ["fair_call", "fair_call_countdown"])
+@pytest.mark.parametrize("task", ["fair_call", "fair_call_countdown", "fair_joint"])
 def test_a_late_account_is_served_in_turns_not_behind_the_busy_one(
     clusters: Clusters, task: str
 ) -> None:
@@ -51,6 +51,8 @@ def test_a_late_account_is_served_in_turns_not_behind_the_busy_one(
         result.get(timeout=90)
     events = cluster.events()
     assert max_overlap(events) <= 2, "the cap of 2 holds"
+    logs = "".join(worker.text() for worker in cluster.workers)
+    assert "one after the other" not in logs, "a fair limit and another: one step"
     begun = starts(events)
     a_tags = [e["tag"] for e in begun if e["tag"].startswith("a")]
     b_tags = [e["tag"] for e in begun if e["tag"].startswith("b")]

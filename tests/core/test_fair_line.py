@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from outcomes import granted, refused
 
 from devkit.redis_servers import RedisClusterServers
@@ -86,3 +87,33 @@ def test_on_a_fair_line_urgent_means_more_than_the_least_urgent_seen(
     assert order.index("a-urgent") <= 2, f"A's next turn, not behind A's backlog: {order}"
     assert order.index("a-urgent") > order.index("a0")
     head.release()
+
+
+def test_a_set_with_one_fair_line_takes_turns_with_one_ticket_in_every_line(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    from async_as_sync import BlockingSemaphore, BlockingSemaphoreSet
+
+    from celery_semaphore import Places, SemaphoreSet
+
+    fair, plain = make_semaphore(1), make_semaphore(1)
+    if isinstance(fair, BlockingSemaphore):
+        both = BlockingSemaphoreSet(fair._loop, (fair, plain))
+    else:
+        both = SemaphoreSet([fair, plain])
+    head = granted(fair.attempt("head"))
+    tickets = {}
+    for name, key in [("a0", "A"), ("a1", "A"), ("a2", "A"), ("b0", "B"), ("b1", "B")]:
+        places = both.attempt(name, fair_keys=[key, None])
+        assert isinstance(places, Places) and places.refused_by == (0,)
+        tickets[name] = places.ticket
+    in_fair = {w.holder: w.ticket for w in fair.status().waiters}
+    assert in_fair == tickets, "its one ticket stands in the fair line"
+    order = sorted(tickets, key=tickets.__getitem__)
+    assert order == ["a0", "b0", "a1", "b1", "a2"], "turns between A and B"
+    head.release()
+    for name in order:
+        permits = granted(both.attempt(name, tickets[name], fair_keys=["A", None]))
+        permits.release()
+    with pytest.raises(ValueError, match="at most one of them a key"):
+        both.attempt("c", fair_keys=["A", "B"])

@@ -358,21 +358,25 @@ def test_a_fair_weights_function_is_asked_per_task(make_app: MakeApp) -> None:
         task_gates(weighed_account, ("bad",), {})
 
 
-def test_a_fair_limit_is_taken_apart_from_the_others_with_one_warning(
+def test_two_fair_limits_or_an_account_cap_are_taken_apart_with_one_warning(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
     from celery_semaphore.config import get_config
     from celery_semaphore.gates import joint_of
 
     app = make_app()
-    gates = [Gate("shared", 4, fair_key="acme"), Gate("region", 2)]
-    assert joint_of(app, gates, get_config(app)) is None
-    assert joint_of(app, gates, get_config(app)) is None
+    two_fair = [Gate("shared", 4, fair_key="acme"), Gate("region", 2, fair_key="eu")]
+    capped = [Gate("shared:account:acme", 1, "shared:account"), Gate("shared", 4, fair_key="acme")]
+    for gates in (two_fair, two_fair, capped):
+        assert joint_of(app, gates, get_config(app)) is None
     warnings = [r.getMessage() for r in caplog.records if "one after the other" in r.getMessage()]
     assert warnings == [
-        "the limits shared, region are taken one after the other, not in one step: a fair "
-        "limit (shared) orders its own line by account, which one step across several lines "
-        "cannot keep"
+        "the limits shared, region are taken one after the other, not in one step: the fair "
+        "limits shared, region each order their line by account: one step takes one ticket "
+        "for every line, placed by one of them",
+        "the limits shared:account:acme, shared are taken one after the other, not in one "
+        "step: a task of an account at its max_per_key (shared:account:acme) must wait out of "
+        "the shared line, not hold its place there",
     ]
 
 

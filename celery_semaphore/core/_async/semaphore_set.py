@@ -163,6 +163,8 @@ class AsyncSemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
         handover: tuple[int, int] | None = None,
     ) -> AsyncPermitSet | Places:
         """A permit on every semaphore if each would grant one now, else `Places`
@@ -174,7 +176,10 @@ class AsyncSemaphoreSet:
         in the others only for ``hold_back`` s (0: it leaves their lines, so it delays
         nobody where it could have been served). ``weights``, ``rate_weights``: per
         semaphore, in the set's order (see `AsyncSemaphore.attempt`); ``priority``: as
-        there, the same in every line (a fair key cannot be taken in a set). ``handover``:
+        there, the same in every line. ``fair_keys``: per semaphore, the key of at most
+        one of them (None for the others; ``fair_weight``: that key's weight, default its
+        semaphore's ``fair_weights``): a new ticket is then placed at that key's turn in
+        that line, and the same ticket stands in the others. ``handover``:
         (the index of the semaphore whose `Handover` brought it back, its token);
         [StaleHandover][celery_semaphore.StaleHandover] if a newer copy was handed
         over or it was served already.
@@ -191,6 +196,8 @@ class AsyncSemaphoreSet:
             info=info,
             weights=self._weights(weights, rate_weights),
             priority=priority,
+            fair_keys=fair_keys,
+            fair_weight=fair_weight,
             handover=handover,
         )
         reply = await self._first._call("acquire_all", args, specs=self._specs)
@@ -225,6 +232,8 @@ class AsyncSemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
     ) -> AsyncPermitSet | None:
         """The permits if all can be granted now, else None (a place in line kept
         only for a contender that can come back: see `AsyncSemaphore.try_acquire`)."""
@@ -236,6 +245,8 @@ class AsyncSemaphoreSet:
             weights=weights,
             rate_weights=rate_weights,
             priority=priority,
+            fair_keys=fair_keys,
+            fair_weight=fair_weight,
         )
         return result if isinstance(result, AsyncPermitSet) else None
 
@@ -249,6 +260,8 @@ class AsyncSemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
     ) -> AsyncPermitSet:
         """Wait in FIFO order until every semaphore grants at once;
         `SemaphoreTimeout` after ``timeout`` s, naming a semaphore that refused.
@@ -265,6 +278,8 @@ class AsyncSemaphoreSet:
                 weights=weights,
                 rate_weights=rate_weights,
                 priority=priority,
+                fair_keys=fair_keys,
+                fair_weight=fair_weight,
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -293,6 +308,8 @@ class AsyncSemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
     ) -> AsyncPermitSet | Places:
         """Like `acquire()`, but on timeout return the `Places`, still in the lines
         that refused it.
@@ -309,6 +326,7 @@ class AsyncSemaphoreSet:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         kwargs: dict[str, Any] = {"wait_lease": wait_lease, "info": info}
         kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
+        kwargs.update(fair_keys=fair_keys, fair_weight=fair_weight)
         started = time.monotonic()
         result = await self.attempt(holder, ticket, **kwargs)
         if isinstance(result, AsyncPermitSet) or timeout == 0:

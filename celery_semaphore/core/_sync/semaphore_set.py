@@ -164,6 +164,8 @@ class SemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
         handover: tuple[int, int] | None = None,
     ) -> PermitSet | Places:
         """A permit on every semaphore if each would grant one now, else `Places`
@@ -175,7 +177,10 @@ class SemaphoreSet:
         in the others only for ``hold_back`` s (0: it leaves their lines, so it delays
         nobody where it could have been served). ``weights``, ``rate_weights``: per
         semaphore, in the set's order (see `Semaphore.attempt`); ``priority``: as
-        there, the same in every line (a fair key cannot be taken in a set). ``handover``:
+        there, the same in every line. ``fair_keys``: per semaphore, the key of at most
+        one of them (None for the others; ``fair_weight``: that key's weight, default its
+        semaphore's ``fair_weights``): a new ticket is then placed at that key's turn in
+        that line, and the same ticket stands in the others. ``handover``:
         (the index of the semaphore whose `Handover` brought it back, its token);
         [StaleHandover][celery_semaphore.StaleHandover] if a newer copy was handed
         over or it was served already.
@@ -192,6 +197,8 @@ class SemaphoreSet:
             info=info,
             weights=self._weights(weights, rate_weights),
             priority=priority,
+            fair_keys=fair_keys,
+            fair_weight=fair_weight,
             handover=handover,
         )
         reply = self._first._call("acquire_all", args, specs=self._specs)
@@ -226,6 +233,8 @@ class SemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
     ) -> PermitSet | None:
         """The permits if all can be granted now, else None (a place in line kept
         only for a contender that can come back: see `Semaphore.try_acquire`)."""
@@ -237,6 +246,8 @@ class SemaphoreSet:
             weights=weights,
             rate_weights=rate_weights,
             priority=priority,
+            fair_keys=fair_keys,
+            fair_weight=fair_weight,
         )
         return result if isinstance(result, PermitSet) else None
 
@@ -250,6 +261,8 @@ class SemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
     ) -> PermitSet:
         """Wait in FIFO order until every semaphore grants at once;
         `SemaphoreTimeout` after ``timeout`` s, naming a semaphore that refused.
@@ -266,6 +279,8 @@ class SemaphoreSet:
                 weights=weights,
                 rate_weights=rate_weights,
                 priority=priority,
+                fair_keys=fair_keys,
+                fair_weight=fair_weight,
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -294,6 +309,8 @@ class SemaphoreSet:
         weights: Sequence[int] | None = None,
         rate_weights: Sequence[int | None] | None = None,
         priority: int = 0,
+        fair_keys: Sequence[str | None] | None = None,
+        fair_weight: int | None = None,
     ) -> PermitSet | Places:
         """Like `acquire()`, but on timeout return the `Places`, still in the lines
         that refused it.
@@ -310,6 +327,7 @@ class SemaphoreSet:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         kwargs: dict[str, Any] = {"wait_lease": wait_lease, "info": info}
         kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
+        kwargs.update(fair_keys=fair_keys, fair_weight=fair_weight)
         started = time.monotonic()
         result = self.attempt(holder, ticket, **kwargs)
         if isinstance(result, PermitSet) or timeout == 0:

@@ -27,8 +27,11 @@
 --     later contender where it could have been served. A permit it held already on one
 --     of them (a redelivered job) is left as it is, and it does not stand in that line.
 -- One ticket in every line: the smallest of the one presented and those of its places
--- in these lines; with none, one new ticket, after every semaphore's meta.ticket, and
--- written to each. So two contenders stand in the same order in every line they share.
+-- in these lines (if one semaphore's weight text has a fair key: of the one presented
+-- and its place in that line); with none, one new ticket, after every semaphore's
+-- meta.ticket, and written to each (at its key's turn in the fair line: see "The order
+-- of the line" in common.lua). So two contenders stand in the same order in every line
+-- they share.
 -- It is never marked waiting in place (see "Several semaphores at once" in common.lua).
 --
 -- Returns {1, G_1, .., G_n} when granted, G_i = {fencing token, lease expiry ms, now ms,
@@ -64,20 +67,30 @@ if by then
   gates[by].handover = token
 end
 
-local ticket, queue = nil, false
+local ticket, queue, fair = nil, false, nil
 for i = 1, n do
   use(i, gates[i].rate)
   states[i] = open_gate(gates[i], true)
   local t = states[i].ticket
   if t and (not ticket or t < ticket) then ticket = t end
   queue = queue or gates[i].waiter_ms > 0
+  if not fair and select(3, order_in(gates[i].weight)) then fair = i end
 end
--- Without a ticket: where one new ticket for every line would go, by its priority (the
--- same in every line; a fair key is the caller's to refuse here); weighed there.
+-- With a fair key, its place in that line (or the ticket presented) is its ticket: the
+-- others' (a place taken at publish, in time) would put it out of its key's turn.
+if fair then ticket = states[fair].ticket end
+-- Without a ticket: where one new ticket for every line would go, weighed there: at its
+-- key's turn in the one semaphore that has its fair key (``fair``), else by its
+-- priority (the same in every line).
 local seq, placed = 0, ticket
 if not ticket then
   for i = 1, n do seq = math.max(seq, seq_after(states[i].m.ticket)) end
-  placed = seq - order_in(gates[1].weight) * PRIORITY_STEP
+  if fair then
+    use(fair, gates[fair].rate)
+    placed = place_ticket(states[fair].m, gates[fair].weight).ticket
+  else
+    placed = seq - order_in(gates[1].weight) * PRIORITY_STEP
+  end
 end
 local all = true
 for i = 1, n do
@@ -91,6 +104,10 @@ if not all and queue and not ticket then  -- it takes that ticket
     local writes = states[i].meta_writes
     writes[#writes + 1] = 'ticket'
     writes[#writes + 1] = fmt(seq)
+  end
+  if fair then  -- its key's tail moves on (and the fair clock)
+    use(fair, gates[fair].rate)
+    new_ticket(states[fair].m, gates[fair].weight, states[fair].meta_writes)
   end
   ticket = placed
 end
