@@ -264,23 +264,19 @@ def semaphore_of(
 
 def joint_of(app: Any, gates: Sequence[Gate], config: SemaphoreConfig) -> SemaphoreSet | None:
     """The gates' semaphores as one set, taken in one script call (all or none), or
-    None: fewer than two gates, or semaphores one call cannot reach together (on a
+    None: fewer than two gates, a max_per_key cap among them (taken first, alone), or
+    semaphores one call cannot reach together (on a
     Redis Cluster, keys in different slots: see the guarantees page), which are then
     taken one after the other, with a WARNING once per set of names."""
-    if len(gates) < 2:
+    if len(gates) < 2 or any(ACCOUNT_CAP in gate.name for gate in gates):
+        # max_per_key's cap comes first, alone, by design (`account_cap()`): no warning
         return None
     try:
         fair = [gate.name for gate in gates if gate.fair_key is not None]
-        capped = [gate.name for gate in gates if ACCOUNT_CAP in gate.name]
         if len(fair) > 1:
             raise ValueError(
                 f"the fair limits {', '.join(fair)} each order their line by account: one "
                 "step takes one ticket for every line, placed by one of them"
-            )
-        if capped:
-            raise ValueError(
-                f"a task of an account at its max_per_key ({', '.join(capped)}) must wait "
-                "out of the shared line, not hold its place there"
             )
         return SemaphoreSet([semaphore_of(app, gate, config) for gate in gates])
     except ValueError as error:
