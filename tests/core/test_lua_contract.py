@@ -4,7 +4,9 @@
   recorded one. Every script that admits, reports or hands on a permit obeys it.
 - What follows freed capacity is the same everywhere: the waiter in place at the head
   of the line is granted the permit (within the caller's effective limit).
-- The meta hash is read at most once per script call.
+- The meta hash's fields are read at most once per script call, on a line without
+  weights or fair keys (the test below); a weighted or fair waiter's record and a fair
+  key's record are read where they are needed (records_of()).
 """
 
 from __future__ import annotations
