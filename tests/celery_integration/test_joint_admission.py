@@ -17,6 +17,7 @@ from celery_harness import max_overlap
 from cluster_tools import Clusters
 
 from celery_semaphore import Semaphore
+from devkit.measures import kendall_tau
 from devkit.redis_servers import RedisClusterServers
 
 pytestmark = pytest.mark.slow
@@ -55,8 +56,13 @@ def test_a_task_never_takes_one_limit_while_the_other_is_full(
     )
     tags = [e["tag"] for e in pair_starts]
     assert sorted(tags) == list(range(6))
-    # two permits free at once start two bodies within ms of each other, in either order
-    assert all(abs(i - tag) <= 1 for i, tag in enumerate(tags)), f"in line order: {tags}"
+    if wait_mode == "handover":
+        # two permits free at once start two bodies within ms of each other, in either order
+        assert all(abs(i - tag) <= 1 for i, tag in enumerate(tags)), f"in line order: {tags}"
+    else:
+        # countdown retries fire late under load and a lapsed place stops holding back
+        # later tickets (guarantees.md, "Strict FIFO only among live places"): mostly in order
+        assert kendall_tau(tags) >= 0.6, f"in line order, mostly: {tags}"
     assert granted_count(cluster, "pair-a") == 6, "pair-a granted once per start, never given back"
     first_pair = pair_starts[0]["at"]
     freed = min(e["at"] for e in events if e["event"] == "end" and e["task"].endswith("b_only"))
