@@ -7,6 +7,10 @@ worker did the work. Serve them with ``celery worker --semaphore-metrics-port
 series), or from your own process with `serve()` or by registering
 `SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
 from zero when a semaphore's keys expire while idle.
+
+A scrape lists the semaphores (SCAN), then reads each with one counts.lua call,
+pipelined: counters and ZCOUNTs, no entry of a line read one by one, so its cost
+grows with the number of semaphores, not with their lines (see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -14,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .core.discovery import open_semaphore, semaphore_names
-from .core.errors import UnknownSemaphore
-from .core.keys import semaphore_keys
+from .core.discovery import read_counts, semaphore_names
 from .core.protocol import text
 
 #: Upper bounds (seconds) of the wait and hold histograms; the Lua scripts use the same.
@@ -94,6 +96,8 @@ COUNTERS = (
     *(f"m_{kind}_b{i}" for kind in ("wait", "hold") for i in range(len(BUCKETS) + 1)),
     "m_wait_sum", "m_hold_sum",
 )  # fmt: skip
+#: The ``meta`` fields a scrape reads of each semaphore besides its counts.
+FIELDS = ("family", *COUNTERS)
 
 
 class SemaphoreCollector:
@@ -124,21 +128,13 @@ class SemaphoreCollector:
         ``members`` (how many semaphores it sums)."""
         series: dict[str, dict[str, float]] = {}
         seen: dict[str, tuple[str, dict[str, float]]] = {}
-        for name in semaphore_names(self.client, self.namespace, self.url):
-            try:
-                status = open_semaphore(self.client, self.namespace, name, self.url).status()
-            except UnknownSemaphore:
-                continue  # its keys went, or no contender has declared a limit yet
-            # the fields it needs, not HGETALL: meta also holds a record per weighted or
-            # fair waiter and per fair key (a long fair line: thousands of them)
-            family, *values = self.client.hmget(
-                semaphore_keys(self.namespace, name).meta, "family", *COUNTERS
-            )
-            label = name if self.per_key else text(family or "") or name
-            counts = {
-                field: float(text(value or 0))
-                for field, value in zip(COUNTERS, values, strict=True)
-            }
+        names = semaphore_names(self.client, self.namespace, self.url)
+        # one counts.lua call each (pipelined), with the meta fields it needs, not
+        # HGETALL: meta also holds a record per weighted or fair waiter and per fair key
+        for status in read_counts(self.client, self.namespace, names, FIELDS, self.url):
+            name = status.name
+            label = name if self.per_key else status.fields["family"] or name
+            counts = {field: float(status.fields[field] or 0) for field in COUNTERS}
             seen[name] = (label, counts)
             row = series.setdefault(label, _zeros())
             row["holders"] += status.holder_count

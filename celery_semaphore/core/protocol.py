@@ -207,6 +207,29 @@ class SemaphoreStatus:
 
 
 @dataclass(frozen=True)
+class SemaphoreCounts:
+    """What a metrics scrape reads of one semaphore (counts.lua): the figures of
+    `SemaphoreStatus` without its lists, each as `status()` reports it to a caller
+    that declares no limit and no rate (the CLI's, the metrics'), in O(log n) Redis
+    work, and the ``meta`` fields asked for (absent ones: '')."""
+
+    name: str
+    declared_limit: int | None
+    effective_limit: int
+    draining: bool
+    holder_count: int
+    waiter_count: int
+    server_time: float
+    parked_count: int
+    handed_over_count: int
+    sent_count: int
+    rate: RateLimit | None
+    rate_paused_until: float | None
+    fair_keys_waiting: int
+    fields: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Grant:
     """The fields of a granted reply, before a permit object wraps them."""
 
@@ -452,6 +475,53 @@ class StatusReply(NamedTuple):
     fair_grants: int
     fair_keys_read: int
     fair_keys: list[FairKeyRow]
+
+
+@reply_shape
+class CountsReply(NamedTuple):
+    """counts.lua."""
+
+    now_ms: int
+    recorded_limit: int | None
+    effective_limit: int
+    draining: bool
+    holder_count: int
+    waiter_count: int
+    parked_count: int
+    handed_over_count: int
+    sent_count: int
+    rate: str  # "<interval µs>|<burst>", or '': none
+    rate_paused_until_ms: int  # 0: no pause
+    fair_keys_waiting: int
+    values: list[str]  # of the fields asked, in order
+
+
+def counts_args(fields: Sequence[str]) -> list[Any]:
+    """counts.lua's arguments (before the epoch): the sent horizon of a semaphore
+    opened with the default settings, as `open_semaphore()` does, and ``fields``."""
+    return [int(1000 * SENT_HORIZON), *fields]
+
+
+def parse_counts(name: str, fields: Sequence[str], reply: Sequence[Any]) -> SemaphoreCounts:
+    counts = read(CountsReply, reply)
+    return SemaphoreCounts(
+        name=name,
+        declared_limit=counts.recorded_limit,
+        effective_limit=counts.effective_limit,
+        draining=counts.draining,
+        holder_count=counts.holder_count,
+        waiter_count=counts.waiter_count,
+        server_time=counts.now_ms / 1000,
+        parked_count=counts.parked_count,
+        handed_over_count=counts.handed_over_count,
+        sent_count=counts.sent_count,
+        rate=RateLimit.decode(counts.rate),
+        rate_paused_until=counts.rate_paused_until_ms / 1000
+        if counts.rate_paused_until_ms
+        else None,
+        fair_keys_waiting=counts.fair_keys_waiting,
+        fields=dict(zip(fields, counts.values, strict=True)),
+    )
 
 
 def fair_key_in(order: str) -> str | None:

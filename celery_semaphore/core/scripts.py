@@ -20,7 +20,8 @@ from importlib.resources import files
 from typing import Any
 
 NAMES = (
-    "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "configure", "epoch",
+    "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "counts", "configure",
+    "epoch",
 )  # fmt: skip
 #: Registered on a client at their first use (`on_demand()`): only a client that takes
 #: sets of semaphores (`AsyncSemaphoreSet`) needs them.

@@ -100,3 +100,23 @@ def test_bench_fair_quick_json_serves_every_line_in_turns() -> None:
     assert fair["records_left_many_keys"] == 0
     assert results["targets"] == {"many_over_one_max": 1.5}
     assert not results["environment"]["server"].endswith(":6379")
+
+
+@pytest.mark.slow
+def test_bench_scrape_quick_json_times_both_scrapes_of_the_same_data() -> None:
+    script = BENCH.with_name("bench_scrape.py")
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    settings, scrape = results["settings"], results["scrape"]
+    assert scrape["totals"]["waiters"] == settings["waiting"]
+    assert scrape["totals"]["sent"] > 0 and scrape["totals"]["fair_keys_waiting"] > 0
+    for path in ("status", "counts"):
+        for key in ("server_ms", "script_ms", "wall_ms"):
+            assert _positive(scrape[path][key]), (path, key)
+    assert results["targets"] == {"counts_server_ms_max": 50.0}
+    assert "load average" in results["environment"]["uptime_before"]
+    assert not results["environment"]["server"].endswith(":6379")

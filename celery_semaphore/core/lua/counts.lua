@@ -1,0 +1,45 @@
+-- counts.lua: the figures of one semaphore a metrics scrape exports; changes nothing.
+--
+-- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua; a reader: pause 0).
+-- ARGV[1] sent horizon ms   entries of ``sent`` older than this are not counted
+-- ARGV[2 ..]                meta fields to answer with as they are (metrics.py: family
+--                           and the m_* counters)
+--
+-- Returns {now ms, recorded limit or '', effective limit, draining 0/1, live holders,
+-- live waiters, parked, handed over, sent, the effective rate ("<interval µs>|<burst>"
+-- or ''), until when a RateLimited pause lasts (ms; 0: none), fair keys with waiters in
+-- line, {the value of each field asked, or '' if absent}}: each figure as status.lua
+-- reports it for a caller that declares no limit and no rate (the CLI, the metrics).
+--
+-- Each figure is a meta field or one ZCOUNT (O(log n)): no entry of any key is read
+-- one by one, so a call costs the same with a line of ten waiters or of a million.
+-- status.lua's lists, and what only they tell (the sent tasks whose place lapsed: a
+-- lookup in wexp per sent entry; which fair keys wait most: a scan of meta), are not
+-- read.
+
+local horizon_ms = tonumber(ARGV[1])
+local fields = {'limit', 'override', 'draining', 'n_parked', 'n_handed', 'rate',
+  'rate_override', 'rate_pause', 'n_fair_keys'}
+local asked = {}
+for i = 2, EPOCH_ARG - 1 do
+  asked[#asked + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i]
+end
+local m = load_meta(fields)
+
+local values = {}
+for i = 1, #asked do values[i] = m[asked[i]] or '' end
+local rate = effective_rate(m)
+local pause = tonumber(m.rate_pause) or 0
+
+return {
+  now_ms, m.limit or '', effective_limit(m, ''), m.draining == '1' and 1 or 0,
+  redis.call('ZCOUNT', holders, '(' .. now_ms, '+inf'),
+  redis.call('ZCOUNT', wexp, '(' .. now_ms, '+inf'),
+  math.max(0, tonumber(m.n_parked) or 0), math.max(0, tonumber(m.n_handed) or 0),
+  redis.call('ZCOUNT', sent, now_ms - horizon_ms, '+inf'),
+  rate and fmt(rate.interval) .. '|' .. fmt(rate.burst) or '',
+  pause > now_ms and pause or 0,
+  math.max(0, tonumber(m.n_fair_keys) or 0),
+  values,
+}
