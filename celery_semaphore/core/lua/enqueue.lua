@@ -51,15 +51,13 @@ if not m.limit then
   write_meta(m, family ~= '' and {'limit', declared, 'family', family} or {'limit', declared})
 end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
-if not ticket then
+local new = not ticket
+if new then
   local writes = {}
   ticket = new_ticket(m, weight, writes)
   write_meta(m, writes)
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
-  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - horizon_ms)
-  redis.call('ZADD', sent, 'NX', now_ms, holder)
-  redis.call('PEXPIRE', sent, horizon_ms)
 end
 local ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
 weigh_waiter(m, holder, weight)
@@ -79,6 +77,11 @@ if far then
   touch(idle_ms, false)
   reply[7], reply[8] = 1, dispatch(m, '', ARGV[15])  -- as park.lua (it declares no limit)
   return reply
+end
+if new then
+  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - horizon_ms)
+  redis.call('ZADD', sent, 'NX', now_ms, holder)
+  redis.call('PEXPIRE', sent, horizon_ms)
 end
 redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
 touch(idle_ms)
