@@ -16,7 +16,9 @@ there and then (where that is safe: `celery_semaphore.durability`), instead of
 being sent to a worker that would only park it::
 
     apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
-    apply_async -> take_place -> position 900        -> parked beside its place
+    apply_async -> take_place -> position 900        -> park: parked beside its place
+    apply_async -> take_place_or_park (the line parked last time: one script call)
+                              -> position 901        -> parked beside its place
     ... a permit frees -> the releasing process publishes it to its queue's handover queue
 """
 
