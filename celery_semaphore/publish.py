@@ -232,7 +232,7 @@ class ParkingProducer:
         )
         priority = options.get("priority")
         config = task_config(task)
-        gate = lone_gate(app, task, body, queue, priority)
+        gate = lone_gate(app, task, body, queue, priority) if parking_lines else None
         if gate is not None:
             semaphore = semaphore_of(app, gate, config, quick=True)
             if semaphore in parking_lines:
