@@ -642,6 +642,8 @@ def print_backlog(results: dict[str, Any]) -> None:
             f">= {t['efficiency_min']:.2f} and > baseline  "
             f"{verdict(ours['efficiency'] >= t['efficiency_min'] and ours['efficiency'] > base['efficiency'])}"),  # noqa: E501
         row("makespan (s)", lambda m: f"{m['makespan_s']:.1f}", f"ideal {s['ideal_s']:.1f}"),
+        row("submit, the N apply_async (s)", lambda m: f"{m['submit_s']:.1f}",
+            "(bench_submit.py: without workers)"),
         row("waits / task, mean (max)", lambda m: f"{m['waits_mean']:.2f} ({m['waits_max']:.0f})",
             f"<= {t['waits_mean_max']}  {verdict(ours['waits_mean'] <= t['waits_mean_max'])}"),
         row("Kendall tau", lambda m: f"{m['kendall_tau']:.3f}",

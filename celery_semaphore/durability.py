@@ -17,8 +17,9 @@ broker must be at least as safe where we put it, so a task parks (at the worker,
 Otherwise the task waits as a countdown retry, its message in the broker, and
 the process logs one WARNING per Redis URL saying so (the worker at start,
 before its pool forks, so its children do not say it again). What a process has
-read is kept per app (``state_of(app).parking``), so `celery_semaphore.reset()`
-forgets it.
+read (a Redis's persistence, and whether it is the broker's server: each for
+`RECHECK_EVERY` s) is kept per app (``state_of(app).parking``), so
+`celery_semaphore.reset()` forgets it.
 
 A loss of the broker itself is the broker's business: what it keeps (a Redis
 broker with or without AOF, RabbitMQ durable queues) is what waiting tasks keep.
@@ -148,12 +149,16 @@ class ParkingSafety:
         self.clock = clock
         self._lock = threading.Lock()
         self._readings: dict[str, tuple[float, Persistence]] = {}
+        # Whether each URL is the broker's server, kept as long as a reading: the
+        # broker's URLs are read from the app's settings, which are slow to read on
+        # every publish.
+        self._brokers: dict[str, tuple[float, bool]] = {}
         self._warned: set[str] = set()
 
     def allows(self, app: Any, config: SemaphoreConfig, client: Any) -> bool:
         """Whether a task with settings ``config`` may park in ``config.redis_url``
         (``client`` reaches it). Logs the WARNING once per URL when not."""
-        if config.park_without_persistence or is_the_brokers_server(app, config.redis_url):
+        if config.park_without_persistence or self._is_the_brokers(app, config.redis_url):
             return True
         persistence = self.persistence(client, config.redis_url)
         if persistence is None:
@@ -162,6 +167,15 @@ class ParkingSafety:
             return True
         self._warn(config.redis_url, persistence)
         return False
+
+    def _is_the_brokers(self, app: Any, url: str) -> bool:
+        now = self.clock()
+        cached = self._brokers.get(url)
+        if cached is not None and now - cached[0] < self.recheck:
+            return cached[1]
+        answer = is_the_brokers_server(app, url)
+        self._brokers[url] = (now, answer)
+        return answer
 
     def persistence(self, client: Any, url: str) -> Persistence | None:
         """The cached reading of ``url``'s persistence, read again when older than

@@ -16,7 +16,9 @@ there and then (where that is safe: `celery_semaphore.durability`), instead of
 being sent to a worker that would only park it::
 
     apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
-    apply_async -> take_place -> position 900        -> parked beside its place
+    apply_async -> take_place -> position 900        -> park: parked beside its place
+    apply_async -> take_place_or_park (the line parked last time: one script call)
+                              -> position 901        -> parked beside its place
     ... a permit frees -> the releasing process publishes it to its queue's handover queue
 """
 
@@ -25,12 +27,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 from kombu.entity import Queue
+from kombu.utils import json as kombu_json
 
 from .config import get_config, task_config
-from .core import Place
+from .core import Place, Semaphore
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
@@ -41,6 +45,12 @@ logger = logging.getLogger(__name__)
 
 PLACE_AT_PUBLISH = 5.0
 PAUSE_AFTER_ERROR = 5.0
+
+# The semaphores (lines) whose last task published here was parked: the next one takes
+# its place and parks in one call (ParkingProducer). Weak: Semaphores drops old ones.
+parking_lines: weakref.WeakSet[Semaphore] = weakref.WeakSet()
+# Stands for the ticket in a payload encoded before the ticket is known (around_ticket()).
+TICKET_MARK = "\x00celery_semaphore: ticket\x00"
 
 # The places the publish in progress in this thread took (app, task id, gates), until
 # after_task_publish confirms it: a publish that raises gives them back (drop_unsent).
@@ -129,6 +139,16 @@ def places_of(
     return places
 
 
+def lone_gate(app: Any, task: Any, body: Any, queue: str | None, priority: Any) -> Gate | None:
+    """The one gate of a new message of ``task``, or None (none, several, or a key
+    function that fails: `places_of()` deals with those)."""
+    try:
+        gates = request_gates(task, body[0], body[1], queue, priority)
+    except (TypeError, ValueError):
+        return None
+    return gates[0] if len(gates) == 1 else None
+
+
 def confirm_sent(sender: Any = None, **_: Any) -> None:
     """``after_task_publish`` handler: the places taken for this message stay."""
     _unsent.places = None
@@ -149,6 +169,18 @@ def drop_unsent() -> None:
             semaphore_of(app, gate, config, quick=True).release(task_id)
         except SemaphoreError as error:
             logger.info("places of unsent task %s not given back: %s", task_id, error)
+
+
+def window_of(gate: Gate, config: Any) -> float:
+    """How far ahead (seconds) a place at ``gate`` counts as near (`turn_is_near()`)."""
+    return config.max_block if gate.rate is None else rate_window(gate.rate, config.max_block)
+
+
+def around_ticket(payload: str) -> tuple[str, str] | None:
+    """``payload``, encoded with `TICKET_MARK` for a ticket, as the text before and
+    after that ticket (None if the mark is not there exactly once)."""
+    parts = payload.split(kombu_json.dumps(TICKET_MARK))  # type: ignore[no-untyped-call]
+    return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
 def turn_is_near(place: Place, rate_window: float) -> bool:
@@ -188,18 +220,30 @@ class ParkingProducer:
         return self._producer.publish(body, **options)
 
     def _park(self, body: Any, options: dict[str, Any]) -> bool:
-        """Take the message's places; park it if its turn is far. False: publish it."""
+        """Take the message's places; park it if its turn is far. False: publish it.
+
+        While the line's last publish here parked (`parking_lines`), one script call
+        takes the place and parks the message if its turn is far; else the place is
+        taken alone, and the message parked by a second call only if its turn is far
+        (so a line whose turns are near pays nothing for parking)."""
         app, task, headers = self._task.app, self._task, options["headers"]
         queue = published_queue(
             app, options.get("declare"), options.get("exchange"), options.get("routing_key")
         )
-        places = places_of(app, task, body, headers, queue, priority=options.get("priority"))
+        priority = options.get("priority")
+        config = task_config(task)
+        gate = lone_gate(app, task, body, queue, priority) if parking_lines else None
+        if gate is not None:
+            semaphore = semaphore_of(app, gate, config, quick=True)
+            if semaphore in parking_lines:
+                parked = self._park_in_one_call(body, options, queue, gate, semaphore)
+                if parked is not None:
+                    return parked
+        places = places_of(app, task, body, headers, queue, priority=priority)
         if len(places) != 1:
             return False  # no gate, or a queue cap and a task cap: each waits at a worker
         ((gate, place),) = places.items()
-        config = task_config(task)
-        window = config.max_block if gate.rate is None else rate_window(gate.rate, config.max_block)
-        if turn_is_near(place, window):
+        if turn_is_near(place, window_of(gate, config)):
             return False
         semaphore = semaphore_of(app, gate, config, quick=True)
         if not state_of(app).parking.allows(app, config, semaphore.client):
@@ -217,4 +261,61 @@ class ParkingProducer:
             headers[WAIT_HEADER] = sent_state
             logger.info("%s[%s] is not parked at publish: %s", task.name, headers["id"], error)
             return False
+        parking_lines.add(semaphore)
         return True
+
+    def _park_in_one_call(
+        self,
+        body: Any,
+        options: dict[str, Any],
+        queue: str | None,
+        gate: Gate,
+        semaphore: Semaphore,
+    ) -> bool | None:
+        """Take the place at ``gate`` and park the message there if its turn is far,
+        in one script call (`Semaphore.take_place_or_park()`): as `places_of()` and
+        then ``park()`` would. None: do it the usual way (publishing places is paused,
+        parking is not allowed here, the message cannot be parked)."""
+        app, task, headers = self._task.app, self._task, options["headers"]
+        warn_disagreeing_limits(app)
+        state, config = state_of(app), task_config(self._task)
+        if time.monotonic() < state.publish_paused_until or not state.parking.allows(
+            app, config, semaphore.client
+        ):
+            return None
+        first_ask = time.time()  # its wait budget starts now, if it parks
+        marked = WaitState(first_ask=first_ask).encode()
+        headers[WAIT_HEADER] = {**marked, "tickets": {gate.name: TICKET_MARK}}
+        try:
+            payload = around_ticket(
+                encode_message(app, body, options, queue, config.park_max_bytes)
+            )
+            if payload is None:
+                raise ValueError("the message holds the ticket's mark")
+            place, parked = semaphore.take_place_or_park(
+                headers["id"],
+                payload,
+                window=window_of(gate, config),
+                wait_lease=PLACE_AT_PUBLISH,
+                info=task.name,
+                due=config.max_wait_time,
+                **gate.asks(),
+            )
+        except (TypeError, ValueError):
+            del headers[WAIT_HEADER]
+            return None  # places_of() and park() say what is wrong, or publish it
+        except SemaphoreError as error:
+            del headers[WAIT_HEADER]
+            # Perhaps taken, perhaps parked: published without a ticket, the task takes
+            # its place at its first attempt; a copy parked meanwhile is then dropped
+            # (acquire.lua: it asks in person).
+            state.publish_paused_until = time.monotonic() + PAUSE_AFTER_ERROR
+            logger.warning("no place in line taken at publish: %s", error)
+            return False
+        headers[WAIT_HEADER] = WaitState(
+            {gate.name: place.ticket}, first_ask=first_ask if parked else None
+        ).encode()
+        _unsent.places = (app, headers["id"], [gate])
+        if not parked:
+            parking_lines.discard(semaphore)
+        return parked

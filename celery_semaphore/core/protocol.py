@@ -374,6 +374,20 @@ class Enqueued(NamedTuple):
 
 
 @reply_shape
+class EnqueuedOrParked(NamedTuple):
+    """enqueue.lua, when it parks a waiter whose turn is far."""
+
+    ticket: int
+    position: int
+    holders: int
+    limit: int
+    draining: bool
+    slot_us: int | None
+    parked: bool
+    handovers: list[Handover]
+
+
+@reply_shape
 class ParkReply(NamedTuple):
     """park.lua."""
 
@@ -554,6 +568,11 @@ def _grant(granted: Granted) -> Grant:
     )
 
 
+def _enqueued_place(place: Enqueued | EnqueuedOrParked) -> Place:
+    return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
+                 next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
+
+
 def _place(refused: Refused) -> Place:
     earliest, now = refused.earliest_expiry_ms, refused.now_ms
     return Place(
@@ -732,15 +751,7 @@ class SemaphoreSpec:
         validation.check_info(info)
         if not isinstance(payload, str):
             raise TypeError(f"payload must be a str, got {type(payload).__name__}")
-        if not self.dispatch:
-            raise ValueError(
-                "park() needs a semaphore that publishes handovers: pass on_handover= "
-                "(and handover_window=) to the semaphore"
-            )
-        park_ms = int(1000 * validation.check_seconds(park_lease, "park_lease"))
-        due_ms = 0
-        if due is not None:
-            due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
+        park_ms, due_ms = self._parking(park_lease, due)
         weight_arg = ""  # keeps the one its refused attempt recorded
         if weight is not None or fair_key is not None or priority:
             permits = 1 if weight is None else weight
@@ -779,11 +790,44 @@ class SemaphoreSpec:
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
                 self.sent_horizon_ms, self.keys.channel, self.rate_arg, weight_arg]  # fmt: skip
 
+    def park_when_far_args(
+        self,
+        payload: str | tuple[str, str],
+        *,
+        window: float,
+        park_lease: float,
+        due: float | None,
+    ) -> list[Any]:
+        """What enqueue.lua takes after `enqueue_args()` to park the waiter when its turn
+        is far (ARGV[11..16]); ``payload``: the text, or (head, tail) around its ticket."""
+        head, tail = (payload, "") if isinstance(payload, str) else payload
+        if not (isinstance(head, str) and isinstance(tail, str)):
+            raise TypeError(f"payload must be a str or a pair of str, got {payload!r:.80}")
+        park_ms, due_ms = self._parking(park_lease, due)
+        window_us = int(1_000_000 * validation.check_seconds(window, "window", allow_zero=True))
+        return [window_us, head, tail, park_ms, self.dispatch, due_ms]
+
+    def _parking(self, park_lease: float, due: float | None) -> tuple[int, int]:
+        """A parking's lease and due time in ms (0: no due time), checked."""
+        if not self.dispatch:
+            raise ValueError(
+                "park() needs a semaphore that publishes handovers: pass on_handover= "
+                "(and handover_window=) to the semaphore"
+            )
+        park_ms = int(1000 * validation.check_seconds(park_lease, "park_lease"))
+        due_ms = 0
+        if due is not None:
+            due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
+        return park_ms, due_ms
+
     @staticmethod
     def parse_enqueue(reply: Sequence[Any]) -> Place:
-        place = read(Enqueued, reply)
-        return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
-                     next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
+        return _enqueued_place(read(Enqueued, reply))
+
+    @staticmethod
+    def parse_enqueue_or_park(reply: Sequence[Any]) -> tuple[Place, bool, list[Handover]]:
+        place = read(EnqueuedOrParked, reply)
+        return _enqueued_place(place), place.parked, place.handovers
 
     def release_args(self, holder: str, token: int | None, *, unused: int = 0) -> list[Any]:
         """``unused``: the rate grants to give back with a permit its task never used."""

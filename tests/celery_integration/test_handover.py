@@ -120,6 +120,32 @@ def test_parked_tasks_run_once_each_in_line_order_and_wait_without_a_message(
     assert (status.holder_count, status.waiter_count, status.parked_count) == (0, 0, 0)
 
 
+def test_a_backlog_parked_at_publish_starts_in_publish_order(clusters: Clusters) -> None:
+    """Limit 1, held: 30 tasks published in a loop, all but the first parked at publish
+    (from the third on, taking the place and parking in one script call). Their tickets
+    follow publish order, and once the permit frees they start exactly in that order,
+    each delivered once."""
+    cluster = clusters(limit=1, extra_conf=PARKING)
+    events = clusters.events(cluster)
+    cluster.worker("w1", concurrency=3, extra=["-E"])
+    sem = cluster.semaphore("hold", 1)
+    blocker = block(cluster)
+    hold = cluster.app_module.hold
+    results = [hold.delay(0.02, i) for i in range(30)]
+    wait_parked(cluster, sem, [r.id for r in results])
+    tickets = {w.holder: w.ticket for w in sem.status().waiters}
+    in_order = [tickets[r.id] for r in results]
+    assert in_order == sorted(set(in_order)), "tickets follow publish order"
+
+    blocker.release()
+    assert [r.get(timeout=60) for r in results] == list(range(30))
+    assert starts(cluster) == list(range(30))
+    assert max_overlap(cluster.events()) == 1
+    for result in results[1:]:
+        assert events.received_retries(result.id) == [0]  # delivered once: handed over
+        assert eta_countdowns(events, result.id) == []
+
+
 def test_a_message_parked_at_publish_is_published_as_the_producer_would_have_sent_it(
     clusters: Clusters,
 ) -> None:

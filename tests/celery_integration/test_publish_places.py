@@ -1,18 +1,24 @@
-"""Places in line taken at publish, when the process has several apps (Celery shares
-tasks between apps, so more than one may know the published task's name)."""
+"""Places in line taken at publish: when the process has several apps (Celery shares
+tasks between apps, so more than one may know the published task's name), when the
+publish fails, and a backlog published into a full line (handover mode: parked at
+publish, one script call each)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 import celery_semaphore
 import celery_semaphore.publish
 from celery_semaphore import Semaphore
 from celery_semaphore.state import installed_apps
+from celery_semaphore.wire import ParkedMessage, decode_payload
 
 
 @pytest.fixture
@@ -110,3 +116,55 @@ def test_the_first_publish_warns_of_tasks_that_disagree_on_a_limit(
         "asked, and an operator's `celery semaphore set-limit partner-api N` applies to all "
         "of them. Give them one limit, or semaphores of their own"
     ]
+
+
+def test_a_backlog_published_into_a_full_line_parks_in_publish_order_one_call_each(
+    apps: list[Celery], redis_url: str
+) -> None:
+    """Limit 2, both permits held, 40 tasks published in a loop: each takes its place in
+    publish order (tickets strictly increasing); the first two (their turn is near) are
+    sent to the broker, counted as sent, with their ticket; the others are parked with
+    theirs, not counted as sent; about one script call per task (the first one parked
+    takes two: the publisher does not know yet that the line parks)."""
+    from celery_semaphore import LimitedTask
+
+    app = Celery("backlog", broker=redis_url, set_as_current=False)
+    app.conf.update(semaphore_redis_url=redis_url, task_default_queue="backlog")
+    apps.append(app)
+
+    @app.task(base=LimitedTask, semaphore="backlog", limit=2, shared=False, name="proj.job")
+    def job(index: int) -> None: ...
+
+    sem = Semaphore(redis_url, "backlog", 2)
+    for holder in ("h1", "h2"):
+        assert not isinstance(sem.attempt(holder), celery_semaphore.Place)
+    client = redis.Redis.from_url(redis_url)
+    client.config_resetstat()
+    ids = [job.delay(i).id for i in range(40)]
+    evalsha = client.info("commandstats")["cmdstat_evalsha"]
+    runs = evalsha["calls"] - evalsha["failed_calls"]  # failed: NOSCRIPT at first use
+    assert runs <= 40 + 2, runs  # + the first parked one's second call, + the parked index
+
+    status = sem.status()
+    tickets = {w.holder: w.ticket for w in status.waiters}
+    assert [w.holder for w in sorted(status.waiters, key=lambda w: w.position)] == ids
+    in_order = [tickets[task_id] for task_id in ids]
+    assert all(a < b for a, b in itertools.pairwise(in_order)), "tickets follow publish order"
+    assert (status.sent_count, status.parked_count) == (2, 38)
+    states = {w.holder: w.state for w in status.waiters}
+    assert [states[task_id] for task_id in ids] == ["asking"] * 2 + ["parked"] * 38
+
+    for raw in client.lrange("backlog", 0, -1):  # the two sent to the broker
+        headers = json.loads(raw)["headers"]
+        assert headers["celery_semaphore"]["tickets"] == {"backlog": tickets[headers["id"]]}
+        assert headers["celery_semaphore"]["first_ask"] is None
+    assert client.llen("backlog") == 2
+    for task_id, payload in client.hgetall(sem.keys.parked).items():
+        message = decode_payload(app, payload.decode().split("|", 3)[3])
+        assert isinstance(message, ParkedMessage)
+        state = message.options["headers"]["celery_semaphore"]
+        assert state["tickets"] == {"backlog": tickets[task_id.decode()]}
+        assert state["first_ask"] is not None  # its wait budget runs from the publish
+        assert message.queue == "backlog"
+    client.close()
+    sem.close()

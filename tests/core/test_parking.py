@@ -19,6 +19,7 @@ from outcomes import granted, refused
 from celery_semaphore import Handover, SemaphoreKeyTypeError, StaleHandover
 from celery_semaphore.core.keys import semaphore_keys
 from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
+from celery_semaphore.publish import turn_is_near
 from devkit.redis_servers import RedisClusterServers
 
 MakeSemaphore = Callable[..., Any]
@@ -297,6 +298,98 @@ def test_a_parked_waiter_with_a_due_time_is_handed_over_then_even_if_its_turn_ha
     time.sleep(0.3)
     assert sem.dispatch() == 1
     assert list(outbox.take()) == ["a"]
+
+
+def place_or_park(sem: Any, holder: str, **kw: Any) -> tuple[Any, bool]:
+    """take_place_or_park() as a publisher calls it, the payload naming the ticket."""
+    return sem.take_place_or_park(holder, (f"<{holder}:", ">"), window=1.0, **kw)
+
+
+def test_one_call_takes_a_place_and_parks_it_where_its_turn_is_far(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """Limit 2, both permits held: the next two places are near (free permits plus one
+    round of the limit) and only take their place, counted as sent; those after them
+    park, their payload naming their ticket, and are no longer counted as sent."""
+    sem = make_semaphore(2, on_handover=outbox)
+    held = [granted(sem.attempt(h)) for h in ("h1", "h2")]
+    placed = {name: place_or_park(sem, name, wait_lease=30) for name in "abcde"}
+    tickets = [placed[name][0].ticket for name in "abcde"]
+    assert tickets == sorted(set(tickets)), "tickets strictly increase in call order"
+    assert [placed[name][0].position for name in "abcde"] == [1, 2, 3, 4, 5]
+    assert [placed[name][1] for name in "abcde"] == [False, False, True, True, True]
+    assert states(sem) == {"a": "asking", "b": "asking", "c": "parked", "d": "parked",
+                           "e": "parked"}  # fmt: skip
+    status = sem.status()
+    assert (status.sent_count, status.parked_count) == (2, 3)
+    assert outbox.take() == {}, "nothing is due while the permits are held"
+
+    for holder in ("a", "b", "h1", "h2"):
+        sem.release(holder)
+    handed = outbox.take()
+    assert list(handed) == ["c", "d", "e"]  # two free permits, and the window behind them
+    for name, ticket in zip("cde", tickets[2:], strict=True):
+        assert handed[name].payload == f"<{name}:{ticket}>"
+    del held
+
+
+def test_one_call_leaves_the_line_as_taking_a_place_then_parking_does(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """The same waiters, weights, fair keys and priorities, taken in one call on one
+    semaphore and in two (take_place(), then park() where far) on another: the same
+    order, states, records and counts (tickets aside, which are times)."""
+    asks = [
+        ("a", {}), ("b", {"weight": 2}), ("c", {"fair_key": "x"}), ("d", {"fair_key": "y"}),
+        ("e", {"priority": 5}), ("f", {"fair_key": "x", "priority": 3}), ("g", {}),
+    ]  # fmt: skip
+    one, two = make_semaphore(3, on_handover=outbox), make_semaphore(3, on_handover=outbox)
+    for sem in (one, two):
+        granted(sem.attempt("h1", weight=3))
+    for name, kw in asks:
+        place, parked = place_or_park(one, name, wait_lease=30, due=600, info=f"i-{name}", **kw)
+        other = two.take_place(name, wait_lease=30, info=f"i-{name}", **kw)
+        far = not turn_is_near(other, 1.0)
+        if far:
+            two.park(name, f"<{name}:{other.ticket}>", other.ticket, info=f"i-{name}", due=600)
+        assert (parked, place.position) == (far, other.position), name
+
+    def seen(sem: Any) -> tuple[Any, ...]:
+        status = sem.status()
+        waiters = [(w.holder, w.position, w.state, w.info, w.fair_key) for w in status.waiters]
+        records = {
+            holder.decode(): record.decode().split("|")[:3]
+            for holder, record in sem.client.hgetall(sem.keys.parked).items()
+        }
+        return (waiters, records, status.sent_count, status.parked_count,
+                sem.client.zcard(sem.keys.handed))  # fmt: skip
+
+    assert seen(one) == seen(two)
+    assert outbox.take() == {}
+
+
+@pytest.mark.parametrize("setup", ["free permits", "draining", "rate"])
+def test_one_call_decides_near_and_far_as_turn_is_near_does(
+    make_semaphore: MakeSemaphore, outbox: Outbox, setup: str
+) -> None:
+    """The script's decision is the one the publisher makes from a place
+    (publish.turn_is_near()): free permits count, a draining line parks everyone,
+    and under a rate a slot beyond the window parks."""
+    rate = "2/s" if setup == "rate" else None
+    sem = make_semaphore(3, on_handover=outbox, rate=rate)
+    granted(sem.attempt("h1"))
+    if setup == "draining":
+        sem.set_draining(True)
+    decisions = []
+    for i in range(9):
+        place, parked = place_or_park(sem, f"w{i}", wait_lease=30)
+        assert parked is not turn_is_near(place, 1.0), (i, place)
+        decisions.append(parked)
+    assert True in decisions
+    if setup == "free permits":
+        assert decisions == [False] * 5 + [True] * 4  # 2 free + one round of 3
+    if setup == "draining":
+        assert decisions == [True] * 9
 
 
 def test_the_parking_metrics_count_what_happened_and_nothing_else(

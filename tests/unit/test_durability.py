@@ -224,6 +224,21 @@ def test_the_brokers_own_server_takes_parked_tasks_without_asking(
     assert warnings_of(caplog) == []
 
 
+def test_whether_it_is_the_brokers_server_is_kept_a_minute_then_read_again(
+    make_app: MakeApp,
+) -> None:
+    safety, app, clock = safety_and_app(make_app)
+    client = FakeRedis(NO)
+    config = SemaphoreConfig(redis_url="redis://broker.internal/1")
+    assert safety.allows(app, config, client)
+    app.conf.broker_url = "redis://elsewhere.internal/0"  # settings read once a minute
+    clock.now += RECHECK_EVERY - 1
+    assert safety.allows(app, config, client)
+    clock.now += 1
+    assert not safety.allows(app, config, client)
+    assert client.asked == 1
+
+
 def test_the_opt_in_parks_anywhere_without_asking(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:

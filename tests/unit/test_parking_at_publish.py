@@ -16,9 +16,9 @@ import celery_semaphore
 from celery_semaphore import LimitedTask, Place
 from celery_semaphore.core import Handover
 from celery_semaphore.handover import publish
-from celery_semaphore.publish import turn_is_near
+from celery_semaphore.publish import TICKET_MARK, around_ticket, turn_is_near
 from celery_semaphore.task import may_park
-from celery_semaphore.wire import encode_message
+from celery_semaphore.wire import ParkedMessage, decode_payload, encode_message
 
 
 @pytest.fixture
@@ -132,3 +132,26 @@ def test_a_parked_message_is_published_as_it_was_to_its_handover_queue(
 def test_a_message_that_is_not_json_is_not_parked(app: Celery) -> None:
     with pytest.raises(TypeError):
         encode_message(app, ([], {}, {}), {"exchange": object()}, "work", 10_000)
+
+
+def test_a_payload_encoded_before_its_ticket_is_known_names_it_once_spliced_in(
+    app: Celery,
+) -> None:
+    """The one-call park at publish encodes the message with TICKET_MARK for the ticket;
+    the script puts the ticket between the two halves. Arguments holding the mark are
+    escaped apart (the body is encoded twice); a header holding it cannot be split so
+    (None: parked the two-call way)."""
+    headers = {"id": "t-1", "celery_semaphore": {"tickets": {"sem": TICKET_MARK}}}
+    body = ([1], {}, {})
+    halves = around_ticket(encode_message(app, body, {"headers": headers}, "work", 10_000))
+    assert halves is not None
+    spliced = f"{halves[0]}1795655846960283{halves[1]}"
+    message = decode_payload(app, spliced)
+    assert isinstance(message, ParkedMessage)
+    assert message.options["headers"]["celery_semaphore"]["tickets"] == {"sem": 1795655846960283}
+    assert loads(message.body, message.content_type, message.content_encoding)[0] == [1]
+
+    in_args = ([TICKET_MARK], {}, {})
+    assert around_ticket(encode_message(app, in_args, {"headers": headers}, "work", 10_000))
+    in_header = {**headers, "x-mark": TICKET_MARK}
+    assert around_ticket(encode_message(app, body, {"headers": in_header}, "work", 10_000)) is None

@@ -471,6 +471,44 @@ class AsyncSemaphore:
         )
         return self._spec.parse_enqueue(await self._call("enqueue", args))
 
+    async def take_place_or_park(
+        self,
+        holder: str,
+        payload: str | tuple[str, str],
+        *,
+        window: float,
+        wait_lease: float | None = None,
+        park_lease: float = 604800.0,
+        info: str = "",
+        due: float | None = None,
+        weight: int = 1,
+        rate_weight: int | None = None,
+        fair_key: str | None = None,
+        fair_weight: int | None = None,
+        priority: int = 0,
+    ) -> tuple[Place, bool]:
+        """`take_place()`, and in the same call `park()` if the turn of that place is
+        far: the semaphore drains, or the rate's slot for it is more than ``window`` s
+        away, or at least (free permits + limit) waiters are ahead of it. One round
+        trip where a producer would otherwise take a place, then park.
+
+        Returns the place and whether it parked. ``payload``: as in `park()`, or a
+        pair (head, tail) parked as head + the place's ticket + tail (a message that
+        names the ticket it is about to be given). The place holds ``wait_lease`` s if
+        it did not park, ``park_lease`` s if it did."""
+        args = self._spec.enqueue_args(
+            holder, wait_lease, info, weight, rate_weight,
+            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
+        ) + self._spec.park_when_far_args(
+            payload, window=window, park_lease=park_lease, due=due
+        )  # fmt: skip
+        await self._list_parked()
+        place, parked, handovers = self._spec.parse_enqueue_or_park(
+            await self._call("enqueue", args)
+        )
+        await self._hand_over(handovers)
+        return place, parked
+
     async def try_acquire(
         self,
         holder: str | None = None,

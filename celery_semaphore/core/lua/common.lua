@@ -54,8 +54,9 @@
 -- waiter leaving the line, a raised limit, an ended drain), after_free(): free
 -- permits go to the waiters in place at the head of the line (FIFO: up to the first
 -- one that is not), the others are woken, the parked waiters now due are handed
--- over. Every script that frees anything calls it; enqueue hands over nothing (a
--- publisher calls it inside before_task_publish; the next release or heartbeat does).
+-- over. Every script that frees anything calls it; enqueue hands over nothing unless
+-- it parks (a publisher calls it inside before_task_publish; the next release or
+-- heartbeat does).
 --
 -- Rates --------------------------------------------------------------------------
 --
@@ -116,7 +117,7 @@
 -- "<handover token>|<state>|<mark>|<payload>"; no record: the waiter asks itself.
 --
 --   from       to    by                              when
---   any        p     park.lua                        it parks (token 0, mark: meta.released)
+--   any        p     park.lua, enqueue.lua           it parks (token 0, mark: meta.released)
 --   p          h     dispatch()                      it is due (see dispatch()): a new token
 --   h          h     dispatch()                      not arrived by its deadline: a new token
 --   h          d     acquire.lua (arrival())         the copy handed over last arrives
@@ -663,6 +664,21 @@ local function forget(list, records)
   for _, record in ipairs(records) do recount(state_in(record), nil) end
   redis.call('HDEL', parked, unpack(list))
   redis.call('ZREM', handed, unpack(list))
+end
+
+-- Leaves ``payload`` for ``holder``, in line, to be handed over when due (dispatch()), or
+-- ``due_ms`` from now at the latest (0: only when due); ``m``: with released loaded.
+-- park.lua, and enqueue.lua when it parks.
+local function leave_payload(m, holder, payload, due_ms)
+  redis.call('ZREM', sent, holder)  -- its message now waits here, not in the broker
+  put_record(holder, '0|p|' .. (m.released or '0') .. '|' .. payload,
+    redis.call('HGET', parked, holder))
+  if due_ms > 0 then
+    redis.call('ZADD', handed, now_ms + due_ms, holder)
+  else
+    redis.call('ZREM', handed, holder)
+  end
+  bump('m_parked', 1)
 end
 
 local function mark_in_place(holder, lease_ms)

@@ -16,20 +16,33 @@
 -- ARGV[10] weight          "<permits>|<grants>" it will ask for, or '' (1|1; see
 --                          "Weights" in common.lua), with its priority and fair key if
 --                          it has them (see "The order of the line" there)
+-- Only to park the waiter at once when its turn is far (a publisher that would park the
+-- task's message: one call instead of this and park.lua; all six, or none):
+-- ARGV[11] window µs       far: draining, or the rate's slot further than this, or at
+--                          least (free permits + limit) waiters ahead of it
+--                          (publish.turn_is_near() decides the same from the reply)
+-- ARGV[12] payload head    the payload parked is head .. ticket .. tail (a task's
+-- ARGV[13] payload tail    message names its own ticket)
+-- ARGV[14] park lease ms   ARGV[15] dispatch, ARGV[16] due ms: as park.lua's ARGV[4],
+--                          ARGV[7], ARGV[8]
 --
 -- Returns {ticket, position, holders, effective limit, draining 0/1, µs until the
 -- rate allows it a grant ('' without a rate)}: the ticket already held by this
--- holder, or a new one, and where it stands.
+-- holder, or a new one, and where it stands; with ARGV[11..16], also {..., parked 0/1,
+-- {holder, handover token, payload, delay ms, ...}}: whether it parked (then as
+-- park.lua: its message no longer counts as sent), and the waiters now due (only
+-- when it parked: as park.lua hands over).
 
 local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local declared, family, horizon_ms, channel = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
 declared_rate = ARGV[9]
 local weight = ARGV[10] or ''
+local may_park = #ARGV > 11  -- ARGV[11..16], then the epoch
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed = reclaim(nil, waiting)
 local m = load_meta({'limit', 'override', 'draining', 'ticket', 'rate', 'rate_override', 'tat',
-  'rate_pause', 'n_weighted'}, reclaimed > 0)
+  'rate_pause', 'n_weighted'}, reclaimed > 0 or may_park)
 if reclaimed > 0 then
   after_free(m, declared, channel, '')
   waiting = redis.call('ZCARD', waiters)
@@ -38,25 +51,39 @@ if not m.limit then
   write_meta(m, family ~= '' and {'limit', declared, 'family', family} or {'limit', declared})
 end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
-if not ticket then
+local new = not ticket
+if new then
   local writes = {}
   ticket = new_ticket(m, weight, writes)
   write_meta(m, writes)
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
-  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - horizon_ms)
-  redis.call('ZADD', sent, 'NX', now_ms, holder)
-  redis.call('PEXPIRE', sent, horizon_ms)
 end
 local ahead = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket))
 weigh_waiter(m, holder, weight)
-redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
-touch(idle_ms)
 local room, next_us = rate_room(m)
 local slot = ''
 if room ~= math.huge then
   local _, need_j = weight_ahead(m, ahead)
   slot = fmt(slot_in(m, room, next_us, need_j + select(2, weight_in(weight))))
 end
-return {ticket, ahead + 1, redis.call('ZCARD', holders), effective_limit(m, declared),
-  m.draining == '1' and 1 or 0, slot}
+local n_holders, limit = redis.call('ZCARD', holders), effective_limit(m, declared)
+local reply = {ticket, ahead + 1, n_holders, limit, m.draining == '1' and 1 or 0, slot}
+local far = may_park and (m.draining == '1' or (slot ~= '' and tonumber(slot) > tonumber(ARGV[11]))
+  or ahead >= math.max(0, limit - n_holders) + limit)
+if far then
+  redis.call('ZADD', wexp, now_ms + tonumber(ARGV[14]), holder)
+  leave_payload(m, holder, ARGV[12] .. fmt(ticket) .. ARGV[13], tonumber(ARGV[16]))
+  touch(idle_ms, false)
+  reply[7], reply[8] = 1, dispatch(m, '', ARGV[15])  -- as park.lua (it declares no limit)
+  return reply
+end
+if new then
+  redis.call('ZREMRANGEBYSCORE', sent, '-inf', now_ms - horizon_ms)
+  redis.call('ZADD', sent, 'NX', now_ms, holder)
+  redis.call('PEXPIRE', sent, horizon_ms)
+end
+redis.call('ZADD', wexp, now_ms + waiter_lease_ms, holder)
+touch(idle_ms)
+if may_park then reply[7], reply[8] = 0, {} end
+return reply

@@ -25,7 +25,6 @@ local weight = ARGV[10] ~= '' and ARGV[10] or nil
 
 local reclaimed = reclaim(nil)
 local m = load_meta({'ticket'}, true)
-redis.call('ZREM', sent, holder)  -- its message now waits here, not in the broker
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 if presented and (not ticket or presented < ticket) then ticket = presented end
 if not ticket then
@@ -34,14 +33,7 @@ if not ticket then
   write_meta(m, writes)
 end
 stand_in_line(m, holder, ticket, park_ms, info, weight)
-put_record(holder, '0|p|' .. (m.released or '0') .. '|' .. payload,
-  redis.call('HGET', parked, holder))
-if due_ms > 0 then
-  redis.call('ZADD', handed, now_ms + due_ms, holder)
-else
-  redis.call('ZREM', handed, holder)
-end
-bump('m_parked', 1)
+leave_payload(m, holder, payload, due_ms)
 local position = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket)) + 1
 local out
 if reclaimed > 0 then
