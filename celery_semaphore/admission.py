@@ -29,7 +29,7 @@ from typing import Any
 
 from celery.exceptions import Ignore, Retry
 
-from . import signals
+from . import events, signals
 from .config import SemaphoreConfig, task_config
 from .core import (
     Permit,
@@ -318,6 +318,8 @@ class Admission:
                 )
 
     def _send(self, signal: Any, gate: Gate, **fields: Any) -> None:
+        if not events.listened(signal, self.task.app):
+            return
         signal.send(
             sender=self.task,
             semaphore=gate.name,
