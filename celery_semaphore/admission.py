@@ -19,6 +19,7 @@ retry by `celery_semaphore.retry`::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -75,7 +76,14 @@ def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any
 
 
 def _info(task: Any, request: Any) -> str:
-    return json.dumps({"task": task.name, "worker": request.hostname, "pid": os.getpid()})
+    return _info_text(task.name, request.hostname, os.getpid())
+
+
+@functools.lru_cache(maxsize=256)
+def _info_text(task_name: str, hostname: str | None, pid: int) -> str:
+    """The info a request leaves beside its permit or place: the same text for every
+    request of one task in one process, so it is made once."""
+    return json.dumps({"task": task_name, "worker": hostname, "pid": pid})
 
 
 class Admission:
