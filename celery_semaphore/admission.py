@@ -19,6 +19,7 @@ retry by `celery_semaphore.retry`::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from typing import Any
 
 from celery.exceptions import Ignore, Retry
 
-from . import signals
+from . import events, signals
 from .config import SemaphoreConfig, task_config
 from .core import (
     Permit,
@@ -75,7 +76,14 @@ def gates_of(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any
 
 
 def _info(task: Any, request: Any) -> str:
-    return json.dumps({"task": task.name, "worker": request.hostname, "pid": os.getpid()})
+    return _info_text(task.name, request.hostname, os.getpid())
+
+
+@functools.lru_cache(maxsize=256)
+def _info_text(task_name: str, hostname: str | None, pid: int) -> str:
+    """The info a request leaves beside its permit or place: the same text for every
+    request of one task in one process, so it is made once."""
+    return json.dumps({"task": task_name, "worker": hostname, "pid": pid})
 
 
 class Admission:
@@ -318,6 +326,8 @@ class Admission:
                 )
 
     def _send(self, signal: Any, gate: Gate, **fields: Any) -> None:
+        if not events.listened(signal, self.task.app):
+            return
         signal.send(
             sender=self.task,
             semaphore=gate.name,

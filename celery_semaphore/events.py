@@ -65,3 +65,15 @@ def connect() -> None:
     """Send an event for each of the package's signals (called once, by ``install``)."""
     for signal, handler in _handlers.items():
         signal.connect(handler, weak=False)
+
+
+def listened(signal: Any, app: Any) -> bool:
+    """Whether sending ``signal`` for a task of ``app`` reaches anyone: a receiver
+    other than this module's event sender, or that sender with events on. Lets a
+    task's hot path skip building and dispatching a signal nobody hears (Celery keys
+    each receiver as ``((id of the receiver, id of the sender), receiver)``; a dead
+    weak receiver counts as a listener, so the signal is then sent as before)."""
+    ours = id(_handlers.get(signal))
+    if any(key[0] != ours for key, _ in list(signal.receivers)):
+        return True
+    return bool(signal.receivers) and enabled(app)

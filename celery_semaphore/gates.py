@@ -247,9 +247,38 @@ def request_gates(
     they are taken (those with a rate last); ``priority``: its message's, as the
     broker gives it (`urgency()`). Raises like `task_gates()`."""
     urgent = urgency(task.app, priority)
+    declared = getattr(task, "declared_limits", None)
+    known = state_of(task.app).constant_gates
+    key = (task.name, queue, urgent)
+    cached = known.get(key)
+    if cached is not None and cached[0] is declared:
+        return list(cached[1])
     queue_gates = [gate for gate in [queue_gate(queue, get_config(task.app), urgent)] if gate]
-    gates = queue_gates + task_gates(task, args, kwargs, urgent)
-    return sorted(gates, key=lambda gate: gate.rate is not None)
+    gates = sorted(
+        queue_gates + task_gates(task, args, kwargs, urgent), key=lambda gate: gate.rate is not None
+    )
+    if all(_constant(limits) for limits in declared or ()):
+        if len(known) >= MOST_CONSTANT_GATES:
+            known.clear()
+        known[key] = (declared, tuple(gates))
+    return gates
+
+
+#: Requests' gates kept (`request_gates()`), per (task, queue, priority), for tasks
+#: whose gates do not depend on their arguments.
+MOST_CONSTANT_GATES = 1024
+
+
+def _constant(limits: Declared) -> bool:
+    """Whether every request of a task declaring ``limits`` passes the same gate on it
+    (for a given queue and priority): no function of the task's arguments names
+    its semaphore, its weights or its account."""
+    return (
+        isinstance(limits.name, str)
+        and isinstance(limits.weight, int)
+        and isinstance(limits.rate_weight, int)
+        and limits.fair_by is None
+    )
 
 
 def semaphore_of(

@@ -185,6 +185,10 @@ class AppState:
     #: Whether the app's broker speaks AMQP, where a higher priority goes first
     #: (`celery_semaphore.gates.urgency`); None until asked.
     broker_is_amqp: bool | None = None
+    #: The gates of requests of tasks whose gates do not depend on their arguments,
+    #: per (task name, queue, priority): (the task's declared limits, its gates)
+    #: (`celery_semaphore.gates.request_gates`).
+    constant_gates: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)
 
 
 _create_lock = threading.Lock()

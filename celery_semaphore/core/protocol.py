@@ -651,8 +651,9 @@ class SemaphoreSpec:
             self.dispatch = f"{int(window * 1000)}|{int(deadline * 1000)}|{int(RATE_LEAD * 1000)}"
 
     def lease_ms(self, lease_timeout: float | None) -> int:
-        seconds = self.lease_timeout if lease_timeout is None else lease_timeout
-        return max(1, int(1000 * validation.check_seconds(seconds, "lease_timeout")))
+        if lease_timeout is None:  # the semaphore's own, checked when it was made
+            return max(1, int(1000 * self.lease_timeout))
+        return max(1, int(1000 * validation.check_seconds(lease_timeout, "lease_timeout")))
 
     def acquire_args(
         self,
@@ -712,6 +713,15 @@ class SemaphoreSpec:
         error; then "|<priority>" and "|<fair weight>|<fair key>" where they are given
         (see "The order of the line" in lua/common.lua). ``fair_weight`` None: the
         semaphore's ``fair_weights`` say."""
+        if (
+            fair_key is None
+            and weight.__class__ is int
+            and weight == 1
+            and (rate_weight is None or (rate_weight.__class__ is int and rate_weight == 1))
+            and priority.__class__ is int
+            and priority == 0
+        ):
+            return ""  # what the checks below answer for the default: 1|1, no priority
         permits, grants = validation.check_weights(
             weight,
             rate_weight,

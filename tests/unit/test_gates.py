@@ -263,6 +263,34 @@ def test_request_gates_raise_like_task_gates(make_app: MakeApp) -> None:
         request_gates(limited, (), {}, "slow")
 
 
+def test_request_gates_kept_only_where_arguments_cannot_change_them(make_app: MakeApp) -> None:
+    """The gates of a task whose gates do not depend on its arguments are made once
+    per queue and priority; a key function, a weight function or fair_by is asked
+    again for every request."""
+    app = finalized(make_app, semaphore_queue_limits={"slow": 2})
+
+    @app.task(base=LimitedTask, semaphore="fixed", limit=3, shared=False)
+    def fixed(n: int) -> None: ...
+
+    @app.task(base=LimitedTask, semaphore="weighed", limit=5, weight=lambda n: n, shared=False)
+    def weighed(n: int) -> None: ...
+
+    @app.task(base=LimitedTask, semaphore="fair", limit=3, fair_by=lambda n: f"a{n}", shared=False)
+    def fair(n: int) -> None: ...
+
+    assert request_gates(fixed, (1,), {}, "slow") == [Gate("queue:slow", 2), Gate("fixed", 3)]
+    first = request_gates(fixed, (1,), {}, None, 3)
+    again = request_gates(fixed, (2,), {}, None, 3)
+    assert first == again == [Gate("fixed", 3, priority=-3)]
+    assert first is not again, "each caller gets a list of its own"
+    assert request_gates(fixed, (2,), {}, None) == [Gate("fixed", 3)]
+    assert request_gates(fixed, (2,), {}, "slow") == [Gate("queue:slow", 2), Gate("fixed", 3)]
+    assert [g.weight for g in request_gates(weighed, (2,), {}, None)] == [2]
+    assert [g.weight for g in request_gates(weighed, (4,), {}, None)] == [4]
+    assert [g.fair_key for g in request_gates(fair, (1,), {}, None)] == ["a1"]
+    assert [g.fair_key for g in request_gates(fair, (2,), {}, None)] == ["a2"]
+
+
 # ---------------------------------------------------------- recorded gates
 
 
