@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from celery_semaphore import events, signals
@@ -12,6 +13,23 @@ from celery_semaphore.state import state_of
 from celery_semaphore.wiring import install
 
 MakeApp = Callable[..., Celery]
+SIGNALS = (signals.permit_granted, signals.permit_released)
+
+
+@pytest.fixture(autouse=True)
+def only_the_event_sender() -> Iterator[None]:
+    """The signals with no receiver but this package's event sender during the test
+    (another test of the session may have left one connected); the others back after,
+    with any connected meanwhile."""
+    saved = {signal: list(signal.receivers) for signal in SIGNALS}
+    for signal in SIGNALS:
+        ours = id(events._handlers.get(signal))
+        signal.receivers = [r for r in signal.receivers if r[0][0] == ours]
+        signal.sender_receivers_cache.clear()
+    yield
+    for signal, receivers in saved.items():
+        signal.receivers = receivers + [r for r in signal.receivers if r not in receivers]
+        signal.sender_receivers_cache.clear()
 
 
 def test_nobody_listens_with_events_off(make_app: MakeApp) -> None:
