@@ -540,9 +540,9 @@ end
 -- of a head start over the keys already in line. Fair tickets are virtual times that
 -- run ahead of the clock under a steady backlog (a turn is about 1 s of them), so the
 -- head is looked for near the fair clock (meta.fair_clock: the head the last fair
--- ticket started from) when that is ahead of ``seq``.
-local function fair_head(seq)
-  local anchor = math.max(seq, tonumber(records_of({'fair_clock'})[1]) or 0)
+-- ticket started from, ``clock``) when that is ahead of ``seq``.
+local function fair_head(seq, clock)
+  local anchor = math.max(seq, tonumber(clock) or 0)
   local band = PRIORITY_STEP / 2
   local head = redis.call('ZRANGEBYSCORE', waiters, fmt(anchor - band), fmt(anchor + band),
     'WITHSCORES', 'LIMIT', 0, 1)
@@ -556,9 +556,10 @@ local function place_ticket(m, order)
   local seq = seq_after(m.ticket)
   local priority, fair_weight, key = order_in(order)
   if not key then return {ticket = seq - priority * PRIORITY_STEP, seq = seq} end
-  local v = fair_head(seq)
-  local f, existed = fair_record(key)
-  local joins, low = unpack(records_of({'fair_joins', 'fair_low'}))
+  local text, clock, joins, low = unpack(records_of({'f|' .. key, 'fair_clock', 'fair_joins',
+    'fair_low'}))  -- one read for all a new fair ticket needs
+  local v = fair_head(seq, clock)
+  local f, existed = fair_fields(text), text ~= false
   if not existed then  -- it joins the rotation: put_fair() counts the join
     f[7] = ((tonumber(joins) or 0) + 1) % TIE_BITS
   end
