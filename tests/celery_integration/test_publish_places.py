@@ -168,3 +168,42 @@ def test_a_backlog_published_into_a_full_line_parks_in_publish_order_one_call_ea
         assert message.queue == "backlog"
     client.close()
     sem.close()
+
+
+def test_a_backlog_publish_whose_semaphores_redis_dies_sends_the_message_to_the_broker(
+    apps: list[Celery], redis_url: str
+) -> None:
+    """The one-call path (take a place and park) against a semaphores' Redis that stops
+    between two publishes: the publish that cannot reach it sends its message to the
+    broker without a ticket (nothing lost: the broker keeps it, and the task takes its
+    place at its first attempt in a worker), and nothing is left half done."""
+    from celery_semaphore import LimitedTask
+    from devkit.redis_servers import RedisServer
+
+    with RedisServer() as semaphores:
+        app = Celery("dies", broker=redis_url, set_as_current=False)
+        app.conf.update(
+            semaphore_redis_url=semaphores.url,
+            semaphore_park_without_persistence=True,
+            task_default_queue="dies",
+        )
+        apps.append(app)
+
+        @app.task(base=LimitedTask, semaphore="dies", limit=1, shared=False, name="proj.dies")
+        def job(index: int) -> None: ...
+
+        sem = Semaphore(semaphores.url, "dies", 1)
+        assert not isinstance(sem.attempt("holder"), celery_semaphore.Place)
+        ids = [job.delay(i).id for i in range(5)]  # the first near, then the line parks
+        assert sem.status().parked_count == 4
+        sem.close()
+        broker = redis.Redis.from_url(redis_url)
+        assert broker.llen("dies") == 1
+        semaphores.stop()
+        late = job.delay(5).id
+        sent = {
+            h["id"]: h for h in (json.loads(raw)["headers"] for raw in broker.lrange("dies", 0, -1))
+        }
+        assert set(sent) == {ids[0], late}, "the message is in the broker"
+        assert "celery_semaphore" not in sent[late], "without the ticket it could not take"
+        broker.close()
