@@ -35,8 +35,9 @@ from typing import Any
 import redis
 
 from celery_semaphore import Semaphore
-from celery_semaphore.core import epochs
+from celery_semaphore.core import epochs, functions
 from celery_semaphore.core.protocol import Place
+from celery_semaphore.core.scripts import library_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.measures import percentile
@@ -163,8 +164,12 @@ def ping_operation(client: redis.Redis) -> Callable[[], None]:
     return operation
 
 
-def ours_operation(client: redis.Redis) -> Callable[[], None]:
+def ours_operation(client: redis.Redis, way: str | None = None) -> Callable[[], None]:
+    """An uncontended try_acquire + release; ``way``: functions.SCRIPTS to call the
+    scripts (EVALSHA) on this client, where it would call the library (FCALL)."""
     semaphore = Semaphore(client, "bench-uncontended", LIMIT)
+    if way is not None:
+        library_of(client).way = way
     try_acquire = semaphore.try_acquire
     holder = "bench-holder"
 
@@ -207,6 +212,33 @@ def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
     return operation
 
 
+def trivial_functions_operation(client: redis.Redis) -> Callable[[], None]:
+    """The same two calls of a do-nothing Redis function (FCALL), for comparison."""
+    semaphore = Semaphore(client, "bench-uncontended", LIMIT)
+    spec = semaphore._spec
+    client.function_load(
+        "#!lua name=bench_nothing\n"
+        "redis.register_function('bench_nothing', function() return 1 end)",
+        replace=True,
+    )
+    keys = spec.keys.call_keys
+    epoch = epoch_argument(semaphore)
+    acquire_args = [
+        *spec.acquire_args(
+            "bench-holder", None, queue=True, wait_lease=None, lease_timeout=None, info=""
+        ),
+        epoch,
+    ]
+    release_args = [*spec.release_args("bench-holder", 12345), epoch]
+    fcall = client.fcall
+
+    def operation() -> None:
+        fcall("bench_nothing", len(keys), *keys, *acquire_args)
+        fcall("bench_nothing", len(keys), *keys, *release_args)
+
+    return operation
+
+
 def py_redis_semaphore_operation(client: redis.Redis) -> Callable[[], None]:
     from redis_semaphore import Semaphore as PrsSemaphore
     from redis_semaphore import SemaphoreConfig
@@ -242,8 +274,9 @@ def dramatiq_operation(client: redis.Redis) -> Callable[[], None]:
 def run_throughput(
     server: RedisServer, settings: Settings, *, compare_parsers: bool = False
 ) -> dict[str, Any]:
-    clients = [server.client() for _ in range(6)]
-    monitor, ping_client, ours_client, prs_client, dramatiq_client, scripts_client = clients
+    clients = [server.client() for _ in range(8)]
+    monitor, ping_client, ours_client, prs_client, dramatiq_client, scripts_client = clients[:6]
+    evalsha_client, functions_client = clients[6:]
     try:
         benches = [
             Throughput("ping", ping_operation(ping_client), settings.ping_ops, [], [], []),
@@ -256,7 +289,23 @@ def run_throughput(
                 [],
             ),
             Throughput(
+                "trivial_functions",
+                trivial_functions_operation(functions_client),
+                settings.cycles,
+                [],
+                [],
+                [],
+            ),
+            Throughput(
                 "celery_semaphore", ours_operation(ours_client), settings.cycles, [], [], []
+            ),
+            Throughput(
+                "celery_semaphore_evalsha",
+                ours_operation(evalsha_client, functions.SCRIPTS),
+                settings.cycles,
+                [],
+                [],
+                [],
             ),
             Throughput(
                 "py_redis_semaphore",
@@ -306,6 +355,7 @@ def run_throughput(
             "ping_server_cpu_us": statistics.median(ping.server_us),
             "ping_client_cpu_us": statistics.median(ping.client_us),
             "floor_cycles_per_s": statistics.median(floors),
+            "celery_semaphore_way": library_of(ours_client).way,
         }
         by_key = {bench.key: bench for bench in benches}
         for bench in benches[1:]:
@@ -479,7 +529,9 @@ def print_report(results: dict[str, Any]) -> None:
     ]
     labels = {
         "trivial_scripts": "two do-nothing scripts, our keys and args",
-        "celery_semaphore": "celery-semaphore try_acquire+release",
+        "trivial_functions": "two do-nothing functions (FCALL), same",
+        "celery_semaphore": f"celery-semaphore try_acquire+release, {thr['celery_semaphore_way']}",
+        "celery_semaphore_evalsha": "celery-semaphore, scripts (EVALSHA)",
         "trivial_scripts_python": "two do-nothing scripts, pure-Python parser",
         "celery_semaphore_python": "celery-semaphore, pure-Python parser",
         "py_redis_semaphore": f"py-redis-semaphore {env['py_redis_semaphore']} acquire+release",
@@ -498,6 +550,8 @@ def print_report(results: dict[str, Any]) -> None:
             )
         elif key == "trivial_scripts":
             note = "the floor of any two-script design with this client"
+        elif key == "trivial_functions":
+            note = f"{bench['ratio_to_scripts']:.2f} of the do-nothing scripts"
         elif key == "trivial_scripts_python":
             note = "same rounds, packed and parsed in Python"
         else:

@@ -143,14 +143,17 @@ def celery_cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callab
         cluster.close()
 
 
-@pytest.fixture(params=["sync", "asyncio"])
+@pytest.fixture(params=["sync", "asyncio", "sync-evalsha"])
 def make_semaphore(
     request: pytest.FixtureRequest, redis_session_server: RedisServer
 ) -> Iterator[Callable[..., Any]]:
     """Factory of semaphores on the session server (a fresh name unless named), run
-    twice: :class:`Semaphore`, then :class:`AsyncSemaphore` behind the same blocking
-    calls (``async_as_sync.py``), so one test body covers both APIs. Closed at teardown."""
+    three times: :class:`Semaphore`, then :class:`AsyncSemaphore` behind the same
+    blocking calls (``async_as_sync.py``), so one test body covers both APIs; then
+    :class:`Semaphore` calling the scripts (EVALSHA) where the others call the Redis
+    Functions library, so it covers both ways of calling. Closed at teardown."""
     from celery_semaphore import Semaphore
+    from celery_semaphore.core import functions, scripts
 
     made: list[Any] = []
     loop = EventLoopThread() if request.param == "asyncio" else None
@@ -158,6 +161,8 @@ def make_semaphore(
     def make(limit: int = 1, *, name: str | None = None, url: str | None = None, **kw: Any):
         args = (url or redis_session_server.url, name or f"t-{uuid.uuid4().hex}", limit)
         sem = Semaphore(*args, **kw) if loop is None else BlockingSemaphore(loop, *args, **kw)
+        if request.param == "sync-evalsha":
+            scripts.library_of(sem.client).way = functions.SCRIPTS
         made.append(sem)
         return sem
 

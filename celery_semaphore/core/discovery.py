@@ -14,13 +14,13 @@ from typing import Any
 
 import redis
 
-from . import epochs, parked_index
+from . import epochs, functions, parked_index
 from ._sync.semaphore import Semaphore
 from .connection import SyncClient, is_cluster, translate
 from .errors import UnknownSemaphore
 from .keys import name_from_meta_key, semaphore_keys
 from .protocol import SemaphoreCounts, counts_args, parse_counts, text
-from .scripts import registered
+from .scripts import forget_way, registered
 
 #: Script calls sent in one pipeline by `read_counts()`.
 COUNTS_BATCH = 500
@@ -94,14 +94,28 @@ def read_counts(
         else:
             replies = []
             for start in range(0, len(calls), COUNTS_BATCH):
-                with client.pipeline(transaction=False) as pipe:
-                    for call in calls[start : start + COUNTS_BATCH]:
-                        script(**call, client=pipe)
-                    replies += pipe.execute()
+                replies += _pipelined(client, script, calls[start : start + COUNTS_BATCH])
     except redis.RedisError as error:
         raise translate(error, url or "redis") from error
     counts = (parse_counts(n, fields, r) for n, r in zip(names, replies, strict=True))
     return [c for c in counts if c.declared_limit is not None]
+
+
+def _pipelined(client: SyncClient, script: Any, calls: list[dict[str, Any]]) -> list[Any]:
+    """The replies of ``calls`` of ``script``, sent in one pipeline; sent again once
+    if the library was gone (a restart without persistence): the first call of the
+    pipeline does not load it as a call alone does (functions.py)."""
+    for attempt in (1, 2):
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    script(**call, client=pipe)
+                return pipe.execute()
+        except redis.ResponseError as error:
+            if attempt == 2 or not functions.missing(error):
+                raise
+            forget_way(client)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def index_parked(client: SyncClient, namespace: str, url: str = "") -> list[str]:

@@ -293,7 +293,7 @@ class Monitor(threading.Thread):
         """How many script calls read meta how many times."""
         calls: list[int] = []
         for client, command in self.commands:
-            if client != "lua" and command.startswith("EVALSHA"):
+            if client != "lua" and command.startswith(("EVALSHA", "FCALL")):
                 calls.append(0)
             elif client == "lua" and re.match(READS + re.escape(meta) + "( |$)", command):
                 calls[-1] += 1

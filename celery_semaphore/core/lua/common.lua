@@ -171,15 +171,15 @@
 -- by id alone (token 0) may have been a waiter: its own next ask drops it
 -- (acquire.lua).
 
-local holders, hinfo, waiters, wexp, winfo, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local parked, handed, sent, epoch_key = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local clock = redis.call('TIME')
-local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local now_ms = math.floor(now_us / 1000)
+-- Set by begin() at the start of every call (a Functions library keeps these between
+-- calls: nothing of one call may leak into the next):
+local holders, hinfo, waiters, wexp, winfo, meta  -- KEYS[1..6]
+local parked, handed, sent, epoch_key  -- KEYS[7..10]
+local now_us, now_ms  -- the server's clock
+local EPOCH_ARG  -- #ARGV: the last argument of every script; the others come before it
+local resumes_ms  -- while admissions are paused after a data loss: when they resume, else 0
+local declared_rate  -- the caller's rate ('': none), where it declares one (see "Rates")
 local BATCH = 1000
-local EPOCH_ARG = #ARGV  -- the last argument of every script; the others come before it
-local resumes_ms = 0  -- while admissions are paused after a data loss: when they resume
-local declared_rate = nil  -- the caller's rate ('': none), where it declares one (see "Rates")
 
 -- Several semaphores in one call (acquire_all.lua): the helpers below work on the
 -- semaphore whose keys these locals name; use(i, rate) points them at the i-th group
@@ -1045,5 +1045,15 @@ local function settle_epoch()
   return {'celery_semaphore:epoch', epoch, lost_ms, resumes, now_ms}
 end
 
-local epoch_reply = settle_epoch()
-if epoch_reply then return epoch_reply end
+-- The start of every call, before the script's own part (scripts.py puts it there):
+-- points the helpers at the first semaphore of KEYS, reads the clock, settles the
+-- epoch. Returns the epoch reply to answer instead of running the script, or nil.
+local function begin()
+  use(1, nil)
+  local clock = redis.call('TIME')
+  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  now_ms = math.floor(now_us / 1000)
+  EPOCH_ARG = #ARGV
+  resumes_ms = 0
+  return settle_epoch()
+end
