@@ -641,6 +641,31 @@ def test_keys_get_a_ttl_and_expire_when_idle(make_semaphore: MakeSemaphore) -> N
     granted(sem.attempt("c"))
 
 
+def test_uncontended_calls_touch_the_keys_lazily_and_they_never_lapse_in_use(
+    make_semaphore: MakeSemaphore, redis_session_server: RedisServer
+) -> None:
+    """acquire and release skip the touch while the last one left 15/16 of the idle
+    time (common.lua, touch_due()): used for longer than the idle time, the keys
+    stay; idle, they go within it."""
+    sem = make_semaphore(3, lease_timeout=0.4, waiter_lease=0.1, idle_ttl=0.8)
+    keeper = granted(sem.attempt("keeper"))  # the holder keys exist throughout
+    with redis_session_server.client() as stats:
+        stats.config_resetstat()
+        for i in range(20):
+            granted(sem.attempt(f"quick-{i}")).release()
+        pexpires = stats.info("commandstats").get("cmdstat_pexpire", {}).get("calls", 0)
+    assert pexpires <= 6, f"{pexpires} PEXPIREs in 20 cycles (3 a call if touched each time)"
+    keeper.release()
+    ended = time.monotonic() + 1.2  # longer than the idle time, a cycle every 20 ms
+    while time.monotonic() < ended:
+        granted(sem.attempt("busy")).release()
+        assert sem.client.pttl(sem.keys.meta) > 800 * 15 / 16 - 150
+        time.sleep(0.02)
+    assert sem.status().holder_count == 0
+    time.sleep(1.0)
+    assert sem.client.exists(*sem.keys.script_keys) == 0, "idle keys expire within the idle time"
+
+
 def test_a_limit_set_before_first_use_waits_for_it_then_expires_when_idle(
     make_semaphore: MakeSemaphore,
 ) -> None:

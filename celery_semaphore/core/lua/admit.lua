@@ -9,7 +9,7 @@
 
 local ACQUIRE_FIELDS = {'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
   'grant_gap_ms', 'family', 'rate', 'rate_override', 'tat', 'rate_pause', 'released', 'handover',
-  'n_weighted'}
+  'n_weighted', 'expiry'}
 
 -- Reclaims, reads meta once (``freeing``: also what after_free() needs, whether or not
 -- something was reclaimed), drops a holder restored by id alone, and finds the
@@ -183,12 +183,24 @@ end
 
 -- Writes meta, hands on what was freed (or, after a grant under a rate, hands over
 -- the next slots' waiters: see dispatch()), restarts the idle expiry; the handovers.
+-- The touch (see touch_due()) is skipped only by a grant with nobody in line, which
+-- creates at most the holder keys (expired here when it does).
 local function finish_gate(s, g)
-  if #s.meta_writes > 0 then
-    write_meta(s.m, s.meta_writes)
-  end
+  local freeing = s.reclaimed > 0 or (s.left or 0) > 0
+  local lazy = s.granted and s.waiting == 0 and not freeing and not touch_due(s.m, g.idle_ms)
   local out = {}
-  if s.reclaimed > 0 or (s.left or 0) > 0 then
+  if lazy then
+    if s.count == 0 then  -- the first holder made the holder keys
+      redis.call('PEXPIRE', holders, g.idle_ms)
+      redis.call('PEXPIRE', hinfo, g.idle_ms)
+    end
+    if #s.meta_writes > 0 then write_meta(s.m, s.meta_writes) end
+    if s.room ~= math.huge then out = dispatch(s.m, g.declared, g.cfg) end
+    return out
+  end
+  note_touch(s.meta_writes, g.idle_ms)
+  write_meta(s.m, s.meta_writes)
+  if freeing then
     out = after_free(s.m, g.declared, g.channel, g.cfg)
   elseif s.granted and s.room ~= math.huge then
     out = dispatch(s.m, g.declared, g.cfg)  -- the next slots' waiters (see dispatch())

@@ -27,7 +27,8 @@ local declared, unused = ARGV[6], tonumber(ARGV[7]) or 0
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
-local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat', 'n_weighted'}, waiting > 0)
+local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat', 'n_weighted', 'expiry'}, waiting > 0)
+local writes = {}  -- field, value, ...: one HSET of meta
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
 local current = token_of(record)
@@ -39,12 +40,13 @@ if (token == '' or current == token or current == '0')
   released = 1
   held_ms = now_ms - (tonumber(string.match(record or '', '^%d+|(%d+)')) or now_ms)
   local average = tonumber(m.hold_ms)
-  set_meta(m, 'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms))
+  writes = {'hold_ms', fmt(average and (0.8 * average + 0.2 * held_ms) or held_ms)}
   observe('hold', held_ms)
   count_released(m, permits)
   local rate = unused > 0 and effective_rate(m)
   if rate and m.tat then
-    set_meta(m, 'tat', fmt(tonumber(m.tat) - unused * rate.interval))
+    writes[#writes + 1] = 'tat'
+    writes[#writes + 1] = fmt(tonumber(m.tat) - unused * rate.interval)
   end
 end
 local left = 0
@@ -55,9 +57,13 @@ if token == '' then
     bump('m_abandoned', left)
   end
 end
+-- With nobody in line this call makes no key, and may skip the touch (touch_due()).
+local touching = waiting > 0 or touch_due(m, idle_ms)
+if touching then note_touch(writes, idle_ms) end
+if #writes > 0 then write_meta(m, writes) end
 local out = {}
 if (released == 1 or reclaimed > 0 or left > 0) and waiting > 0 then
   out = after_free(m, declared, channel, cfg)
 end
-touch(idle_ms, waiting == 0)
+if touching then touch(idle_ms, waiting == 0) end
 return {released, held_ms, out}
