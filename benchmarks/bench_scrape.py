@@ -18,7 +18,7 @@ figures are medians over the rounds of:
 - server CPU: the redis-server's CPU time (user + sys of its main thread, ``INFO cpu``)
   from just before the scrape to just after, less the same for an empty interval (two
   INFO calls in a row): what the scrape cost the server, I/O included;
-- script time: the ``usec`` of EVALSHA in ``INFO commandstats`` over the scrape (the
+- script time: the ``usec`` of FCALL and EVALSHA in ``INFO commandstats`` over the scrape (the
   scripts alone, the commands they call included);
 - wall: the scrape's time in this process.
 
@@ -155,8 +155,10 @@ def server_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
-def evalsha_usec(client: redis.Redis) -> float:
-    return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+def script_usec(client: redis.Redis) -> float:
+    """µs Redis spent in script calls so far: as functions (FCALL) or scripts (EVALSHA)."""
+    stats = client.info("commandstats")
+    return sum(float(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "fcall"))
 
 
 def measure(client: redis.Redis, scrape: Callable[[redis.Redis], Any]) -> dict[str, float]:
@@ -165,13 +167,13 @@ def measure(client: redis.Redis, scrape: Callable[[redis.Redis], Any]) -> dict[s
     try:
         idle_start = server_cpu(client)
         idle = server_cpu(client) - idle_start
-        scripts = evalsha_usec(client)
+        scripts = script_usec(client)
         started_cpu = server_cpu(client)
         started = time.perf_counter()
         scrape(client)
         wall = time.perf_counter() - started
         cpu = server_cpu(client) - started_cpu
-        scripts = evalsha_usec(client) - scripts
+        scripts = script_usec(client) - scripts
     finally:
         gc.enable()
     return {"server_ms": (cpu - idle) * 1000, "script_ms": scripts / 1000, "wall_ms": wall * 1000}

@@ -125,9 +125,11 @@ def server_cpu(client: redis.Redis) -> float:
 
 
 def script_runs(client: redis.Redis) -> int:
-    """Script runs since the last CONFIG RESETSTAT (not the NOSCRIPT misses)."""
-    evalsha = client.info("commandstats").get("cmdstat_evalsha")
-    return 0 if evalsha is None else int(evalsha["calls"]) - int(evalsha["failed_calls"])
+    """Script runs since the last CONFIG RESETSTAT (not the NOSCRIPT misses): as
+    functions (FCALL) or scripts (EVALSHA)."""
+    stats = client.info("commandstats")
+    found = [stats[f"cmdstat_{c}"] for c in ("evalsha", "fcall") if f"cmdstat_{c}" in stats]
+    return sum(int(s["calls"]) - int(s["failed_calls"]) for s in found)
 
 
 def timed_round(
