@@ -245,3 +245,97 @@ def test_a_rate_weight_counts_a_batch_as_that_many_starts(clusters: Clusters) ->
     )
     assert most <= 10 + 3 + 1, f"{most} rows started in a second: 10/s, burst 3 (+1: jitter)"
     assert times[-1] - times[0] >= (sum(rows) - 3) / 10 - 0.2, "the rows, not the calls, pace it"
+
+
+def test_rate_limited_naming_one_rate_pauses_that_one_only(clusters: Clusters) -> None:
+    """``RateLimited(4, limit="named-a")`` from a task with rates on named-a and named-b:
+    named-a starts nobody for 4 s and the raiser is its first start after the pause;
+    named-b goes on meanwhile. The pause shows in named-a's status and as a
+    ``semaphore-rate-limited`` event naming named-a only."""
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER, extra=["-E"])
+    seen = clusters.events(cluster)
+    module = cluster.app_module
+    raiser = module.slow_down_named.delay("raiser", 4.0)
+    cluster.wait_for(
+        lambda: any(e["event"] == "rate-limited" for e in cluster.events()), 30, "the raise"
+    )
+    readers = [Semaphore(cluster.redis, name, rate="20/s") for name in ("named-a", "named-b")]
+    try:
+        paused = [reader.status().rate_paused_until for reader in readers]
+    finally:
+        for reader in readers:
+            reader.close()
+    assert paused[0] is not None and paused[1] is None, paused
+    a_tasks = [module.named_a.delay(0.01, f"a{i}") for i in range(3)]
+    b_tasks = [module.named_b.delay(0.01, f"b{i}") for i in range(3)]
+    for result in a_tasks + b_tasks:
+        result.get(timeout=60)
+    assert raiser.get(timeout=60) == "raiser", "max_retries=0: the pause is not a retry of its own"
+    events = cluster.events()
+    (raised,) = [e for e in events if e["event"] == "rate-limited"]
+    later = [e for e in starts(events) if e["at"] > raised["at"]]
+    on_a = [e["tag"] for e in later if e["tag"] == "raiser" or e["tag"].startswith("a")]
+    assert sorted(on_a) == ["a0", "a1", "a2", "raiser"] and on_a[0] == "raiser", on_a
+    since = {e["tag"]: e["at"] - raised["at"] for e in later}
+    assert all(since[tag] >= 4.0 - 0.05 for tag in on_a), f"named-a started in its pause: {since}"
+    assert since["raiser"] < 4.0 + 3.0, "the raiser comes back when the pause ends"
+    assert all(since[f"b{i}"] < 4.0 for i in range(3)), f"named-b is not paused: {since}"
+    cluster.wait_for(
+        lambda: any(e["type"] == "semaphore-rate-limited" for e in seen.snapshot()), 10, "event"
+    )
+    limited = [e for e in seen.snapshot() if e["type"] == "semaphore-rate-limited"]
+    assert [(e["uuid"], e["semaphore"], e["retry_after"]) for e in limited] == [
+        (raiser.id, "named-a", 4.0)
+    ]
+
+
+def test_rate_limited_without_that_rate_fails_the_task_saying_so(clusters: Clusters) -> None:
+    """A body that raises `RateLimited` naming a rate its task does not declare, or whose
+    task declares no rate at all, fails with a ValueError that says so, holding nothing."""
+    cluster = clusters()
+    cluster.worker("w1", **WORKER)
+    module = cluster.app_module
+    with pytest.raises(ValueError, match=r"but its rates are on named-b: declare rate="):
+        module.slow_down_misnamed.delay().get(timeout=60)
+    with pytest.raises(ValueError, match=r"but it declares no rate: declare rate="):
+        module.slow_down_unrated.delay().get(timeout=60)
+    assert cluster.holders("unrated") == 0
+    reader = Semaphore(cluster.redis, "named-b", rate="20/s")
+    try:
+        status = reader.status()
+    finally:
+        reader.close()
+    assert (status.holder_count, status.rate_paused_until) == (0, None)
+
+
+def test_shadow_refusals_are_sent_as_events_one_per_counted_grant(clusters: Clusters) -> None:
+    """With ``-E`` every grant a shadow limit would have refused is a
+    ``semaphore-shadow-refused`` event naming the limits; the events agree with the
+    semaphore's own counters, and a shadow rate's event says how long it would have
+    delayed the start."""
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER, extra=["-E"])
+    seen = clusters.events(cluster)
+    results = [cluster.app_module.shadowed.delay(0.3, i) for i in range(8)]
+    assert [r.get(timeout=60) for r in results] == list(range(8))
+    meta = cluster.redis.hgetall(cluster.semaphore("shadowed").keys.meta)
+    counted = {kind: int(meta.get(f"m_shadow_{kind}".encode(), 0)) for kind in ("limit", "rate")}
+    assert counted["limit"] >= 1 and counted["rate"] >= 1, counted
+
+    def shadow_events() -> list[dict[str, Any]]:
+        return [e for e in seen.snapshot() if e["type"] == "semaphore-shadow-refused"]
+
+    def told(kind: str) -> int:
+        return sum(kind in e["limits"] for e in shadow_events())
+
+    cluster.wait_for(
+        lambda: (told("limit"), told("rate")) == (counted["limit"], counted["rate"]),
+        10,
+        f"one event per counted grant: {counted}",
+    )
+    ids = {r.id for r in results}
+    assert all(e["uuid"] in ids and e["semaphore"] == "shadowed" for e in shadow_events())
+    assert all(e["would_wait"] > 0 for e in shadow_events() if "rate" in e["limits"])
