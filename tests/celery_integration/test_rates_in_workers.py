@@ -3,16 +3,19 @@
 What an observer sees from the task bodies' own records: starts never faster than
 the rate across workers, the concurrency limit and the rate together, a rate per
 account, and `RateLimited` pausing the line with the raising task first after it,
-in both wait modes. Tolerant bounds; the tight figures are benchmarks/bench_rate.py's.
+in both wait modes; and from the broker, the messages the workers hold while a
+rate's line waits. Tolerant bounds; the tight figures are benchmarks/bench_rate.py's.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery_harness import max_overlap
 from cluster_tools import Clusters
 
@@ -40,14 +43,40 @@ def most_in_window(times: list[float], window: float) -> int:
     return max(sum(1 for t in times[i:] if t < start + window) for i, start in enumerate(times))
 
 
+class HeldSampler:
+    """Every 50 ms, how many messages the workers hold: the Redis transport's
+    ``unacked`` hash (delivered, not acked: prefetched, waiting in place, countdown
+    retries), as benchmarks/bench_rate.py samples it."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.broker = redis.Redis.from_url(broker_url)
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="held-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append(self.broker.hlen("unacked"))
+
+    def __enter__(self) -> HeldSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.broker.close()
+
+
 @pytest.mark.parametrize("task", ["paced", "paced_countdown"])
 def test_a_rate_holds_across_workers_in_order(clusters: Clusters, task: str) -> None:
     cluster = clusters()
     for name in ("w1", "w2"):
         cluster.worker(name, **WORKER)
     paced = getattr(cluster.app_module, task)
-    results = [paced.delay(0.01, i) for i in range(60)]
-    assert [r.get(timeout=60) for r in results] == list(range(60))
+    with HeldSampler(cluster.broker_url) as held:
+        results = [paced.delay(0.01, i) for i in range(60)]
+        assert [r.get(timeout=60) for r in results] == list(range(60))
     begun = starts(cluster.events())
     assert len(begun) == 60, "each task ran once"
     times = [e["at"] for e in begun]
@@ -59,6 +88,11 @@ def test_a_rate_holds_across_workers_in_order(clusters: Clusters, task: str) -> 
     assert kendall_tau([e["tag"] for e in begun]) >= 0.9, "in submission order"
     waits = sum(e["retries"] for e in begun) / len(begun)
     assert waits <= 2.5, f"{waits:.2f} waits per task"
+    peak = max(held.samples)
+    assert peak >= 1, "the sampler sees the messages the workers hold"
+    if task == "paced":  # handover: the rest of the line is parked in Redis, not held
+        processes = 2 * WORKER["concurrency"]
+        assert peak <= 2 * processes + 2, f"{peak} messages held by {processes} processes"
 
 
 def test_the_limit_and_the_rate_of_one_semaphore_together(clusters: Clusters) -> None:
@@ -73,6 +107,10 @@ def test_the_limit_and_the_rate_of_one_semaphore_together(clusters: Clusters) ->
     times = [e["at"] for e in starts(events)]
     assert most_in_window(times, 1.0) <= 12, "10/s"
     assert times[-1] - times[0] >= 2.7, "30 starts at 10/s take 2.9 s at the least"
+    # the rate binds (limit 3 of 0.2 s bodies would allow 15/s): 2.9 s of starts, then
+    # the last body; from the first start, so the workers' start-up is not counted
+    makespan = max(e["at"] for e in events if e["event"] == "end") - times[0]
+    assert makespan <= 1.5 * (2.9 + 0.2) + 3, f"{makespan:.1f} s: the rate allows 3.1 s"
 
 
 def test_a_rate_per_account(clusters: Clusters) -> None:
