@@ -464,6 +464,10 @@ def _summary(status: SemaphoreStatus, declared_rate: RateLimit | None = None) ->
         "fair_keys_waiting": status.fair_keys_waiting,
         "fair_grants": status.fair_grants,
         "fair_keys": [dataclasses.asdict(key) for key in status.fair_keys],
+        "shadow_limit_refusals": status.shadow_limit_refusals,
+        "shadow_rate_refusals": status.shadow_rate_refusals,
+        "shadow_delay": round(status.shadow_delay, 3),
+        "shadow_peak": status.shadow_peak,
     }
 
 
@@ -625,6 +629,10 @@ def status(
     shows how many keys wait and the 5 with the most waiting: their waiters in
     line, their grants in this minute and the one before (Redis's clock: 60 to
     120 s), and their SHARE of all fair grants then (--json lists up to 20).
+    Last, each semaphore whose shadow limits (shadow=True) counted anything: the
+    grants its limit would have refused and the most permits held at once over it
+    (the peak it would have had to allow), the grants its rate would have delayed
+    and by how long in all.
     """
     with _operator(ctx) as operator:
         while True:
@@ -646,7 +654,34 @@ def _status_text(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         if row["fair_keys"]:
             blocks.append(_fair_keys_text(row))
+    shadows = [_shadow_text(row) for row in rows if _shadowed(row)]
+    if shadows:
+        blocks.append("\n".join(shadows))
     return "\n\n".join(blocks)
+
+
+def _shadowed(row: dict[str, Any]) -> bool:
+    return bool(row["shadow_limit_refusals"] or row["shadow_rate_refusals"])
+
+
+def _shadow_text(row: dict[str, Any]) -> str:
+    """What ``row``'s shadow limits would have done, had they been enforced."""
+    said = []
+    if row["shadow_limit_refusals"]:
+        said.append(
+            f"the limit would have refused {_grants(row['shadow_limit_refusals'])} "
+            f"(peak {row['shadow_peak']} held at once)"
+        )
+    if row["shadow_rate_refusals"]:
+        said.append(
+            f"the rate would have delayed {_grants(row['shadow_rate_refusals'])} "
+            f"by {row['shadow_delay']:.1f}s in all"
+        )
+    return f"{row['name'].strip()}: shadow: " + "; ".join(said)
+
+
+def _grants(count: int) -> str:
+    return f"{count} grant{'' if count == 1 else 's'}"
 
 
 def _fair_keys_text(row: dict[str, Any]) -> str:
@@ -730,6 +765,10 @@ def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
         "fair_keys_waiting": total("fair_keys_waiting"),
         "fair_grants": total("fair_grants"),
         "fair_keys": [],
+        **{key: total(key) for key in ("shadow_limit_refusals", "shadow_rate_refusals")},
+        "shadow_delay": round(sum(row["shadow_delay"] for row in members), 3),
+        # the permits of one member at once: members' peaks need not coincide
+        "shadow_peak": max((row["shadow_peak"] for row in members), default=0),
         "busiest": busiest[:BUSIEST],
     }
 

@@ -42,6 +42,9 @@ GAUGES = (
      "(0: none; of a family: the longest)."),
     ("fair_keys_waiting",
      "Fair keys (fair_key=) with waiters in line (of a family: summed over its members)."),
+    ("shadow_limit_peak",
+     "The most permits held at once over a shadow concurrency limit (shadow=True): the peak "
+     "it would have had to allow (0: never over; of a family: its highest member's)."),
 )  # fmt: skip
 #: The gauge of the effective rate: only for a series with a rate (no sample otherwise).
 RATE = (
@@ -97,7 +100,7 @@ COUNTERS = (
     "m_wait_sum", "m_hold_sum",
 )  # fmt: skip
 #: The ``meta`` fields a scrape reads of each semaphore besides its counts.
-FIELDS = ("family", *COUNTERS)
+FIELDS = ("family", "m_shadow_peak", *COUNTERS)
 
 
 class SemaphoreCollector:
@@ -146,6 +149,8 @@ class SemaphoreCollector:
             row["sent"] += status.sent_count
             row["members"] += 1
             row["fair_keys_waiting"] += status.fair_keys_waiting
+            peak = float(status.fields["m_shadow_peak"] or 0)
+            row["shadow_limit_peak"] = max(row["shadow_limit_peak"], peak)
             if status.rate is not None:
                 row["rated"] += 1
                 row["rate_per_second"] += status.rate.count / status.rate.per

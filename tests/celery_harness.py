@@ -27,6 +27,31 @@ from devkit.processes import Child, wait_until, worker_command
 APPS = Path(__file__).parent / "celery_apps"
 
 
+# What limited_app sets at import; any other changed setting came from a test's extra_conf.
+BASE_SETTINGS = {
+    "broker_connection_retry_on_startup",
+    "broker_url",
+    "deprecated_settings",
+    "result_backend",
+    "result_expires",
+    "semaphore_lease_timeout",
+    "semaphore_queue_limits",
+    "semaphore_redis_url",
+    "task_default_queue",
+    "worker_hijack_root_logger",
+}
+
+
+def drop_extra_settings(app: Any) -> None:
+    """Forget the settings an earlier cluster's ``extra_conf`` left in the test
+    process's ``limited_app`` (a ``semaphore_namespace`` left behind has the next
+    test publish its places into another namespace than its workers read)."""
+    app.conf.get("broker_url")  # the changes are a lazy view until a setting is read
+    for key in list(app.conf.changes):
+        if key not in BASE_SETTINGS:
+            del app.conf[key]
+
+
 def repoint_client(cluster: Cluster) -> None:
     """Point the test process's app at this test's Redis.
 
@@ -189,6 +214,7 @@ class Cluster:
 
     def _configure_client_app(self) -> None:
         app = self.app_module.app
+        drop_extra_settings(app)
         app.conf.broker_url = self.broker_url
         app.conf.result_backend = self.state_url
         self.app_module._log = redis.Redis.from_url(self.state_url)

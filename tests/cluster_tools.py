@@ -2,9 +2,9 @@
 
 :func:`point_client_at` gives the test process's ``limited_app`` (imported
 once per session) exactly the settings of the new cluster: besides what the
-harness's ``repoint_client`` resets, it drops the settings that earlier
-clusters' ``extra_conf`` left and the per-task cached semaphore settings, and
-sets the cluster's lease and queue limits (used when places are taken at publish).
+harness resets (its connections, and the settings earlier clusters' ``extra_conf``
+left), it drops the per-task cached semaphore settings and sets the cluster's
+lease and queue limits (used when places are taken at publish).
 
 :class:`TaskEvents` records the workers' Celery events (workers run with
 ``-E``), which is how Flower and other monitors see ``request.retries``.
@@ -18,23 +18,9 @@ import time
 from datetime import datetime
 from typing import Any
 
-from celery_harness import Cluster, detach_client
+from celery_harness import Cluster, detach_client, drop_extra_settings
 
 import celery_semaphore
-
-# What limited_app sets at import; any other changed setting came from a test's extra_conf.
-_BASE_SETTINGS = {
-    "broker_connection_retry_on_startup",
-    "broker_url",
-    "deprecated_settings",
-    "result_backend",
-    "result_expires",
-    "semaphore_lease_timeout",
-    "semaphore_queue_limits",
-    "semaphore_redis_url",
-    "task_default_queue",
-    "worker_hijack_root_logger",
-}
 
 
 def close_client_connections(app: Any) -> None:
@@ -44,14 +30,11 @@ def close_client_connections(app: Any) -> None:
 
 def point_client_at(cluster: Cluster) -> Cluster:
     """Make the test process's ``limited_app`` publish to, and read from, ``cluster`` only,
-    with this cluster's settings only (the harness's ``repoint_client`` keeps the
-    settings earlier clusters' ``extra_conf`` left, and their queue limits and lease)."""
+    with this cluster's settings only (the harness keeps the earlier clusters' queue
+    limits and lease)."""
     app = cluster.app_module.app
     close_client_connections(app)
-    app.conf.get("broker_url")  # the changes are a lazy view until a setting is read
-    for key in list(app.conf.changes):
-        if key not in _BASE_SETTINGS:
-            del app.conf[key]
+    drop_extra_settings(app)
     app.conf.update(
         {
             "broker_url": cluster.broker_url,

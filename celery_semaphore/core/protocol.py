@@ -204,6 +204,14 @@ class SemaphoreStatus:
     #: 4,000 fields (``fair_keys_read`` < ``fair_keys_waiting``: the sample missed some).
     fair_keys: list[FairKeyInfo] = field(default_factory=list)
     fair_keys_read: int = 0
+    #: What its shadow limits (``shadow=``) counted: grants the concurrency limit would
+    #: have refused, grants the rate would have delayed and by how long in all (seconds),
+    #: and the most permits held at once over the limit (the peak it would have had to
+    #: allow; 0: never over). Counted since the semaphore's keys were made.
+    shadow_limit_refusals: int = 0
+    shadow_rate_refusals: int = 0
+    shadow_delay: float = 0.0
+    shadow_peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -489,6 +497,10 @@ class StatusReply(NamedTuple):
     fair_grants: int
     fair_keys_read: int
     fair_keys: list[FairKeyRow]
+    shadow_limit_refusals: int
+    shadow_rate_refusals: int
+    shadow_wait_ms: int
+    shadow_peak: int
 
 
 @reply_shape
@@ -1010,6 +1022,10 @@ class SemaphoreSpec:
                 for row in status.fair_keys
             ],
             fair_keys_read=status.fair_keys_read,
+            shadow_limit_refusals=status.shadow_limit_refusals,
+            shadow_rate_refusals=status.shadow_rate_refusals,
+            shadow_delay=status.shadow_wait_ms / 1000,
+            shadow_peak=status.shadow_peak,
         )
 
     def expected_types(self) -> Iterable[tuple[str, str]]:

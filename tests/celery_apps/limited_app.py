@@ -347,6 +347,40 @@ def slow_down_countdown(self: Any, tag: Any, retry_after: float) -> Any:
     return _slow_down(self, tag, retry_after)
 
 
+@app.task(bind=True, base=LimitedTask, max_retries=0,
+          limits=[Rate("named-a", 20), Rate("named-b", 20)])  # fmt: skip
+def slow_down_named(self: Any, tag: Any, retry_after: float) -> Any:
+    """Raises RateLimited(retry_after, limit="named-a") once: only that rate pauses."""
+    record(self, "start", tag)
+    if _log.set(f"slowed:{self.request.id}", 1, nx=True):
+        record(self, "rate-limited", tag)
+        raise RateLimited(retry_after, limit="named-a")
+    record(self, "end", tag)
+    return tag
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="named-a", rate="20/s")
+def named_a(self: Any, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="named-b", rate="20/s")
+def named_b(self: Any, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="named-b", rate="20/s", max_retries=0)
+def slow_down_misnamed(self: Any) -> Any:
+    """Names a rate it does not declare: a mistake, the task fails saying so."""
+    raise RateLimited(1.0, limit="named-z")
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="unrated", limit=2, max_retries=0)
+def slow_down_unrated(self: Any) -> Any:
+    """Declares no rate at all, and raises RateLimited: the task fails saying so."""
+    raise RateLimited(1.0)
+
+
 SHADOWED = [Concurrency("shadowed", 1, shadow=True), Rate("shadowed", 5, shadow=True)]
 
 
@@ -419,4 +453,13 @@ def fair_capped(self: Any, account: str, seconds: float, tag: Any = None) -> Any
     Concurrency("fair-joint", 2, fair_by=_account), Concurrency("joint-other", 3),
 ])  # fmt: skip
 def fair_joint(self: Any, account: str, seconds: float, tag: Any = None) -> Any:
+    return _held(self, seconds, tag)
+
+
+# A cap and a rate on different names: two gates (one slot with a hash-tagged namespace)
+APART = [Concurrency("apart-cap", 2), Rate("apart-rate", 5)]
+
+
+@app.task(bind=True, base=LimitedTask, limits=APART)
+def capped_and_paced(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)

@@ -120,3 +120,46 @@ def test_on_redis_cluster_a_namespace_with_a_hash_tag_takes_them_in_one_step(
     finally:
         pair_a.close()
         pair_b.close()
+
+
+def most_in_window(times: list[float], window: float) -> int:
+    return max(sum(1 for t in times[i:] if t < start + window) for i, start in enumerate(times))
+
+
+@pytest.mark.parametrize("namespace", [None, "cs{limits}"], ids=["a slot each", "one slot"])
+def test_on_redis_cluster_a_cap_and_a_rate_on_two_names_hold_together(
+    clusters: Clusters, redis_cluster: RedisClusterServers, namespace: str | None
+) -> None:
+    """A concurrency limit on one name and a rate on another, the semaphores on a Redis
+    Cluster. In a slot each they are taken one after the other (the rate last, with a
+    WARNING); with a hash tag in the namespace in one step (the cap granted once per
+    start, never given back). Either way: never more than the cap running, never more
+    starts in a second than the rate allows, every task once."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://")
+    conf: dict[str, Any] = {"semaphore_redis_url": url, "semaphore_park_without_persistence": True}
+    where: dict[str, Any] = {}
+    if namespace is not None:
+        conf["semaphore_namespace"] = where["namespace"] = namespace
+    cluster = clusters(extra_conf=conf)
+    workers = [cluster.worker(name, concurrency=3) for name in ("w1", "w2")]
+    results = [cluster.app_module.capped_and_paced.delay(0.35, i) for i in range(16)]
+    assert [r.get(timeout=90) for r in results] == list(range(16))
+    events = cluster.events()
+    assert max_overlap(events) <= 2, "the cap, apart-cap: 2"
+    begun = sorted((e for e in events if e["event"] == "start"), key=lambda e: e["at"])
+    times = [e["at"] for e in begun]
+    assert len(times) == 16, "each task ran once"
+    most = most_in_window(times, 1.0)
+    assert most <= 5 + 1 + 1, f"{most} starts in a second: 5/s, burst 1 (+1: the bodies' jitter)"
+    assert times[-1] - times[0] >= 15 / 5 - 0.2, "16 starts at 5/s take 3 s at the least"
+    assert kendall_tau([e["tag"] for e in begun]) >= 0.6, "mostly in line order"
+    logs = "".join(worker.text() for worker in workers)
+    assert ("are taken one after the other, not in one step" in logs) == (namespace is None)
+    cap = Semaphore(url, "apart-cap", 2, **where)
+    try:
+        assert cap.status().holder_count == 0, "every permit given back"
+        if namespace is not None:
+            granted = int(cap.client.hget(cap.keys.meta, "m_granted"))
+            assert granted == 16, "one step: the cap granted once per start, never given back"
+    finally:
+        cap.close()

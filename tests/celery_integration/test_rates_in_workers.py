@@ -3,16 +3,19 @@
 What an observer sees from the task bodies' own records: starts never faster than
 the rate across workers, the concurrency limit and the rate together, a rate per
 account, and `RateLimited` pausing the line with the raising task first after it,
-in both wait modes. Tolerant bounds; the tight figures are benchmarks/bench_rate.py's.
+in both wait modes; and from the broker, the messages the workers hold while a
+rate's line waits. Tolerant bounds; the tight figures are benchmarks/bench_rate.py's.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery_harness import max_overlap
 from cluster_tools import Clusters
 
@@ -40,14 +43,40 @@ def most_in_window(times: list[float], window: float) -> int:
     return max(sum(1 for t in times[i:] if t < start + window) for i, start in enumerate(times))
 
 
+class HeldSampler:
+    """Every 50 ms, how many messages the workers hold: the Redis transport's
+    ``unacked`` hash (delivered, not acked: prefetched, waiting in place, countdown
+    retries), as benchmarks/bench_rate.py samples it."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.broker = redis.Redis.from_url(broker_url)
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="held-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append(self.broker.hlen("unacked"))
+
+    def __enter__(self) -> HeldSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.broker.close()
+
+
 @pytest.mark.parametrize("task", ["paced", "paced_countdown"])
 def test_a_rate_holds_across_workers_in_order(clusters: Clusters, task: str) -> None:
     cluster = clusters()
     for name in ("w1", "w2"):
         cluster.worker(name, **WORKER)
     paced = getattr(cluster.app_module, task)
-    results = [paced.delay(0.01, i) for i in range(60)]
-    assert [r.get(timeout=60) for r in results] == list(range(60))
+    with HeldSampler(cluster.broker_url) as held:
+        results = [paced.delay(0.01, i) for i in range(60)]
+        assert [r.get(timeout=60) for r in results] == list(range(60))
     begun = starts(cluster.events())
     assert len(begun) == 60, "each task ran once"
     times = [e["at"] for e in begun]
@@ -59,6 +88,11 @@ def test_a_rate_holds_across_workers_in_order(clusters: Clusters, task: str) -> 
     assert kendall_tau([e["tag"] for e in begun]) >= 0.9, "in submission order"
     waits = sum(e["retries"] for e in begun) / len(begun)
     assert waits <= 2.5, f"{waits:.2f} waits per task"
+    peak = max(held.samples)
+    assert peak >= 1, "the sampler sees the messages the workers hold"
+    if task == "paced":  # handover: the rest of the line is parked in Redis, not held
+        processes = 2 * WORKER["concurrency"]
+        assert peak <= 2 * processes + 2, f"{peak} messages held by {processes} processes"
 
 
 def test_the_limit_and_the_rate_of_one_semaphore_together(clusters: Clusters) -> None:
@@ -73,6 +107,10 @@ def test_the_limit_and_the_rate_of_one_semaphore_together(clusters: Clusters) ->
     times = [e["at"] for e in starts(events)]
     assert most_in_window(times, 1.0) <= 12, "10/s"
     assert times[-1] - times[0] >= 2.7, "30 starts at 10/s take 2.9 s at the least"
+    # the rate binds (limit 3 of 0.2 s bodies would allow 15/s): 2.9 s of starts, then
+    # the last body; from the first start, so the workers' start-up is not counted
+    makespan = max(e["at"] for e in events if e["event"] == "end") - times[0]
+    assert makespan <= 1.5 * (2.9 + 0.2) + 3, f"{makespan:.1f} s: the rate allows 3.1 s"
 
 
 def test_a_rate_per_account(clusters: Clusters) -> None:
@@ -245,3 +283,97 @@ def test_a_rate_weight_counts_a_batch_as_that_many_starts(clusters: Clusters) ->
     )
     assert most <= 10 + 3 + 1, f"{most} rows started in a second: 10/s, burst 3 (+1: jitter)"
     assert times[-1] - times[0] >= (sum(rows) - 3) / 10 - 0.2, "the rows, not the calls, pace it"
+
+
+def test_rate_limited_naming_one_rate_pauses_that_one_only(clusters: Clusters) -> None:
+    """``RateLimited(4, limit="named-a")`` from a task with rates on named-a and named-b:
+    named-a starts nobody for 4 s and the raiser is its first start after the pause;
+    named-b goes on meanwhile. The pause shows in named-a's status and as a
+    ``semaphore-rate-limited`` event naming named-a only."""
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER, extra=["-E"])
+    seen = clusters.events(cluster)
+    module = cluster.app_module
+    raiser = module.slow_down_named.delay("raiser", 4.0)
+    cluster.wait_for(
+        lambda: any(e["event"] == "rate-limited" for e in cluster.events()), 30, "the raise"
+    )
+    readers = [Semaphore(cluster.redis, name, rate="20/s") for name in ("named-a", "named-b")]
+    try:
+        paused = [reader.status().rate_paused_until for reader in readers]
+    finally:
+        for reader in readers:
+            reader.close()
+    assert paused[0] is not None and paused[1] is None, paused
+    a_tasks = [module.named_a.delay(0.01, f"a{i}") for i in range(3)]
+    b_tasks = [module.named_b.delay(0.01, f"b{i}") for i in range(3)]
+    for result in a_tasks + b_tasks:
+        result.get(timeout=60)
+    assert raiser.get(timeout=60) == "raiser", "max_retries=0: the pause is not a retry of its own"
+    events = cluster.events()
+    (raised,) = [e for e in events if e["event"] == "rate-limited"]
+    later = [e for e in starts(events) if e["at"] > raised["at"]]
+    on_a = [e["tag"] for e in later if e["tag"] == "raiser" or e["tag"].startswith("a")]
+    assert sorted(on_a) == ["a0", "a1", "a2", "raiser"] and on_a[0] == "raiser", on_a
+    since = {e["tag"]: e["at"] - raised["at"] for e in later}
+    assert all(since[tag] >= 4.0 - 0.05 for tag in on_a), f"named-a started in its pause: {since}"
+    assert since["raiser"] < 4.0 + 3.0, "the raiser comes back when the pause ends"
+    assert all(since[f"b{i}"] < 4.0 for i in range(3)), f"named-b is not paused: {since}"
+    cluster.wait_for(
+        lambda: any(e["type"] == "semaphore-rate-limited" for e in seen.snapshot()), 10, "event"
+    )
+    limited = [e for e in seen.snapshot() if e["type"] == "semaphore-rate-limited"]
+    assert [(e["uuid"], e["semaphore"], e["retry_after"]) for e in limited] == [
+        (raiser.id, "named-a", 4.0)
+    ]
+
+
+def test_rate_limited_without_that_rate_fails_the_task_saying_so(clusters: Clusters) -> None:
+    """A body that raises `RateLimited` naming a rate its task does not declare, or whose
+    task declares no rate at all, fails with a ValueError that says so, holding nothing."""
+    cluster = clusters()
+    cluster.worker("w1", **WORKER)
+    module = cluster.app_module
+    with pytest.raises(ValueError, match=r"but its rates are on named-b: declare rate="):
+        module.slow_down_misnamed.delay().get(timeout=60)
+    with pytest.raises(ValueError, match=r"but it declares no rate: declare rate="):
+        module.slow_down_unrated.delay().get(timeout=60)
+    assert cluster.holders("unrated") == 0
+    reader = Semaphore(cluster.redis, "named-b", rate="20/s")
+    try:
+        status = reader.status()
+    finally:
+        reader.close()
+    assert (status.holder_count, status.rate_paused_until) == (0, None)
+
+
+def test_shadow_refusals_are_sent_as_events_one_per_counted_grant(clusters: Clusters) -> None:
+    """With ``-E`` every grant a shadow limit would have refused is a
+    ``semaphore-shadow-refused`` event naming the limits; the events agree with the
+    semaphore's own counters, and a shadow rate's event says how long it would have
+    delayed the start."""
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, **WORKER, extra=["-E"])
+    seen = clusters.events(cluster)
+    results = [cluster.app_module.shadowed.delay(0.3, i) for i in range(8)]
+    assert [r.get(timeout=60) for r in results] == list(range(8))
+    meta = cluster.redis.hgetall(cluster.semaphore("shadowed").keys.meta)
+    counted = {kind: int(meta.get(f"m_shadow_{kind}".encode(), 0)) for kind in ("limit", "rate")}
+    assert counted["limit"] >= 1 and counted["rate"] >= 1, counted
+
+    def shadow_events() -> list[dict[str, Any]]:
+        return [e for e in seen.snapshot() if e["type"] == "semaphore-shadow-refused"]
+
+    def told(kind: str) -> int:
+        return sum(kind in e["limits"] for e in shadow_events())
+
+    cluster.wait_for(
+        lambda: (told("limit"), told("rate")) == (counted["limit"], counted["rate"]),
+        10,
+        f"one event per counted grant: {counted}",
+    )
+    ids = {r.id for r in results}
+    assert all(e["uuid"] in ids and e["semaphore"] == "shadowed" for e in shadow_events())
+    assert all(e["would_wait"] > 0 for e in shadow_events() if "rate" in e["limits"])

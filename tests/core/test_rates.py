@@ -211,7 +211,32 @@ def test_shadow_limits_count_and_refuse_nothing(make_semaphore: MakeSemaphore) -
     assert status.holder_count == 3 and status.waiter_count == 0, "nobody waits"
     counters = sem.client.hmget(sem.keys.meta, "m_shadow_limit", "m_shadow_rate")
     assert [int(c) for c in counters] == [2, 2]
+    assert (status.shadow_limit_refusals, status.shadow_rate_refusals) == (2, 2)
+    assert status.shadow_delay == pytest.approx(1.5, abs=0.04)
+    assert status.shadow_peak == 3
     for permit in (first, second, third):
+        permit.release()
+
+
+def test_a_shadow_limit_records_the_peak_it_would_have_had_to_allow(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """The most permits held at once over a shadow limit: a high-water mark, raised
+    only by a grant the shadow limit alone let through (a weight counts its permits)."""
+    sem = make_semaphore(2, shadow=["limit"])
+    a, b = granted(sem.attempt("a")), granted(sem.attempt("b"))
+    assert sem.status().shadow_peak == 0, "within the limit: no peak"
+    c = granted(sem.attempt("c", weight=2))
+    assert c.shadow_refused == {"limit"}
+    assert sem.status().shadow_peak == 4
+    for permit in (b, c):
+        permit.release()
+    d = granted(sem.attempt("d"))  # over by nothing: 2 held, the peak stays
+    e = granted(sem.attempt("e"))  # 3 held, below the peak
+    status = sem.status()
+    assert (status.shadow_peak, status.shadow_limit_refusals) == (4, 2)
+    assert (status.shadow_rate_refusals, status.shadow_delay) == (0, 0.0)
+    for permit in (a, d, e):
         permit.release()
 
 

@@ -610,6 +610,33 @@ def test_status_shows_a_rate_alone_and_a_pause_after_rate_limited(redis_url):
     plain.close()
 
 
+def test_status_shows_what_shadow_limits_would_have_done(redis_url):
+    """Shadow limits count and never refuse: status says how many grants the limit
+    would have refused, the peak held over it, and the rate's delays; a semaphore
+    whose shadow limits never counted anything shows no such line."""
+    tried = Semaphore(redis_url, "tried", 1, rate="1/m", shadow=["limit", "rate"])
+    permits = [tried.attempt(f"t{i}") for i in range(3)]
+    assert all(isinstance(p, Permit) for p in permits)
+    permits[2].release()  # type: ignore[union-attr]
+    quiet = Semaphore(redis_url, "quiet", 5, shadow=["limit"])
+    assert isinstance(quiet.attempt("q"), Permit)
+    rows = {row["name"]: row for row in json.loads(run(redis_url, "status", "--json").stdout)}
+    row = rows["tried"]
+    assert (row["holders"], row["shadow_limit_refusals"], row["shadow_peak"]) == (2, 2, 3)
+    assert row["shadow_rate_refusals"] == 2
+    assert row["shadow_delay"] == pytest.approx(60 + 120, abs=1)
+    assert (rows["quiet"]["shadow_limit_refusals"], rows["quiet"]["shadow_peak"]) == (0, 0)
+    last = run(redis_url, "status").stdout.splitlines()[-1]
+    assert re.fullmatch(
+        r"tried: shadow: the limit would have refused 2 grants \(peak 3 held at once\); "
+        r"the rate would have delayed 2 grants by 1(79|80)\.\ds in all",
+        last,
+    ), last
+    assert "quiet: shadow" not in run(redis_url, "status").stdout
+    tried.close()
+    quiet.close()
+
+
 def test_set_rate_before_first_use_of_a_declared_semaphore(redis_url):
     out = run(redis_url, "set-rate", "launch-api", "3/s")
     assert out.stdout == "launch-api: rate 3/s (not used yet): its first tasks obey it\n"

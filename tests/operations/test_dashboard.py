@@ -166,6 +166,10 @@ def exported() -> set[str]:
             assert fair.try_acquire(holder, fair_key=key) is None
         fair.release("holder")
         assert fair.try_acquire("x1", fair_key="x") is not None  # a fair grant
+        tried = Semaphore(
+            client, "tried", 1, rate="1/m", shadow=["limit", "rate"], namespace=NAMESPACE
+        )
+        assert all(tried.try_acquire(f"t{i}") for i in range(3))  # over both: counted only
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SemaphoreCollector(client, NAMESPACE))
         text = generate_latest(registry).decode()
@@ -185,6 +189,12 @@ def exported() -> set[str]:
     }
     assert fair_line["celery_semaphore_fair_keys_waiting", None] == 2
     assert fair_line["celery_semaphore_fair_grants_total", "1"] == 1
+    shadow = {s.name: s.value for s in samples if s.labels.get("semaphore") == "tried"}
+    for name in ("limit_refusals_total", "rate_refusals_total", "rate_delay_seconds_total"):
+        assert shadow[f"celery_semaphore_shadow_{name}"] == pytest.approx(
+            {"rate_delay_seconds_total": 180}.get(name, 2), abs=1
+        ), name
+    assert shadow["celery_semaphore_shadow_limit_peak"] == 3
     return {sample.name for sample in samples}
 
 

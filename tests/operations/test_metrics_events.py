@@ -271,6 +271,9 @@ def test_shadow_metrics_count_what_a_shadow_limit_would_have_refused(redis_serve
     enforced = Semaphore(client, "enforced", 1)
     assert enforced.try_acquire("e") is not None
     assert enforced.try_acquire("f") is None
+    for name, held in (("acct-a", 3), ("acct-b", 2)):
+        member = Semaphore(client, name, 1, family="acct", shadow=["limit"])
+        assert all(member.try_acquire(f"{name}-{i}") for i in range(held))
     port = free_port()
     server = serve(client, "celery_semaphore", port, addr="127.0.0.1")
     try:
@@ -280,7 +283,17 @@ def test_shadow_metrics_count_what_a_shadow_limit_would_have_refused(redis_serve
         delay = m['celery_semaphore_shadow_rate_delay_seconds_total{semaphore="tried"}']
         assert delay == pytest.approx(60 + 120 + 180, abs=1), "1/m: 1, 2 and 3 minutes late"
         assert m['celery_semaphore_holders{semaphore="tried"}'] == 4
+        assert m['celery_semaphore_shadow_limit_peak{semaphore="tried"}'] == 4
+        for permit in permits[1:]:
+            permit.release()  # type: ignore[union-attr]
+        m = scrape(port)
+        assert m['celery_semaphore_holders{semaphore="tried"}'] == 1
+        assert m['celery_semaphore_shadow_limit_peak{semaphore="tried"}'] == 4, "a high-water mark"
         assert m['celery_semaphore_shadow_limit_refusals_total{semaphore="enforced"}'] == 0
+        assert m['celery_semaphore_shadow_limit_peak{semaphore="enforced"}'] == 0
+        assert m['celery_semaphore_shadow_limit_peak{semaphore="acct"}'] == 3, (
+            "the highest member's"
+        )
     finally:
         server.close()
         client.close()

@@ -21,7 +21,8 @@
 -- ARGV[14] shadow          the caller's limits that only count, never refuse: '', 'l'
 --                          (the concurrency limit), 'r' (the rate) or 'lr'. A grant one of
 --                          them would have refused counts in m_shadow_limit / m_shadow_rate
---                          (and how late the rate's slot was, in m_shadow_wait_ms); the
+--                          (and how late the rate's slot was, in m_shadow_wait_ms; the
+--                          most permits held at once over the limit, in m_shadow_peak); the
 --                          rate's schedule moves on as if enforced, so its lateness grows
 --                          while tasks start faster than the rate. A drain still refuses.
 -- ARGV[15] weight          "<permits>|<grants>" the contender asks for at once, or ''

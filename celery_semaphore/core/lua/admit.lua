@@ -10,6 +10,10 @@
 local ACQUIRE_FIELDS = {'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
   'grant_gap_ms', 'family', 'rate', 'rate_override', 'tat', 'rate_pause', 'released', 'handover',
   'n_weighted', 'expiry'}
+-- A contender under a shadow concurrency limit also reads the peak it may raise (grant_gate()).
+-- (Built by a loop: a Functions library is loaded without unpack.)
+local SHADOW_LIMIT_FIELDS = {'m_shadow_peak'}
+for i = 1, #ACQUIRE_FIELDS do SHADOW_LIMIT_FIELDS[i + 1] = ACQUIRE_FIELDS[i] end
 
 -- Reclaims, reads meta once (``freeing``: also what after_free() needs, whether or not
 -- something was reclaimed), drops a holder restored by id alone, and finds the
@@ -22,7 +26,9 @@ local function open_gate(g, freeing)
   local lapsed
   s.reclaimed, lapsed = reclaim(nil, s.waiting)
   if lapsed > 0 then s.waiting = redis.call('ZCARD', waiters) end
-  local m = load_meta(ACQUIRE_FIELDS, freeing or s.reclaimed > 0)
+  local shadow_limit = string.find(g.shadow, 'l', 1, true)
+  local m = load_meta(shadow_limit and SHADOW_LIMIT_FIELDS or ACQUIRE_FIELDS,
+    freeing or s.reclaimed > 0)
   s.m = m
   s.limit, s.draining = effective_limit(m, g.declared), m.draining == '1'
   local meta_writes = {}  -- field, value, ...: one HSET at the end
@@ -131,7 +137,15 @@ local function grant_gate(s, g)
   local late_ms = 0
   local would = s.would
   if would ~= '' then
-    if string.find(would, 'l', 1, true) then bump('m_shadow_limit', 1) end
+    if string.find(would, 'l', 1, true) then
+      bump('m_shadow_limit', 1)
+      -- The permits held now, over the limit: the peak the shadow limit would have had to allow.
+      local peak = s.count + k
+      if peak > (tonumber(m.m_shadow_peak) or 0) then
+        meta_writes[#meta_writes + 1] = 'm_shadow_peak'
+        meta_writes[#meta_writes + 1] = fmt(peak)
+      end
+    end
     if string.find(would, 'r', 1, true) then
       late_ms = math.ceil(slot_in(m, s.room, s.next_us, s.need_j) / 1000)
       bump('m_shadow_rate', 1)

@@ -11,7 +11,8 @@
 --                          ticket, handover, released, hold_ms, grant_at, grant_gap_ms,
 --                          family, n_parked, n_handed, rate, rate_override, tat,
 --                          rate_pause (see "Rates" below), n_weighted and
---                          "w|<waiter>" (see "Weights" below), and the m_* counters
+--                          "w|<waiter>" (see "Weights" below), and the m_* counters (and the
+--                          high-water mark m_shadow_peak)
 --                          metrics.py exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<mark>|<payload>": a waiter
 --                          that left its payload to be handed over when due, or one
