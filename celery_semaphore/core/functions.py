@@ -98,10 +98,20 @@ def _is_pipeline(client: Any) -> bool:
 
 
 def _refused(client: Any, error: Exception) -> str:
-    logger.info(
-        "celery_semaphore: Redis %s does not take Functions (%s): calling its scripts (EVALSHA)",
+    """Log why ``client`` calls the scripts: at INFO where the server has no Functions
+    or refuses them (Redis < 7, an ACL, a read-only replica), at WARNING otherwise (the
+    library did not load: a bug of this package, which then runs slower)."""
+    text = str(error)
+    expected = isinstance(error, redis.exceptions.NoPermissionError) or any(
+        reason in text.lower()
+        for reason in ("unknown command", "noperm", "readonly", "not allowed")
+    )
+    logger.log(
+        logging.INFO if expected else logging.WARNING,
+        "celery_semaphore: Redis %s does not take its Functions library (%s): calling its "
+        "scripts (EVALSHA)",
         getattr(client, "connection_pool", client),
-        error,
+        text,
     )
     return SCRIPTS
 

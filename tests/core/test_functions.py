@@ -6,6 +6,7 @@ core suite (``make_semaphore``'s ``sync-evalsha`` runs)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections.abc import Iterator
@@ -173,7 +174,10 @@ def _name(entry: dict[str, Any]) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def test_a_user_refused_functions_calls_the_scripts(acl_redis: AclRedisServer) -> None:
+def test_a_user_refused_functions_calls_the_scripts(
+    acl_redis: AclRedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_semaphore.core.functions")
     with acl_redis.client(password=acl_redis.default_password) as admin:
         admin.execute_command(
             "ACL", "SETUSER", "nofunctions", "on", ">pw", "~*", "&*", "+@all", "-function"
@@ -190,6 +194,7 @@ def test_a_user_refused_functions_calls_the_scripts(acl_redis: AclRedisServer) -
             stats = admin.info("commandstats")
             assert stats["cmdstat_evalsha"]["calls"] >= 2 and "cmdstat_fcall" not in stats, user
         assert libraries(admin) == set()
+    assert {r.levelno for r in caplog.records} == {logging.INFO}, "a refusal is no warning"
 
 
 def test_the_library_is_loaded_on_every_primary_of_a_cluster(redis_cluster: Any) -> None:
@@ -218,3 +223,19 @@ def test_the_plan(listed: list[str], load: bool, deleted: list[str]) -> None:
         [b"library_name", name.encode(), b"engine", b"LUA", b"functions", []] for name in listed
     ]
     assert functions.plan(listing, scripts.LIBRARY_NAME) == (load, deleted)
+
+
+def test_a_library_that_does_not_load_is_a_warning_and_the_scripts_run(
+    server: RedisServer, admin: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refusal is expected (INFO, above); a library that fails to load is a bug of
+    ours, which would otherwise only show as a slower semaphore."""
+    client = server.client()
+    name = f"celery_semaphore_v0_1_0_{'f' * 12}"
+    broken = functions.Library(weakref.proxy(client), name, f"#!lua name={name}\nlocal x = (", {})
+    scripts._registered[client] = functions.calls(client, {}, broken)
+    with caplog.at_level(logging.INFO, logger="celery_semaphore.core.functions"):
+        assert broken.choose() == functions.SCRIPTS
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and "Functions library" in record.getMessage()
+    client.close()
