@@ -22,7 +22,10 @@ Environment (read at import, so set it before starting workers):
   what the cap prevents (429s).
 
 Every task body appends ``start`` and ``end`` records (JSON) to the Redis list ``demo:events``;
-the demo's report is computed from them.
+the demo's report is computed from them. Every execution (from the moment a worker process
+takes the task until it lets it go: a wait in place for a permit, or being parked, included)
+appends one record to ``demo:executions``, so the report can tell when every worker process was
+busy.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.signals import task_postrun, task_prerun
 
 import celery_semaphore
 from celery_semaphore import LimitedTask
@@ -53,6 +57,7 @@ CUSTOMER_LIMIT = 1
 KEY_PREFIX = "demo:"  # every key the example writes itself starts with this
 EVENTS = KEY_PREFIX + "events"
 ENDED = KEY_PREFIX + "ended"
+EXECUTIONS = KEY_PREFIX + "executions"
 CRM = KEY_PREFIX + "crm:"
 CRM_ROUND_TRIP = (0.1, 0.2)  # seconds between reading and writing a customer record
 REPORT_SECONDS = (0.2, 0.4)
@@ -111,6 +116,35 @@ def _record(task: Task, event: str, key: Any, **fields: Any) -> None:
     if event == "end":
         pipe.incr(ENDED)
     pipe.execute()
+
+
+_taken_at: dict[str, float] = {}  # task id -> when this process took it (task_prerun)
+
+
+@task_prerun.connect
+def _taken(task_id: str, task: Task, **_: Any) -> None:
+    if task.app is app:
+        _taken_at[task_id] = time.time()
+
+
+@task_postrun.connect
+def _let_go(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
+    """One record per execution: the process was busy with the task from ``taken`` to
+    ``at``, whether its body ran (``state`` SUCCESS or FAILURE) or it waited for a permit in
+    place and was parked (RETRY)."""
+    taken = _taken_at.pop(task_id, None)
+    if taken is None:
+        return
+    record = {
+        "task": task.name.rsplit(".", 1)[-1],
+        "id": task_id,
+        "taken": taken,
+        "at": time.time(),
+        "state": state,
+        "worker": task.request.hostname,
+        "pid": os.getpid(),
+    }
+    store().rpush(EXECUTIONS, json.dumps(record))
 
 
 @contextmanager

@@ -285,21 +285,46 @@ def start_services(args: argparse.Namespace, processes: Processes) -> dict[str, 
     }
 
 
+def pool_size(tasks: ModuleType, workers: int) -> int:
+    """The worker processes of the cluster (every worker's pool); 0 if none answered."""
+    stats = tasks.app.control.inspect(timeout=2.0, limit=workers).stats() or {}
+    return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
+
+
+def executions(tasks: ModuleType, store: redis.Redis, bodies: int) -> list[dict[str, Any]]:
+    """The executions' records; a process writes one just after its body's end record, so
+    wait (briefly) until every body that ended has its own."""
+    deadline = time.monotonic() + 5
+    while True:
+        records = [json.loads(r) for r in store.lrange(tasks.EXECUTIONS, 0, -1)]
+        ran = sum(1 for r in records if r["state"] != "RETRY")
+        if ran >= bodies or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
 def collect(
-    tasks: ModuleType, store: redis.Redis, partner_url: str, submitted: dict[str, Submitted]
+    tasks: ModuleType,
+    store: redis.Redis,
+    partner_url: str,
+    submitted: dict[str, Submitted],
+    workers: int,
 ) -> Run:
     expected: dict[int, int] = defaultdict(int)
     for _, _, name, key in submitted.values():
         if name == "sync_customer":
             expected[key] += 1
+    events = [json.loads(e) for e in store.lrange(tasks.EVENTS, 0, -1)]
     return Run(
         submitted=submitted,
-        events=[json.loads(e) for e in store.lrange(tasks.EVENTS, 0, -1)],
+        events=events,
         partner=http_json(f"{partner_url}/stats", timeout=10),
         balances={c: int(store.hget(f"{tasks.CRM}{c}", "balance") or 0) for c in expected},
         expected_balances=dict(expected),
         partner_limit=tasks.PARTNER_LIMIT,
         reports_limit=tasks.REPORTS_LIMIT,
+        executions=executions(tasks, store, sum(1 for e in events if e["event"] == "end")),
+        processes=pool_size(tasks, workers),
     )
 
 
@@ -335,7 +360,8 @@ def run_demo(args: argparse.Namespace, processes: Processes) -> int:
             follow(tasks, store, partner_url, plan, processes=processes, timeout=timeout)
         if line.error:
             say(paint(f"note: {line.error}", "33"))
-        run = collect(tasks, store, partner_url, submitted)
+        workers = args.external_workers or args.workers
+        run = collect(tasks, store, partner_url, submitted, workers)
         run.line = line.samples
     finally:
         store.close()
