@@ -19,7 +19,9 @@ Environment (read at import, so set it before starting workers):
   records below;
 - ``DEMO_DOWNSTREAM_URL`` (``http://127.0.0.1:8000``): the partner API;
 - ``DEMO_PARTNER_LIMIT`` (5): the partner-api cap; set it above the partner's capacity to see
-  what the cap prevents (429s).
+  what the cap prevents (429s);
+- ``DEMO_DISABLE_PREFETCH`` (1): ``worker_disable_prefetch``; 0 lets the workers prefetch
+  (``worker_prefetch_multiplier`` messages per process).
 
 Every task body appends ``start`` and ``end`` records (JSON) to the Redis list ``demo:events``;
 the demo's report is computed from them. Every execution (from the moment a worker process
@@ -51,6 +53,7 @@ from celery_semaphore import LimitedTask
 REDIS_URL = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
 DOWNSTREAM_URL = os.environ.get("DEMO_DOWNSTREAM_URL", "http://127.0.0.1:8000").rstrip("/")
 PARTNER_LIMIT = int(os.environ.get("DEMO_PARTNER_LIMIT", "5"))
+DISABLE_PREFETCH = os.environ.get("DEMO_DISABLE_PREFETCH", "1") != "0"
 REPORTS_LIMIT = 2
 CUSTOMER_LIMIT = 1
 
@@ -70,9 +73,12 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=3600,
     worker_hijack_root_logger=False,
-    # Each worker process reserves one message at a time. Since tasks are parked at publish
-    # (handover mode), Celery's default of 4 did as well in the demo (README: "prefetch";
-    # try: demo --prefetch-multiplier 4).
+    # A worker takes a message only when one of its processes is free (Celery >= 5.6, Redis
+    # broker; the multiplier then changes nothing). With prefetch, a call handed a permit could
+    # wait at a worker whose processes all ran calls, up to a whole call, while its permit
+    # idled and the calls behind it waited in place at the other worker (README: "Prefetch";
+    # DEMO_DISABLE_PREFETCH=0, or demo --prefetch-multiplier N, lets the workers prefetch).
+    worker_disable_prefetch=DISABLE_PREFETCH,
     worker_prefetch_multiplier=1,
 )
 app.conf.semaphore_queue_limits = {"reports": REPORTS_LIMIT}

@@ -107,6 +107,7 @@ def start_workers(processes: Processes, args: argparse.Namespace, env: dict[str,
         extra = []
         if args.prefetch_multiplier is not None:
             extra = ["--prefetch-multiplier", str(args.prefetch_multiplier)]
+            env = {**env, "DEMO_DISABLE_PREFETCH": "0"}
         if args.metrics_port is not None:
             port = str(args.metrics_port + i - 1)
             extra += ["--semaphore-metrics-port", port, "--semaphore-metrics-address", "127.0.0.1"]
@@ -229,7 +230,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--prefetch-multiplier",
         type=int,
         default=None,
-        help="messages each worker process reserves (the app sets 1; Celery's default is 4)",
+        help="let the workers prefetch, this many messages per process (Celery's default "
+        "is 4); without it a worker takes a message only when a process is free",
     )
     parser.add_argument(
         "--metrics-port",
@@ -344,9 +346,15 @@ def run_demo(args: argparse.Namespace, processes: Processes) -> int:
             wait_for_external_workers(tasks, args.external_workers, 90)
         else:
             start_workers(processes, args, child_env(env))
+            prefetch = (
+                "no prefetch"
+                if args.prefetch_multiplier is None
+                else f"prefetch {args.prefetch_multiplier} per process"
+            )
             say(
                 f"Workers: started {args.workers} (prefork, {args.concurrency} processes each, "
-                f"queues default,{REPORTS_QUEUE}); partner-api cap {tasks.PARTNER_LIMIT}"
+                f"{prefetch}, queues default,{REPORTS_QUEUE}); partner-api cap "
+                f"{tasks.PARTNER_LIMIT}"
             )
         delete_demo_keys(store, tasks.KEY_PREFIX)
         http_json(f"{partner_url}/reset")
