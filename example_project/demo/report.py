@@ -249,6 +249,33 @@ def idle_permits(run: Run, task: str, limit: int) -> Idle:
     return idle
 
 
+def head_of_line(run: Run, task: str, at: float, t0: float) -> str:
+    """What a dip waited for at ``at`` (its middle), from the records: where the first of
+    ``task`` in line (sent first among those sent and not started) was, and how many behind
+    it waited in place at a worker process (``t0``: the time the report counts from)."""
+    starts = run.first_starts(task)
+    waiting = [
+        (order, i)
+        for i, (sent, order, name, _) in run.submitted.items()
+        if name == task and sent <= at and starts.get(i, math.inf) > at
+    ]
+    if not waiting or not run.executions:
+        return ""
+    _, head = min(waiting)
+    taken = sorted(
+        (e["taken"], e["at"]) for e in run.executions if e["id"] == head and e["at"] > at
+    )
+    in_place = {e["id"] for e in run.executions if e["taken"] <= at < e["at"]}
+    behind = sum(1 for _, i in waiting if i != head and i in in_place)
+    if taken and taken[0][0] <= at:
+        where = "the first call in line was at a worker process"
+    elif taken:
+        where = f"the first call in line reached a worker process only at {taken[0][0] - t0:.2f}s"
+    else:
+        where = "the first call in line never reached a worker process"
+    return f"{where}, {behind} behind it waited in place"
+
+
 # -- the report -------------------------------------------------------------------------------
 
 
@@ -404,7 +431,8 @@ def report_idle(run: Run, verdict: Verdict) -> None:
         f"{Idle.total(idle.gaps):.2f}s in all ({len(over)} times longer than {GAP_TARGET:g}s)"
     )
     for start, end in sorted(over, key=lambda span: span[0] - span[1])[:5]:
-        say(f"     {end - start:.2f}s from {start - t0:.2f}s")
+        why = head_of_line(run, "call_partner", (start + end) / 2, t0)
+        say(f"     {end - start:.2f}s from {start - t0:.2f}s" + (f": {why}" if why else ""))
     if over:
         verdict.warnings.append(
             f"{PARTNER_SEMAPHORE} stayed below its cap for up to {longest:.2f}s while calls "

@@ -397,7 +397,10 @@ def test_the_report_measures_idle_permits(monkeypatch: pytest.MonkeyPatch) -> No
     report_idle(idle_run(), verdict)
     text = out.getvalue()
     assert "below the cap (2) while calls waited for a permit: longest 0.30s, 0.40s in all" in text
-    assert "0.30s from 0.50s" in text
+    assert (
+        "0.30s from 0.50s: the first call in line reached a worker process only at 0.80s, "
+        "0 behind it waited in place" in text
+    )
     assert "while all 3 worker processes were busy with other work: 0.50s in all" in text
     assert "waited for a worker process, not for a permit" in text
     assert verdict.warnings and "below its cap for up to 0.30s" in verdict.warnings[0]
