@@ -15,7 +15,8 @@ In handover mode a `LimitedTask` publishes through a
 there and then (where that is safe: `celery_semaphore.durability`), instead of
 being sent to a worker that would only park it::
 
-    apply_async -> take_place -> position 3, 4 free  -> published (runs at once)
+    apply_async -> take_place -> position 3, 4 free  -> published to the queue's
+                                                        handover queue (runs at once)
     apply_async -> take_place -> position 900        -> park: parked beside its place
     apply_async -> take_place_or_park (the line parked last time: one script call)
                               -> position 901        -> parked beside its place
@@ -39,7 +40,15 @@ from .core.errors import SemaphoreError
 from .core.protocol import rate_window
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import installed_apps, state_of
-from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
+from .wire import (
+    PARK_MARK,
+    WAIT_HEADER,
+    Gate,
+    WaitState,
+    encode_message,
+    handover_queue,
+    has_wait_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -209,14 +218,29 @@ class ParkingProducer:
     def __init__(self, producer: Any, task: Any) -> None:
         self._producer = producer
         self._task = task
+        # the queue of a message that took its place and was not parked (`publish()`)
+        self._in_line: str | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
 
     def publish(self, body: Any, **options: Any) -> Any:
+        """Park the message, or publish it; one that took its place in line (and was
+        not parked) goes to its queue's handover queue, the way the tasks behind it in
+        line go when they are handed over: they then reach the workers in line order.
+        Sent to its own queue, it could wait there behind other work while they came
+        by the handover queue and waited in place behind it, its permit idle::
+
+            apply_async(call 8) -> near: sent to "default", behind 3 syncs
+            apply_async(call 13) -> parked; a permit frees -> handed over (handover queue)
+            call 13 reaches a free process first -> waits in place for call 8's turn
+        """
         headers = options.get("headers")
         if isinstance(headers, dict) and headers.pop(PARK_MARK, None) and self._park(body, options):
             return None
+        if self._in_line is not None:
+            queue = self._task.app.amqp.queues[handover_queue(self._in_line)]
+            options.update(exchange="", routing_key=queue.name, declare=[queue])
         return self._producer.publish(body, **options)
 
     def _park(self, body: Any, options: dict[str, Any]) -> bool:
@@ -244,6 +268,7 @@ class ParkingProducer:
             return False  # no gate, or a queue cap and a task cap: each waits at a worker
         ((gate, place),) = places.items()
         if turn_is_near(place, window_of(gate, config)):
+            self._in_line = queue
             return False
         semaphore = semaphore_of(app, gate, config, quick=True)
         if not state_of(app).parking.allows(app, config, semaphore.client):
@@ -318,4 +343,5 @@ class ParkingProducer:
         _unsent.places = (app, headers["id"], [gate])
         if not parked:
             parking_lines.discard(semaphore)
+            self._in_line = queue
         return parked

@@ -123,9 +123,11 @@ def test_a_backlog_published_into_a_full_line_parks_in_publish_order_one_call_ea
 ) -> None:
     """Limit 2, both permits held, 40 tasks published in a loop: each takes its place in
     publish order (tickets strictly increasing); the first two (their turn is near) are
-    sent to the broker, counted as sent, with their ticket; the others are parked with
-    theirs, not counted as sent; about one script call per task (the first one parked
-    takes two: the publisher does not know yet that the line parks)."""
+    sent to the broker, to the queue's handover queue (where the others will travel when
+    handed over: they reach the workers in line order), counted as sent, with their
+    ticket; the others are parked with theirs, not counted as sent; about one script call
+    per task (the first one parked takes two: the publisher does not know yet that the
+    line parks)."""
     from celery_semaphore import LimitedTask
 
     app = Celery("backlog", broker=redis_url, set_as_current=False)
@@ -154,11 +156,12 @@ def test_a_backlog_published_into_a_full_line_parks_in_publish_order_one_call_ea
     states = {w.holder: w.state for w in status.waiters}
     assert [states[task_id] for task_id in ids] == ["asking"] * 2 + ["parked"] * 38
 
-    for raw in client.lrange("backlog", 0, -1):  # the two sent to the broker
+    for raw in client.lrange("backlog.semaphore-handover", 0, -1):  # the two sent
         headers = json.loads(raw)["headers"]
         assert headers["celery_semaphore"]["tickets"] == {"backlog": tickets[headers["id"]]}
         assert headers["celery_semaphore"]["first_ask"] is None
-    assert client.llen("backlog") == 2
+    assert client.llen("backlog.semaphore-handover") == 2
+    assert client.llen("backlog") == 0
     for task_id, payload in client.hgetall(sem.keys.parked).items():
         message = decode_payload(app, payload.decode().split("|", 3)[3])
         assert isinstance(message, ParkedMessage)
@@ -198,12 +201,15 @@ def test_a_backlog_publish_whose_semaphores_redis_dies_sends_the_message_to_the_
         assert sem.status().parked_count == 4
         sem.close()
         broker = redis.Redis.from_url(redis_url)
-        assert broker.llen("dies") == 1
+        assert broker.llen("dies.semaphore-handover") == 1  # the near one, in line
         semaphores.stop()
         late = job.delay(5).id
         sent = {
-            h["id"]: h for h in (json.loads(raw)["headers"] for raw in broker.lrange("dies", 0, -1))
+            h["id"]: h
+            for queue in ("dies", "dies.semaphore-handover")
+            for h in (json.loads(raw)["headers"] for raw in broker.lrange(queue, 0, -1))
         }
         assert set(sent) == {ids[0], late}, "the message is in the broker"
         assert "celery_semaphore" not in sent[late], "without the ticket it could not take"
+        assert broker.llen("dies") == 1, "no place in line: sent to its own queue"
         broker.close()
