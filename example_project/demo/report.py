@@ -428,7 +428,7 @@ def report_idle(run: Run, verdict: Verdict) -> None:
     over = [span for span in idle.gaps if span[1] - span[0] > GAP_TARGET]
     say(
         f"  below the cap ({limit}) while calls waited for a permit: longest {longest:.2f}s, "
-        f"{Idle.total(idle.gaps):.2f}s in all ({len(over)} times longer than {GAP_TARGET:g}s)"
+        f"{Idle.total(idle.gaps):.2f}s in all ({len(over) or 'none'} longer than {GAP_TARGET:g}s)"
     )
     for start, end in sorted(over, key=lambda span: span[0] - span[1])[:5]:
         why = head_of_line(run, "call_partner", (start + end) / 2, t0)
