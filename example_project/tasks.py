@@ -19,10 +19,15 @@ Environment (read at import, so set it before starting workers):
   records below;
 - ``DEMO_DOWNSTREAM_URL`` (``http://127.0.0.1:8000``): the partner API;
 - ``DEMO_PARTNER_LIMIT`` (5): the partner-api cap; set it above the partner's capacity to see
-  what the cap prevents (429s).
+  what the cap prevents (429s);
+- ``DEMO_DISABLE_PREFETCH`` (1): ``worker_disable_prefetch``; 0 lets the workers prefetch
+  (``worker_prefetch_multiplier`` messages per process).
 
 Every task body appends ``start`` and ``end`` records (JSON) to the Redis list ``demo:events``;
-the demo's report is computed from them.
+the demo's report is computed from them. Every execution (from the moment a worker process
+takes the task until it lets it go: a wait in place for a permit, or being parked, included)
+appends one record to ``demo:executions``, so the report can tell when every worker process was
+busy.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.signals import task_postrun, task_prerun
 
 import celery_semaphore
 from celery_semaphore import LimitedTask
@@ -47,12 +53,14 @@ from celery_semaphore import LimitedTask
 REDIS_URL = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
 DOWNSTREAM_URL = os.environ.get("DEMO_DOWNSTREAM_URL", "http://127.0.0.1:8000").rstrip("/")
 PARTNER_LIMIT = int(os.environ.get("DEMO_PARTNER_LIMIT", "5"))
+DISABLE_PREFETCH = os.environ.get("DEMO_DISABLE_PREFETCH", "1") != "0"
 REPORTS_LIMIT = 2
 CUSTOMER_LIMIT = 1
 
 KEY_PREFIX = "demo:"  # every key the example writes itself starts with this
 EVENTS = KEY_PREFIX + "events"
 ENDED = KEY_PREFIX + "ended"
+EXECUTIONS = KEY_PREFIX + "executions"
 CRM = KEY_PREFIX + "crm:"
 CRM_ROUND_TRIP = (0.1, 0.2)  # seconds between reading and writing a customer record
 REPORT_SECONDS = (0.2, 0.4)
@@ -65,9 +73,12 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=3600,
     worker_hijack_root_logger=False,
-    # Each worker process reserves one message at a time. Since tasks are parked at publish
-    # (handover mode), Celery's default of 4 did as well in the demo (README: "prefetch";
-    # try: demo --prefetch-multiplier 4).
+    # A worker takes a message only when one of its processes is free (Celery >= 5.6, Redis
+    # broker; the multiplier then changes nothing). With prefetch, a call handed a permit could
+    # wait at a worker whose processes all ran calls, up to a whole call, while its permit
+    # idled and the calls behind it waited in place at the other worker (README: "Prefetch";
+    # DEMO_DISABLE_PREFETCH=0, or demo --prefetch-multiplier N, lets the workers prefetch).
+    worker_disable_prefetch=DISABLE_PREFETCH,
     worker_prefetch_multiplier=1,
 )
 app.conf.semaphore_queue_limits = {"reports": REPORTS_LIMIT}
@@ -111,6 +122,35 @@ def _record(task: Task, event: str, key: Any, **fields: Any) -> None:
     if event == "end":
         pipe.incr(ENDED)
     pipe.execute()
+
+
+_taken_at: dict[str, float] = {}  # task id -> when this process took it (task_prerun)
+
+
+@task_prerun.connect
+def _taken(task_id: str, task: Task, **_: Any) -> None:
+    if task.app is app:
+        _taken_at[task_id] = time.time()
+
+
+@task_postrun.connect
+def _let_go(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
+    """One record per execution: the process was busy with the task from ``taken`` to
+    ``at``, whether its body ran (``state`` SUCCESS or FAILURE) or it waited for a permit in
+    place and was parked (RETRY)."""
+    taken = _taken_at.pop(task_id, None)
+    if taken is None:
+        return
+    record = {
+        "task": task.name.rsplit(".", 1)[-1],
+        "id": task_id,
+        "taken": taken,
+        "at": time.time(),
+        "state": state,
+        "worker": task.request.hostname,
+        "pid": os.getpid(),
+    }
+    store().rpush(EXECUTIONS, json.dumps(record))
 
 
 @contextmanager

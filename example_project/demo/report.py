@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from collections import Counter
@@ -111,6 +112,10 @@ class Run:
     partner_limit: int
     reports_limit: int
     line: list[LineSample] = field(default_factory=list)  # the partner-api line, sampled
+    # what the worker processes did: one record per execution (tasks.EXECUTIONS), and how many
+    # processes there were (0: not known)
+    executions: list[dict[str, Any]] = field(default_factory=list)
+    processes: int = 0
 
     def bodies(self, task: str) -> dict[str, dict[str, Any]]:
         """task id -> {start, end, ok, waits, retries, key} of the last execution of each."""
@@ -121,7 +126,7 @@ class Run:
             body = out.setdefault(event["id"], {"key": event["key"]})
             if event["event"] == "start":
                 body.update(start=event["at"], waits=event["waits"], retries=event["retries"])
-            else:
+            elif event["event"] == "end":
                 body.update(end=event["at"], ok=event.get("ok"), error=event.get("error"))
         return out
 
@@ -169,6 +174,106 @@ class Run:
                 )
             )
         return parts
+
+
+@dataclass
+class Idle:
+    """When a capped task's semaphore ran below its cap while some of its tasks waited (sent,
+    not started), split by why, from the tasks' records:
+
+    - ``gaps``: the tasks waited for a permit that was free (a hand-over on its way, a
+      waiter that is not there yet): the semaphore's own dips;
+    - ``busy``: every worker process was busy with other work (a body, or a wait for another
+      cap) and none with one of these tasks waiting: they waited for a process, not a permit.
+      ``busy_mix``: what the processes did then, on average (task -> (running, waiting)).
+    """
+
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    busy: list[tuple[float, float]] = field(default_factory=list)
+    busy_mix: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @staticmethod
+    def longest(spans: Sequence[tuple[float, float]]) -> float:
+        return max((end - start for start, end in spans), default=0.0)
+
+    @staticmethod
+    def total(spans: Sequence[tuple[float, float]]) -> float:
+        return sum(end - start for start, end in spans)
+
+
+def idle_permits(run: Run, task: str, limit: int) -> Idle:
+    """`Idle` of ``task`` (capped at ``limit``): a sweep over every change of the tasks
+    waiting, ``task``'s bodies running, and every task's executions and bodies."""
+    idle = Idle()
+    changes: list[tuple[float, str, str, int]] = []  # (at, what, task, +1 | -1)
+    changes += [
+        (at, "waiting", task, 1) for at, _, name, _ in run.submitted.values() if name == task
+    ]
+    changes += [(at, "waiting", task, -1) for at in run.first_starts(task).values()]
+    for event in run.events:
+        if event["event"] in ("start", "end"):
+            delta = 1 if event["event"] == "start" else -1
+            changes.append((event["at"], "running", event["task"], delta))
+    for execution in run.executions:
+        changes.append((execution["taken"], "taken", execution["task"], 1))
+        changes.append((execution["at"], "taken", execution["task"], -1))
+    if not changes:
+        return idle
+    changes.sort(key=lambda change: (change[0], change[3]))  # an end before a start
+    level: Counter[tuple[str, str]] = Counter()
+    mix: Counter[tuple[str, str]] = Counter()  # process-seconds spent in `busy`
+    for (at, what, name, delta), (after, *_) in itertools.pairwise([*changes, changes[-1]]):
+        level[what, name] += delta
+        if after <= at or level["waiting", task] <= 0 or level["running", task] >= limit:
+            continue
+        taken = sum(n for (kind, _), n in level.items() if kind == "taken")
+        in_place = level["taken", task] - level["running", task]
+        spans = idle.gaps
+        if run.processes and taken >= run.processes and in_place <= 0:
+            spans = idle.busy
+            for (kind, other), n in level.items():
+                if kind == "taken" and n:
+                    mix[other, "running"] += level["running", other] * (after - at)
+                    mix[other, "waiting"] += (n - level["running", other]) * (after - at)
+        if spans and spans[-1][1] == at:
+            spans[-1] = (spans[-1][0], after)
+        else:
+            spans.append((at, after))
+    seconds = Idle.total(idle.busy)
+    if seconds:
+        names = sorted({other for other, _ in mix})
+        idle.busy_mix = {
+            other: (mix[other, "running"] / seconds, mix[other, "waiting"] / seconds)
+            for other in names
+        }
+    return idle
+
+
+def head_of_line(run: Run, task: str, at: float, t0: float) -> str:
+    """What a dip waited for at ``at`` (its middle), from the records: where the first of
+    ``task`` in line (sent first among those sent and not started) was, and how many behind
+    it waited in place at a worker process (``t0``: the time the report counts from)."""
+    starts = run.first_starts(task)
+    waiting = [
+        (order, i)
+        for i, (sent, order, name, _) in run.submitted.items()
+        if name == task and sent <= at and starts.get(i, math.inf) > at
+    ]
+    if not waiting or not run.executions:
+        return ""
+    _, head = min(waiting)
+    taken = sorted(
+        (e["taken"], e["at"]) for e in run.executions if e["id"] == head and e["at"] > at
+    )
+    in_place = {e["id"] for e in run.executions if e["taken"] <= at < e["at"]}
+    behind = sum(1 for _, i in waiting if i != head and i in in_place)
+    if taken and taken[0][0] <= at:
+        where = "the first call in line was at a worker process"
+    elif taken:
+        where = f"the first call in line reached a worker process only at {taken[0][0] - t0:.2f}s"
+    else:
+        where = "the first call in line never reached a worker process"
+    return f"{where}, {behind} behind it waited in place"
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -308,6 +413,55 @@ def report_line(run: Run) -> None:
         )
 
 
+GAP_TARGET = 0.2  # seconds: a dip of the cap while tasks wait for it should not last longer
+
+
+def report_idle(run: Run, verdict: Verdict) -> None:
+    say(paint(f"== Idle permits ({PARTNER_SEMAPHORE}) ==", "1"))
+    limit = run.partner_limit
+    idle = idle_permits(run, "call_partner", limit)
+    if not run.first_starts("call_partner"):
+        say("  no partner call started")
+        return
+    t0 = min(at for at, *_ in run.submitted.values())
+    longest = Idle.longest(idle.gaps)
+    over = [span for span in idle.gaps if span[1] - span[0] > GAP_TARGET]
+    say(
+        f"  below the cap ({limit}) while calls waited for a permit: longest {longest:.2f}s, "
+        f"{Idle.total(idle.gaps):.2f}s in all ({len(over) or 'none'} longer than {GAP_TARGET:g}s)"
+    )
+    for start, end in sorted(over, key=lambda span: span[0] - span[1])[:5]:
+        why = head_of_line(run, "call_partner", (start + end) / 2, t0)
+        say(f"     {end - start:.2f}s from {start - t0:.2f}s" + (f": {why}" if why else ""))
+    if over:
+        verdict.warnings.append(
+            f"{PARTNER_SEMAPHORE} stayed below its cap for up to {longest:.2f}s while calls "
+            f"waited for a permit (target: at most {GAP_TARGET:g}s)"
+        )
+    if not run.processes or not run.executions:
+        say("  (the worker processes' executions were not recorded: every dip counts above)")
+        return
+    if not idle.busy:
+        say(f"  below the cap while all {run.processes} worker processes were busy: never")
+        return
+    first, last = idle.busy[0][0] - t0, idle.busy[-1][1] - t0
+    say(
+        f"  below the cap while all {run.processes} worker processes were busy with other work: "
+        f"{Idle.total(idle.busy):.2f}s in all, between {first:.2f}s and {last:.2f}s"
+    )
+    running = sorted(((r, name) for name, (r, _) in idle.busy_mix.items() if r), reverse=True)
+    say(
+        "     those calls waited for a worker process, not for a permit; on average the "
+        "processes ran " + ", ".join(f"{r:.1f} {name}" for r, name in running)
+    )
+    waiting = {name: w for name, (_, w) in idle.busy_mix.items() if w >= 0.05}
+    if waiting:
+        say(
+            f"     and {sum(waiting.values()):.1f} waited for their own caps (in place, or being "
+            "parked): " + ", ".join(f"{name} {w:.1f}" for name, w in waiting.items())
+        )
+
+
 def report_fairness(run: Run, verdict: Verdict) -> None:
     say(paint("== Fairness (FIFO) ==", "1"))
     calls = run.bodies("call_partner")
@@ -393,6 +547,7 @@ def report(run: Run, plan: Plan) -> Verdict:
         partial(report_throughput, run),
         partial(report_waiting, run),
         partial(report_line, run),
+        partial(report_idle, run, verdict),
         partial(report_fairness, run, verdict),
         partial(report_other_caps, run, verdict),
         partial(report_tasks, run, plan, verdict),

@@ -107,6 +107,7 @@ def start_workers(processes: Processes, args: argparse.Namespace, env: dict[str,
         extra = []
         if args.prefetch_multiplier is not None:
             extra = ["--prefetch-multiplier", str(args.prefetch_multiplier)]
+            env = {**env, "DEMO_DISABLE_PREFETCH": "0"}
         if args.metrics_port is not None:
             port = str(args.metrics_port + i - 1)
             extra += ["--semaphore-metrics-port", port, "--semaphore-metrics-address", "127.0.0.1"]
@@ -229,7 +230,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--prefetch-multiplier",
         type=int,
         default=None,
-        help="messages each worker process reserves (the app sets 1; Celery's default is 4)",
+        help="let the workers prefetch, this many messages per process (Celery's default "
+        "is 4); without it a worker takes a message only when a process is free",
     )
     parser.add_argument(
         "--metrics-port",
@@ -285,21 +287,46 @@ def start_services(args: argparse.Namespace, processes: Processes) -> dict[str, 
     }
 
 
+def pool_size(tasks: ModuleType, workers: int) -> int:
+    """The worker processes of the cluster (every worker's pool); 0 if none answered."""
+    stats = tasks.app.control.inspect(timeout=2.0, limit=workers).stats() or {}
+    return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
+
+
+def executions(tasks: ModuleType, store: redis.Redis, bodies: int) -> list[dict[str, Any]]:
+    """The executions' records; a process writes one just after its body's end record, so
+    wait (briefly) until every body that ended has its own."""
+    deadline = time.monotonic() + 5
+    while True:
+        records = [json.loads(r) for r in store.lrange(tasks.EXECUTIONS, 0, -1)]
+        ran = sum(1 for r in records if r["state"] != "RETRY")
+        if ran >= bodies or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
 def collect(
-    tasks: ModuleType, store: redis.Redis, partner_url: str, submitted: dict[str, Submitted]
+    tasks: ModuleType,
+    store: redis.Redis,
+    partner_url: str,
+    submitted: dict[str, Submitted],
+    workers: int,
 ) -> Run:
     expected: dict[int, int] = defaultdict(int)
     for _, _, name, key in submitted.values():
         if name == "sync_customer":
             expected[key] += 1
+    events = [json.loads(e) for e in store.lrange(tasks.EVENTS, 0, -1)]
     return Run(
         submitted=submitted,
-        events=[json.loads(e) for e in store.lrange(tasks.EVENTS, 0, -1)],
+        events=events,
         partner=http_json(f"{partner_url}/stats", timeout=10),
         balances={c: int(store.hget(f"{tasks.CRM}{c}", "balance") or 0) for c in expected},
         expected_balances=dict(expected),
         partner_limit=tasks.PARTNER_LIMIT,
         reports_limit=tasks.REPORTS_LIMIT,
+        executions=executions(tasks, store, sum(1 for e in events if e["event"] == "end")),
+        processes=pool_size(tasks, workers),
     )
 
 
@@ -319,9 +346,15 @@ def run_demo(args: argparse.Namespace, processes: Processes) -> int:
             wait_for_external_workers(tasks, args.external_workers, 90)
         else:
             start_workers(processes, args, child_env(env))
+            prefetch = (
+                "no prefetch"
+                if args.prefetch_multiplier is None
+                else f"prefetch {args.prefetch_multiplier} per process"
+            )
             say(
                 f"Workers: started {args.workers} (prefork, {args.concurrency} processes each, "
-                f"queues default,{REPORTS_QUEUE}); partner-api cap {tasks.PARTNER_LIMIT}"
+                f"{prefetch}, queues default,{REPORTS_QUEUE}); partner-api cap "
+                f"{tasks.PARTNER_LIMIT}"
             )
         delete_demo_keys(store, tasks.KEY_PREFIX)
         http_json(f"{partner_url}/reset")
@@ -335,7 +368,8 @@ def run_demo(args: argparse.Namespace, processes: Processes) -> int:
             follow(tasks, store, partner_url, plan, processes=processes, timeout=timeout)
         if line.error:
             say(paint(f"note: {line.error}", "33"))
-        run = collect(tasks, store, partner_url, submitted)
+        workers = args.external_workers or args.workers
+        run = collect(tasks, store, partner_url, submitted, workers)
         run.line = line.samples
     finally:
         store.close()

@@ -30,7 +30,16 @@ import pytest
 import yaml
 
 from example_project.demo import terminal
-from example_project.demo.report import LINE_PARTS, LineSample, Run, report_line
+from example_project.demo.report import (
+    LINE_PARTS,
+    Idle,
+    LineSample,
+    Run,
+    Verdict,
+    idle_permits,
+    report_idle,
+    report_line,
+)
 from example_project.demo.timeline import write_svg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,6 +326,85 @@ def test_the_timeline_draws_the_line(tmp_path: Path) -> None:
     assert set(layers) == {label for key, _, label in LINE_PARTS if key != "asking"}
     outline = [p for p in root.iter(SVG + "path") if "".join(p.itertext()).startswith("sent, not")]
     assert len(outline) == 1
+
+
+# -- idle permits: below the cap while calls wait, and why -------------------------------------
+
+
+def idle_run(executions: bool = True) -> Run:
+    """A cap of 2, 3 worker processes, 4 calls sent at t=0: A and B start at 0.1, B ends at
+    0.5 and C starts only at 0.8 (a process was free: a gap); A ends at 1.0, a report and a
+    sync take every process until C ends at 1.5, and D starts then (busy, no gap)."""
+    t0 = 1000.0
+    runs = [  # task, id, taken, body start, end
+        ("call_partner", "A", 0.05, 0.1, 1.0),
+        ("call_partner", "B", 0.1, 0.1, 0.5),
+        ("call_partner", "C", 0.8, 0.8, 1.5),
+        ("call_partner", "D", 1.5, 1.5, 2.0),
+        ("build_report", "R", 0.0, 0.2, 2.0),
+        ("sync_customer", "S", 1.0, 1.0, 1.6),
+    ]
+    events = [
+        {"task": task, "id": i, "key": 0, "event": event, "at": t0 + at, "waits": 0, "retries": 0}
+        for task, i, _, start, end in runs
+        for event, at in (("start", start), ("end", end))
+    ]
+    return Run(
+        submitted={i: (t0 + 0.0, n, "call_partner", 0) for n, i in enumerate("ABCD")},
+        events=events,
+        partner={"timeline": []},
+        balances={},
+        expected_balances={},
+        partner_limit=2,
+        reports_limit=2,
+        executions=[
+            {"task": task, "id": i, "taken": t0 + taken, "at": t0 + end}
+            for task, i, taken, _, end in runs
+        ]
+        if executions
+        else [],
+        processes=3 if executions else 0,
+    )
+
+
+def spans(found: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [(round(a - 1000.0, 3), round(b - 1000.0, 3)) for a, b in found]
+
+
+def test_idle_permits_are_split_by_what_the_calls_waited_for() -> None:
+    idle = idle_permits(idle_run(), "call_partner", 2)
+    # 0-0.1: the first calls on their way (A waits in place from 0.05); 0.5-0.8: C is late
+    assert spans(idle.gaps) == [(0.0, 0.1), (0.5, 0.8)]
+    assert spans(idle.busy) == [(1.0, 1.5)]
+    assert idle.busy_mix == {
+        "build_report": (1.0, 0.0),
+        "call_partner": (1.0, 0.0),
+        "sync_customer": (1.0, 0.0),
+    }
+    assert round(Idle.longest(idle.gaps), 3) == 0.3
+
+
+def test_without_executions_every_dip_counts() -> None:
+    idle = idle_permits(idle_run(executions=False), "call_partner", 2)
+    assert spans(idle.gaps) == [(0.0, 0.1), (0.5, 0.8), (1.0, 1.5)]
+    assert idle.busy == []
+
+
+def test_the_report_measures_idle_permits(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(terminal, "OUT", out)
+    verdict = Verdict()
+    report_idle(idle_run(), verdict)
+    text = out.getvalue()
+    assert "below the cap (2) while calls waited for a permit: longest 0.30s, 0.40s in all" in text
+    assert (
+        "0.30s from 0.50s: the first call in line reached a worker process only at 0.80s, "
+        "0 behind it waited in place" in text
+    )
+    assert "while all 3 worker processes were busy with other work: 0.50s in all" in text
+    assert "waited for a worker process, not for a permit" in text
+    assert verdict.warnings and "below its cap for up to 0.30s" in verdict.warnings[0]
+    assert not verdict.failures
 
 
 # -- the demo, for real --------------------------------------------------------------------------
