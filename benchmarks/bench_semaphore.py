@@ -188,14 +188,10 @@ def epoch_argument(semaphore: Semaphore) -> str:
     return epochs.argument(semaphore.url, semaphore.keys.epoch, semaphore._spec.pause_after_loss)
 
 
-def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
-    """Two calls of a script that does nothing (``return 1``), with the keys and the
-    arguments of our acquire and of our release: the floor for any two-script design
-    with this client (packing, the round trips, EVALSHA itself)."""
+def our_call_arguments(client: redis.Redis) -> tuple[list[str], list[Any], list[Any]]:
+    """The keys, and the arguments of our acquire and of our release (epoch learnt)."""
     semaphore = Semaphore(client, "bench-uncontended", LIMIT)
     spec = semaphore._spec
-    nothing = client.register_script("return 1")
-    keys = spec.keys.call_keys
     epoch = epoch_argument(semaphore)
     acquire_args = [
         *spec.acquire_args(
@@ -203,7 +199,15 @@ def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
         ),
         epoch,
     ]
-    release_args = [*spec.release_args("bench-holder", 12345), epoch]
+    return spec.keys.call_keys, acquire_args, [*spec.release_args("bench-holder", 12345), epoch]
+
+
+def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
+    """Two calls of a script that does nothing (``return 1``), with the keys and the
+    arguments of our acquire and of our release: the floor for any two-script design
+    with this client (packing, the round trips, EVALSHA itself)."""
+    nothing = client.register_script("return 1")
+    keys, acquire_args, release_args = our_call_arguments(client)
 
     def operation() -> None:
         nothing(keys=keys, args=acquire_args)
@@ -214,22 +218,12 @@ def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
 
 def trivial_functions_operation(client: redis.Redis) -> Callable[[], None]:
     """The same two calls of a do-nothing Redis function (FCALL), for comparison."""
-    semaphore = Semaphore(client, "bench-uncontended", LIMIT)
-    spec = semaphore._spec
     client.function_load(
         "#!lua name=bench_nothing\n"
         "redis.register_function('bench_nothing', function() return 1 end)",
         replace=True,
     )
-    keys = spec.keys.call_keys
-    epoch = epoch_argument(semaphore)
-    acquire_args = [
-        *spec.acquire_args(
-            "bench-holder", None, queue=True, wait_lease=None, lease_timeout=None, info=""
-        ),
-        epoch,
-    ]
-    release_args = [*spec.release_args("bench-holder", 12345), epoch]
+    keys, acquire_args, release_args = our_call_arguments(client)
     fcall = client.fcall
 
     def operation() -> None:
