@@ -666,6 +666,24 @@ def test_uncontended_calls_touch_the_keys_lazily_and_they_never_lapse_in_use(
     assert sem.client.exists(*sem.keys.script_keys) == 0, "idle keys expire within the idle time"
 
 
+def test_a_touch_by_a_caller_with_a_shorter_idle_time_is_not_skipped_over(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """Two processes that declare other idle times: after the short one's touch (here
+    by set_limit; a place taken at publish or a renewal touch alike), the long one's
+    next calls touch again, so the keys live by its idle time, not the short one's."""
+    long = make_semaphore(3, lease_timeout=5, waiter_lease=5, idle_ttl=30)
+    short = make_semaphore(3, name=long.name, lease_timeout=0.4, waiter_lease=0.1, idle_ttl=0.8)
+    granted(long.attempt("a")).release()
+    keeper = granted(long.attempt("keeper"))
+    assert long.client.pttl(long.keys.meta) > 25_000
+    short.set_limit(3)
+    assert long.client.pttl(long.keys.meta) <= 800
+    granted(long.attempt("b")).release()
+    assert long.client.pttl(long.keys.meta) > 25_000, "touched again by the long one"
+    keeper.release()
+
+
 def test_a_limit_set_before_first_use_waits_for_it_then_expires_when_idle(
     make_semaphore: MakeSemaphore,
 ) -> None:

@@ -219,6 +219,6 @@ local function finish_gate(s, g)
   elseif s.granted and s.room ~= math.huge then
     out = dispatch(s.m, g.declared, g.cfg)  -- the next slots' waiters (see dispatch())
   end
-  touch(g.idle_ms, s.waiting == 0)
+  touch(g.idle_ms, s.waiting == 0, true)
   return out
 end

@@ -311,8 +311,11 @@ end
 
 -- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
 -- waiter keys are absent (PEXPIRE would do nothing on them), so it skips them;
--- parked and handed are touched only where they exist.
-local function touch(idle_ms, no_waiters)
+-- parked and handed are touched only where they exist. ``noted``: the caller wrote
+-- this touch in meta.expiry (note_touch()); a touch that is not noted drops the note,
+-- as its caller's idle time may be shorter than the noted one's (touch_due()).
+local function touch(idle_ms, no_waiters, noted)
+  if not noted then redis.call('HDEL', meta, 'expiry') end
   for i, key in ipairs({holders, hinfo, waiters, wexp, winfo, meta}) do
     if not (no_waiters and i >= 3 and i <= 5) then
       redis.call('PEXPIRE', key, idle_ms)
@@ -324,9 +327,10 @@ local function touch(idle_ms, no_waiters)
   end
 end
 
--- The hot calls (acquire, release) skip the touch while the last one they recorded
+-- The hot calls (acquire, release) skip the touch while the last one they noted
 -- (meta.expiry: when it made the keys expire; ``m``: with it loaded) leaves at least
--- 15/16 of this caller's idle time. A call that skips it creates no key, or expires
+-- 15/16 of this caller's idle time, and no other touch came since (touch() drops the
+-- note: another process may declare a shorter idle time). A call that skips it creates no key, or expires
 -- the one it creates itself (a first holder), so every key of the semaphore expires
 -- between 15/16 of the idle time and the idle time after its last use.
 -- touch_due(): whether this call must touch; note_touch(): adds the record to

@@ -65,5 +65,5 @@ local out = {}
 if (released == 1 or reclaimed > 0 or left > 0) and waiting > 0 then
   out = after_free(m, declared, channel, cfg)
 end
-if touching then touch(idle_ms, waiting == 0) end
+if touching then touch(idle_ms, waiting == 0, true) end
 return {released, held_ms, out}
