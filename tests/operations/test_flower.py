@@ -168,3 +168,38 @@ def test_flower_shows_a_waiting_task_as_retry_with_its_waits(
     status, page = flower.get("/")
     assert status == 200
     assert "Flower" in page
+
+
+def test_flower_names_the_rate_a_task_waits_for(clusters: Clusters, flower_of: Any) -> None:
+    """A task the rate refuses (here 6 a minute, set at run time) waits as a retry
+    like one refused a permit: RETRY in Flower, its reason naming the rate's slot.
+    (Countdown mode: in handover mode such a task parks at publish and reaches no
+    worker before its slot.)"""
+    conf = {"semaphore_wait_mode": "countdown", "semaphore_max_block": 0.0}
+    cluster = clusters(extra_conf=conf)
+    flower = flower_of(cluster)
+    cluster.worker("w1", concurrency=2, extra=["-E"])
+    paced = cluster.app_module.paced
+    warm = paced.delay(0.0, "warm")
+    assert warm.get(timeout=20) == "warm"
+    cluster.wait_for(lambda: flower.task(warm.id).get("state") == "SUCCESS", 20, "flower live")
+    semaphore = cluster.semaphore("paced")
+    semaphore.set_rate("6/m")
+    try:
+        results = [paced.delay(0.0, f"t{i}") for i in range(2)]
+
+        def shown_waiting_for_the_rate() -> bool:
+            return any(
+                flower.task(r.id).get("state") == "RETRY"
+                and "for its rate's slot" in flower.task(r.id).get("exception", "")
+                for r in results
+            )
+
+        cluster.wait_for(shown_waiting_for_the_rate, 30, "flower shows a wait for the rate")
+        waiting = [r for r in results if not cluster.started(r.id)]
+        assert waiting, "a task waits for the rate's slot, not started"
+        shown = flower.task(waiting[0].id)["exception"]
+        assert shown.startswith("WaitingForPermit(") and "semaphore 'paced'" in shown
+        assert [r.get(timeout=40) for r in results] == ["t0", "t1"]
+    finally:
+        semaphore.clear_rate()
