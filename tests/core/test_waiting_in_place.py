@@ -162,6 +162,31 @@ def test_several_permits_freed_at_once_go_to_the_waiters_in_place_in_order(
         permit.release()
 
 
+def test_permits_freed_for_more_waiters_in_place_than_one_read_go_in_order_up_to_the_limit(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    # The release reads the line's head a few waiters at a time (common.lua's
+    # grant_in_place, GRANT_CHUNK = 16): 20 waiters in place and 19 permits freed at
+    # once cross a read's end; the first 19 are granted in line order, the 20th waits.
+    sem = make_semaphore(1)
+    held = granted(sem.attempt("h"))
+    waiters = []
+    for i in range(20):
+        waiters.append(waiting(sem, f"w{i}", 10))
+        waiters[-1].start()
+        wait_for(lambda i=i: states(sem).get(f"w{i}") == "waiting in place", what="the mark")
+    sem.set_limit(20)
+    permits = [granted(w.outcome()) for w in waiters[:19]]
+    tokens = [p.fencing_token for p in permits]
+    assert tokens == sorted(tokens)
+    assert states(sem) == {"w19": "waiting in place"}
+    held.release()  # the 20th gets the last permit
+    permits.append(granted(waiters[19].outcome()))
+    assert sem.status().holder_count == 20
+    for permit in permits:
+        permit.release()
+
+
 def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
     make_semaphore: MakeSemaphore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -176,11 +176,13 @@
 -- calls: nothing of one call may leak into the next):
 local holders, hinfo, waiters, wexp, winfo, meta  -- KEYS[1..6]
 local parked, handed, sent, epoch_key  -- KEYS[7..10]
-local now_us, now_ms  -- the server's clock
+local now_us, now_ms, now_text  -- the server's clock (now_text: now_ms as text)
 local EPOCH_ARG  -- #ARGV: the last argument of every script; the others come before it
 local resumes_ms  -- while admissions are paused after a data loss: when they resume, else 0
 local declared_rate  -- the caller's rate ('': none), where it declares one (see "Rates")
 local BATCH = 1000
+local BATCH_TEXT = '1000'
+local GRANT_CHUNK = 16
 
 -- Several semaphores in one call (acquire_all.lua): the helpers below work on the
 -- semaphore whose keys these locals name; use(i, rate) points them at the i-th group
@@ -256,7 +258,7 @@ local function scan_records(pattern, calls, count)
 end
 
 local function bump(field, n)
-  if n > 0 then redis.call('HINCRBY', meta, field, n) end
+  if n > 0 then redis.call('HINCRBY', meta, field, n == 1 and '1' or fmt(n)) end
 end
 
 -- Counts ``n`` permits released (meta.released marks when a waiter parked: see
@@ -305,8 +307,8 @@ local function observe(kind, ms)
   local index = 0
   while index < #BUCKETS and ms > BUCKETS[index + 1] do index = index + 1 end
   local fields = HISTOGRAMS[kind]
-  redis.call('HINCRBY', meta, fields[index], 1)
-  redis.call('HINCRBY', meta, fields.sum, math.floor(ms))
+  redis.call('HINCRBY', meta, fields[index], '1')
+  redis.call('HINCRBY', meta, fields.sum, fmt(math.floor(ms)))
 end
 
 -- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
@@ -316,6 +318,7 @@ end
 -- as its caller's idle time may be shorter than the noted one's (touch_due()).
 local function touch(idle_ms, no_waiters, noted)
   if not noted then redis.call('HDEL', meta, 'expiry') end
+  idle_ms = fmt(idle_ms)
   for i, key in ipairs({holders, hinfo, waiters, wexp, winfo, meta}) do
     if not (no_waiters and i >= 3 and i <= 5) then
       redis.call('PEXPIRE', key, idle_ms)
@@ -794,7 +797,7 @@ end
 -- how many of those were waiters. ``waiting``: ZCARD waiters if the caller read
 -- it, else nil; 0 skips the scan of wexp (no waiters, so none lapsed).
 local function reclaim(m, waiting)
-  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms, 'LIMIT', 0, BATCH)
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_text, 'LIMIT', '0', BATCH_TEXT)
   if #gone > 0 then
     redis.call('ZREM', holders, unpack(gone))
     redis.call('HDEL', hinfo, unpack(gone))
@@ -803,7 +806,7 @@ local function reclaim(m, waiting)
   end
   local lapsed = 0
   if waiting ~= 0 then
-    local list = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_ms, 'LIMIT', 0, BATCH)
+    local list = redis.call('ZRANGEBYSCORE', wexp, '-inf', now_text, 'LIMIT', '0', BATCH_TEXT)
     if #list > 0 then leave_line(list, 'forget', m) end
     lapsed = #list
   end
@@ -907,35 +910,43 @@ local function grant_in_place(m, declared, channel)
   if paused(m) then return end
   local permits = effective_limit(m, declared) - redis.call('ZCARD', holders)
   local room = rate_room(m)
-  local free = math.min(permits, room)
-  if free <= 0 then return end
   local fence, last_at, average, granted = m.fence, m.grant_at, m.grant_gap_ms, 0
-  local list = redis.call('ZRANGE', waiters, 0, free - 1)
-  local n = #list
-  local ks, js, records = {}, {}, {}
-  if any_weighted(m) then
-    n = fit(m, list, permits, room)
-    ks, js, records = weights_of(m, list)
-  end
   local spent = 0
-  for i = 1, n do
-    local holder = list[i]
-    local state, lease_ms = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|(%d+)|')
-    if state ~= 'w' then break end
-    local since, info = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|(.*)$')
-    local waited = now_ms - (tonumber(since) or now_ms)
-    local expires = now_ms + tonumber(lease_ms)
-    fence = fmt(seq_after(fence))
-    if records[i] then count_fair_grant(records[i]) end
-    leave_line({holder}, 'served', m)
-    occupy(holder, expires, ks[i] or 1)
-    spent = spent + (js[i] or 1)
-    redis.call('HSET', hinfo, holder, holder_record(fence, fmt(now_ms), ks[i] or 1, info or ''))
-    observe('wait', waited)
-    average, last_at = paced(last_at, average), now_ms
-    redis.call('PUBLISH', channel,
-      'g|' .. holder .. '|' .. fence .. '|' .. fmt(expires) .. '|' .. fmt(waited))
-    granted = granted + 1
+  local more = true
+  -- The line's head, GRANT_CHUNK waiters at a time (those served leave it): a long
+  -- line of tasks that are not waiting in place costs one short read, not its length.
+  while more and math.min(permits, room) > 0 do
+    local list = redis.call('ZRANGE', waiters, 0, math.min(permits, room, GRANT_CHUNK) - 1)
+    local n = #list
+    local ks, js, records = {}, {}, {}
+    if any_weighted(m) then
+      n = fit(m, list, permits, room)
+      ks, js, records = weights_of(m, list)
+    end
+    more = n > 0 and n == #list
+    for i = 1, n do
+      local holder = list[i]
+      local state, lease_ms = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|(%d+)|')
+      if state ~= 'w' then
+        more = false
+        break
+      end
+      local since, info = string.match(redis.call('HGET', winfo, holder) or '', '^(%d+)|(.*)$')
+      local waited = now_ms - (tonumber(since) or now_ms)
+      local expires = now_ms + tonumber(lease_ms)
+      fence = fmt(seq_after(fence))
+      if records[i] then count_fair_grant(records[i]) end
+      leave_line({holder}, 'served', m)
+      occupy(holder, expires, ks[i] or 1)
+      permits, room = permits - (ks[i] or 1), room - (js[i] or 1)
+      spent = spent + (js[i] or 1)
+      redis.call('HSET', hinfo, holder, holder_record(fence, fmt(now_ms), ks[i] or 1, info or ''))
+      observe('wait', waited)
+      average, last_at = paced(last_at, average), now_ms
+      redis.call('PUBLISH', channel,
+        'g|' .. holder .. '|' .. fence .. '|' .. fmt(expires) .. '|' .. fmt(waited))
+      granted = granted + 1
+    end
   end
   if granted > 0 then
     local writes = {'fence', fence, 'grant_at', fmt(now_ms)}
@@ -1081,6 +1092,7 @@ local function begin()
   local clock = redis.call('TIME')
   now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   now_ms = math.floor(now_us / 1000)
+  now_text = fmt(now_ms)
   EPOCH_ARG = #ARGV
   resumes_ms = 0
   return settle_epoch()
