@@ -22,6 +22,7 @@ import redis.cluster
 import redis.sentinel
 
 from .errors import SemaphoreBackendError, SemaphoreConnectionError
+from .packing import packs_faster
 
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -115,8 +116,11 @@ def connect(target: Any, url: str = "") -> tuple[SyncClient, str]:
         addresses, service, options = _sentinel_parts(target)
         sentinel = redis.sentinel.Sentinel(addresses, ssl=tls, **options)  # type: ignore[no-untyped-call]
         master = sentinel.master_for(service, redis_class=_SentinelMaster)  # type: ignore[no-untyped-call]
+        packs_faster(master.connection_pool)
         return master, mask_url(target)
-    return redis.Redis.from_url(target), mask_url(target)
+    client = redis.Redis.from_url(target)
+    packs_faster(client.connection_pool)
+    return client, mask_url(target)
 
 
 def connect_async(target: Any, url: str = "") -> tuple[AsyncClient, str]:
