@@ -684,6 +684,24 @@ def test_a_touch_by_a_caller_with_a_shorter_idle_time_is_not_skipped_over(
     keeper.release()
 
 
+def test_holder_keys_made_by_a_shorter_idle_time_live_as_long_as_the_noted_touch(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """The first holder's call, when it skips the touch, expires the holder keys it
+    makes no sooner than the touch the long one noted: else the long one's later calls,
+    skipping theirs, would hold permits in keys due to expire by the short idle time."""
+    long = make_semaphore(3, lease_timeout=5, waiter_lease=5, idle_ttl=30)
+    short = make_semaphore(3, name=long.name, lease_timeout=0.4, waiter_lease=0.1, idle_ttl=0.8)
+    granted(long.attempt("a")).release()  # noted: the keys expire in 30 s
+    assert long.client.exists(long.keys.holders) == 0
+    first = granted(short.attempt("first"))  # makes the holder keys, skips the touch
+    second = granted(long.attempt("second"))  # skips it too
+    assert long.client.pttl(long.keys.holders) > 25_000
+    assert long.client.pttl(long.keys.hinfo) > 25_000
+    first.release()
+    second.release()
+
+
 def test_a_limit_set_before_first_use_waits_for_it_then_expires_when_idle(
     make_semaphore: MakeSemaphore,
 ) -> None:

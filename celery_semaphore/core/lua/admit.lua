@@ -204,9 +204,11 @@ local function finish_gate(s, g)
   local lazy = s.granted and s.waiting == 0 and not freeing and not touch_due(s.m, g.idle_ms)
   local out = {}
   if lazy then
-    if s.count == 0 then  -- the first holder made the holder keys
-      redis.call('PEXPIRE', holders, g.idle_ms)
-      redis.call('PEXPIRE', hinfo, g.idle_ms)
+    if s.count == 0 then  -- the first holder made the holder keys: they expire with
+      -- the rest, at the noted touch (a caller with a longer idle time noted it), or later
+      local ttl = fmt(math.max(g.idle_ms, tonumber(s.m.expiry) - now_ms))
+      redis.call('PEXPIRE', holders, ttl)
+      redis.call('PEXPIRE', hinfo, ttl)
     end
     if #s.meta_writes > 0 then write_meta(s.m, s.meta_writes) end
     if s.room ~= math.huge then out = dispatch(s.m, g.declared, g.cfg) end
