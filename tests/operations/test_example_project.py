@@ -262,6 +262,13 @@ def test_flower_shows_retries(services: dict[str, dict[str, Any]]) -> None:
 # -- the line in the report and the timeline ------------------------------------------------------
 
 
+def recorded_run(**recorded: Any) -> Run:
+    """A `Run` of what the tasks recorded alone: no partner timeline, no customer balances."""
+    return Run(
+        partner={"timeline": []}, balances={}, expected_balances={}, reports_limit=2, **recorded
+    )
+
+
 def line_run() -> Run:
     """10 calls sent at t=0 (1 ms apart), started one every 0.2 s from t=0.5; the line read at
     0.2 s (2 in place, 6 parked: 2 more sent hold no place) and at 1.0 s."""
@@ -273,14 +280,10 @@ def line_run() -> Run:
         for n, i in enumerate(ids)
         for event, d in (("start", 0.0), ("end", 0.15))
     ]  # fmt: skip
-    return Run(
+    return recorded_run(
         submitted={i: (t0 + 0.001 * n, n, "call_partner", n) for n, i in enumerate(ids)},
         events=events,
-        partner={"timeline": []},
-        balances={},
-        expected_balances={},
         partner_limit=5,
-        reports_limit=2,
         line=[
             LineSample(at=t0 + 0.2, parked=6, handed_over=0, in_place=2, asking=0),
             LineSample(at=t0 + 1.0, parked=2, handed_over=1, in_place=2, asking=0),
@@ -349,14 +352,10 @@ def idle_run(executions: bool = True) -> Run:
         for task, i, _, start, end in runs
         for event, at in (("start", start), ("end", end))
     ]
-    return Run(
+    return recorded_run(
         submitted={i: (t0 + 0.0, n, "call_partner", 0) for n, i in enumerate("ABCD")},
         events=events,
-        partner={"timeline": []},
-        balances={},
-        expected_balances={},
         partner_limit=2,
-        reports_limit=2,
         executions=[
             {"task": task, "id": i, "taken": t0 + taken, "at": t0 + end}
             for task, i, taken, _, end in runs

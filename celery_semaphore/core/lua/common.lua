@@ -181,7 +181,7 @@ local EPOCH_ARG  -- #ARGV: the last argument of every script; the others come be
 local resumes_ms  -- while admissions are paused after a data loss: when they resume, else 0
 local declared_rate  -- the caller's rate ('': none), where it declares one (see "Rates")
 local BATCH = 1000
-local BATCH_TEXT = '1000'
+local BATCH_TEXT = '1000'  -- BATCH as text (a library is loaded without tostring)
 local GRANT_CHUNK = 16
 
 -- Several semaphores in one call (acquire_all.lua): the helpers below work on the
@@ -334,7 +334,7 @@ end
 -- (meta.expiry: when it made the keys expire; ``m``: with it loaded) leaves at least
 -- 15/16 of this caller's idle time, and no other touch came since (touch() drops the
 -- note: another process may declare a shorter idle time). A call that skips it creates no key, or expires
--- the one it creates itself (a first holder), so every key of the semaphore expires
+-- those it creates itself (a first holder) no sooner than the noted touch, so every key of the semaphore expires
 -- between 15/16 of the idle time and the idle time after its last use.
 -- touch_due(): whether this call must touch; note_touch(): adds the record to
 -- ``writes`` ({field, value, ...}), which the caller writes to meta BEFORE it touches (so a meta
@@ -916,14 +916,15 @@ local function grant_in_place(m, declared, channel)
   -- The line's head, GRANT_CHUNK waiters at a time (those served leave it): a long
   -- line of tasks that are not waiting in place costs one short read, not its length.
   while more and math.min(permits, room) > 0 do
-    local list = redis.call('ZRANGE', waiters, 0, math.min(permits, room, GRANT_CHUNK) - 1)
+    local want = math.min(permits, room, GRANT_CHUNK)
+    local list = redis.call('ZRANGE', waiters, 0, want - 1)
     local n = #list
     local ks, js, records = {}, {}, {}
     if any_weighted(m) then
       n = fit(m, list, permits, room)
       ks, js, records = weights_of(m, list)
     end
-    more = n > 0 and n == #list
+    more = n == want  -- else the line ended, or its next waiter asks for more than is free
     for i = 1, n do
       local holder = list[i]
       local state, lease_ms = string.match(redis.call('HGET', parked, holder) or '', '^%d+|(%a)|(%d+)|')
