@@ -195,8 +195,15 @@ def test_a_queue_rate_paces_every_task_of_the_queue(clusters: Clusters) -> None:
     emails = [e["at"] for e in begun if e["tag"].startswith("e")]
     others = [e["at"] for e in begun if e["tag"].startswith("d")]
     assert len(emails) == 8 and len(others) == 8
+    # 5/s for every task of the queue, plain ones too. What the rate promises (common.lua,
+    # rate_tat()): at most count + burst grants in any second, and a grant up to half an
+    # interval late keeps the schedule, so two starts may come 0.1 s apart; not a 0.2 s gap.
+    most = most_in_window(emails, 1.0)
+    assert most <= 7, f"{most} starts in a second: 5/s, burst 1 (+1: the bodies' own jitter)"
+    span = emails[-1] - emails[0]
+    assert span >= 1.4 - 0.1 - 0.1, f"8 starts at 5/s in {span:.2f}s (1.4 s, less a late first)"
     gaps = [later - earlier for earlier, later in itertools.pairwise(emails)]
-    assert min(gaps) >= 0.2 - 0.03, "5/s for every task of the queue, plain ones too"
+    assert min(gaps) >= 0.1 - 0.02, f"5/s, with a late-grant credit: gaps {gaps}"
     other_gaps = [later - earlier for earlier, later in itertools.pairwise(others)]
     assert min(other_gaps) < 0.2 - 0.03, "other queues are not paced"
     status = cluster.semaphore("queue:emails").status()
