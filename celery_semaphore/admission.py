@@ -131,7 +131,7 @@ class Admission:
                 seconds = in_place_for(refused.place)
                 if seconds is None:
                     return refused
-                result = self._joint_wait(seconds)
+                result = self._joint_wait(seconds, result)
                 if isinstance(result, Places):
                     return self._binding(result)
             self._granted_all(result)
@@ -156,13 +156,13 @@ class Admission:
         self._keep_ticket(result)
         return result
 
-    def _joint_wait(self, seconds: float) -> PermitSet | Places:
+    def _joint_wait(self, seconds: float, refused: Places) -> PermitSet | Places:
         assert self.joint is not None
         result = self.joint.wait_for_turn(
             seconds, self.request.id, self._joint_ticket(),
             wait_lease=seconds + PLACE_GRACE, info=self.info,
             weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates], **self._order(),
+            rate_weights=[g.rate_weight for g in self.gates], **self._order(), refused=refused,
         )  # fmt: skip
         self._keep_ticket(result)
         return result
@@ -281,7 +281,7 @@ class Admission:
     def _wait_for_turn(self, gate: Gate, place: Place, seconds: float) -> Permit | Place:
         return self._sem(gate).wait_for_turn(
             seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE,
-            info=self.info, **gate.asks(),
+            info=self.info, **gate.asks(), refused=place,
         )  # fmt: skip
 
     def _granted(self, gate: Gate, permit: Permit) -> None:

@@ -7,6 +7,7 @@
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
 - ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
 - ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
+- ``listeners.py``: pub/sub connections kept between waits in place;
 - ``rates.py``: rates ("20/s") and their scripts' form;
 - ``validation.py``: argument checks; ``discovery.py``: listing semaphores (operators).
 

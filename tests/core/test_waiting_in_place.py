@@ -224,6 +224,96 @@ def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
     assert (status.holder_count, status.waiter_count) == (0, 0)
 
 
+def test_waits_in_place_one_after_another_reuse_one_connection_that_idles_unsubscribed(
+    make_semaphore: MakeSemaphore, redis_session_server: RedisServer
+) -> None:
+    """A wait that ends leaves its pub/sub connection, unsubscribed, to the next wait of
+    the process (core/listeners.py) instead of closing it: later waits open no
+    connection, and between waits Redis sends the kept one nothing."""
+    sem = make_semaphore(1)
+    observer = redis.Redis.from_url(redis_session_server.url)
+    channel = Semaphore(observer, sem.name, 1).keys.channel
+
+    def one_wait(i: int) -> None:
+        holder = granted(sem.attempt(f"h{i}"))
+        waiter = waiting(sem, f"w{i}", 10)
+        waiter.start()
+        wait_for(lambda: states(sem) == {f"w{i}": "waiting in place"}, what="the mark")
+        assert holder.release() is True
+        assert granted(waiter.outcome()).release() is True
+
+    one_wait(0)  # the client's pool and the first pub/sub connection are made
+    before = observer.info("stats")["total_connections_received"]
+    for i in range(1, 6):
+        one_wait(i)
+    # One spare for the pool's own growth; a new connection per wait would be five.
+    assert observer.info("stats")["total_connections_received"] - before <= 1
+    idle = [(channel.encode(), 0)]
+    wait_for(lambda: observer.pubsub_numsub(channel) == idle, what="unsubscribed")
+    observer.close()
+
+
+def test_a_wait_given_the_callers_refusal_listens_without_asking_first(
+    make_semaphore: MakeSemaphore, redis_session_server: RedisServer
+) -> None:
+    """``refused=``: the caller has just been refused (the worker's admission), so the
+    wait subscribes and asks in place at once: one script call fewer."""
+    sem = make_semaphore(1)
+    observer = redis.Redis.from_url(redis_session_server.url)
+
+    def script_calls() -> int:
+        stats = observer.info("commandstats")
+        return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha"))
+
+    holder = granted(sem.attempt("holder"))
+    counts = []
+    for refusal in (None, refused(sem.attempt("waiter"))):
+        before = script_calls()
+        assert isinstance(sem.wait_for_turn(0.2, "waiter", refused=refusal), Place)
+        counts.append(script_calls() - before)
+    assert counts == [3, 2]  # (ask,) ask in place, the last ask after 0.2 s
+    holder.release()
+    observer.close()
+
+
+def test_an_interrupted_wait_in_place_closes_its_connection(
+    make_semaphore: MakeSemaphore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something raised in the middle of a read may leave a reply half read: that
+    connection is closed, never kept for the next wait."""
+    from celery_semaphore.core.listeners import LISTENERS
+
+    sem = make_semaphore(1)
+    target = getattr(sem, "async_semaphore", sem)
+    holder = granted(sem.attempt("holder"))
+
+    class Interrupt(Exception):
+        pass
+
+    if target is sem:
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise Interrupt
+
+    else:
+
+        async def interrupted(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            raise Interrupt
+
+    monkeypatch.setattr(target, "_sleep", interrupted)
+    waiter = waiting(sem, "waiter", 10)
+    waiter.start()
+    waiter.join(10)
+    assert isinstance(waiter.error, Interrupt)
+    assert LISTENERS.take(target.client) is None
+    monkeypatch.undo()
+    again = waiting(sem, "again", 0.2)  # an ordinary wait that ends keeps its connection
+    again.start()
+    assert isinstance(again.outcome(), Place)
+    assert LISTENERS.take(target.client) is not None
+    holder.release()
+
+
 def test_a_release_grants_within_the_limit_its_caller_declares(
     make_semaphore: MakeSemaphore,
 ) -> None:

@@ -42,6 +42,7 @@ from celery_semaphore.core.handover_calls import (
     call_on_handover_async,
     check_on_handover_async,
 )
+from celery_semaphore.core.listeners import LISTENERS
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.scripts import registered
@@ -49,6 +50,9 @@ from celery_semaphore.core.validation import FairWeights
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
+#: How long a wait reads a kept pub/sub connection for the confirmation of the
+#: UNSUBSCRIBE the last wait sent (`listen`) before it makes a new one.
+UNSUBSCRIBE_TIMEOUT = 0.5
 
 
 def reconnectable(error: SemaphoreConnectionError) -> bool:
@@ -607,6 +611,7 @@ class AsyncSemaphore:
         fair_key: str | None = None,
         fair_weight: int | None = None,
         priority: int = 0,
+        refused: Place | None = None,
     ) -> AsyncPermit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
 
@@ -618,33 +623,37 @@ class AsyncSemaphore:
         until ``timeout``; it raises
         [SemaphoreConnectionError][celery_semaphore.SemaphoreConnectionError] if
         Redis is still unreachable then. Anything that interrupts the wait drops
-        the place, and a permit granted meanwhile.
+        the place, and a permit granted meanwhile. ``refused``: the `Place` the
+        caller's own `attempt()` for ``holder`` returned just now; the wait then
+        starts listening at once (one ask fewer).
         """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
-        result = await self.attempt(
-            holder,
-            ticket,
-            wait_lease=wait_lease,
-            info=info,
-            weight=weight,
-            rate_weight=rate_weight,
-            fair_key=fair_key,
-            priority=priority,
-        )
+        result = refused
+        if result is None:
+            result = await self.attempt(
+                holder,
+                ticket,
+                wait_lease=wait_lease,
+                info=info,
+                weight=weight,
+                rate_weight=rate_weight,
+                fair_key=fair_key,
+                priority=priority,
+            )
         if isinstance(result, AsyncPermit) or timeout == 0:
             return result
         place: Place = result
-        pubsub = await self._listen()
-        backoff = RECONNECT_FIRST
+        pubsub = await listen(self.client, self.url, [self._spec.keys.channel])
+        backoff, interrupted = RECONNECT_FIRST, False
         try:
             while True:
                 ticket = place.ticket or ticket
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 try:
                     if pubsub is None:
-                        pubsub = await self._listen()
+                        pubsub = await listen(self.client, self.url, [self._spec.keys.channel])
                     if remaining is not None and remaining <= 0:
                         # The last ask clears the mark (or finds a permit granted meanwhile).
                         return await self.attempt(
@@ -665,7 +674,7 @@ class AsyncSemaphore:
                 except SemaphoreConnectionError as error:
                     if not reconnectable(error) or (remaining is not None and remaining <= 0):
                         raise
-                    await self._close_quietly(pubsub)
+                    await close_quietly(pubsub)
                     pubsub = None
                     pause = backoff if remaining is None else min(backoff, remaining)
                     await asyncio.sleep(pause)
@@ -677,27 +686,12 @@ class AsyncSemaphore:
                         weight=weight, rate_weight=weight if rate_weight is None else rate_weight,
                     )  # fmt: skip
         except BaseException:
+            interrupted = True
             with contextlib.suppress(Exception):
                 await self._release(holder, None)
             raise
         finally:
-            await self._close_quietly(pubsub)
-
-    async def _listen(self) -> Any:
-        """A pub/sub connection subscribed to the wake channel."""
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
-        try:
-            await pubsub.subscribe(self._spec.keys.channel)
-        except redis.RedisError as error:
-            await self._close_quietly(pubsub)
-            raise translate(error, self.url) from error
-        return pubsub
-
-    @staticmethod
-    async def _close_quietly(pubsub: Any) -> None:
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+            await unlisten(self.client, pubsub, keep=not interrupted)
 
     async def _sleep(
         self, pubsub: Any, place: Place, remaining: float | None, holder: str
@@ -851,3 +845,47 @@ class AsyncSemaphore:
 
 def _int(value: str | None) -> int | None:
     return None if value is None else int(value)
+
+
+async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
+    """A pub/sub object subscribed to ``channels``: one an earlier wait of this process
+    left (`core.listeners`), once Redis has confirmed its UNSUBSCRIBE, else a new one."""
+    pubsub = LISTENERS.take(client)
+    if pubsub is not None:
+        try:
+            deadline = time.monotonic() + UNSUBSCRIBE_TIMEOUT
+            while pubsub.subscribed and (left := deadline - time.monotonic()) > 0:
+                await pubsub.get_message(timeout=left)  # stale until the confirmation
+            if not pubsub.subscribed:
+                await pubsub.subscribe(*channels)
+                return pubsub
+        except redis.RedisError:  # its connection broke while it idled
+            pass
+        await close_quietly(pubsub)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
+    try:
+        await pubsub.subscribe(*channels)
+    except redis.RedisError as error:
+        await close_quietly(pubsub)
+        raise translate(error, url) from error
+    return pubsub
+
+
+async def unlisten(client: AsyncClient, pubsub: Any, *, keep: bool) -> None:
+    """The wait is over. With ``keep`` (it ended normally, so the connection is between
+    replies): send UNSUBSCRIBE and leave ``pubsub`` for the next wait, which reads the
+    confirmation (no round trip between a grant and the task); else close it."""
+    if pubsub is None:
+        return
+    if keep and not is_cluster(client):  # a cluster's pub/sub holds its client
+        with contextlib.suppress(redis.RedisError):
+            await pubsub.unsubscribe()
+            if LISTENERS.give(client, pubsub):
+                return
+    await close_quietly(pubsub)
+
+
+async def close_quietly(pubsub: Any) -> None:
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]

@@ -41,7 +41,10 @@ from celery_semaphore.core._async.semaphore import (
     RECONNECT_MOST,
     AsyncPermit,
     AsyncSemaphore,
+    close_quietly,
+    listen,
     reconnectable,
+    unlisten,
 )
 from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
@@ -126,6 +129,7 @@ class AsyncSemaphoreSet:
             raise ValueError(problem)
         self._specs = [sem._spec for sem in self.semaphores]
         self._first = self.semaphores[0]
+        self._channels = [spec.keys.channel for spec in self._specs]
         on_demand(self._first.client, "acquire_all")
 
     names = property(lambda self: [sem.name for sem in self.semaphores])
@@ -310,6 +314,7 @@ class AsyncSemaphoreSet:
         priority: int = 0,
         fair_keys: Sequence[str | None] | None = None,
         fair_weight: int | None = None,
+        refused: Places | None = None,
     ) -> AsyncPermitSet | Places:
         """Like `acquire()`, but on timeout return the `Places`, still in the lines
         that refused it.
@@ -321,6 +326,8 @@ class AsyncSemaphoreSet:
         cannot take the permit it will need there; the last ask leaves those. If
         Redis goes away it reconnects and asks again until ``timeout``. Anything
         that interrupts the wait drops its places (and permits granted meanwhile).
+        ``refused``: the `Places` the caller's own `attempt()` for ``holder``
+        returned just now; the wait then starts listening at once (one ask fewer).
         """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
@@ -328,22 +335,22 @@ class AsyncSemaphoreSet:
         kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
         kwargs.update(fair_keys=fair_keys, fair_weight=fair_weight)
         started = time.monotonic()
-        result = await self.attempt(holder, ticket, **kwargs)
+        result = refused if refused is not None else await self.attempt(holder, ticket, **kwargs)
         if isinstance(result, AsyncPermitSet) or timeout == 0:
             return result
         places: Places = result
         hold_back = wait_lease
         if hold_back is None:
             hold_back = max(spec.waiter_lease for spec in self._specs)
-        pubsub = await self._listen()
-        backoff = RECONNECT_FIRST
+        pubsub = await listen(self._first.client, self._first.url, self._channels)
+        backoff, interrupted = RECONNECT_FIRST, False
         try:
             while True:
                 ticket = places.ticket or ticket
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 try:
                     if pubsub is None:
-                        pubsub = await self._listen()
+                        pubsub = await listen(self._first.client, self._first.url, self._channels)
                     if remaining is not None and remaining <= 0:
                         return await self.attempt(holder, ticket, **kwargs)
                     result = await self.attempt(holder, ticket, hold_back=hold_back, **kwargs)
@@ -355,28 +362,18 @@ class AsyncSemaphoreSet:
                 except SemaphoreConnectionError as error:
                     if not reconnectable(error) or (remaining is not None and remaining <= 0):
                         raise
-                    await AsyncSemaphore._close_quietly(pubsub)
+                    await close_quietly(pubsub)
                     pubsub = None
                     pause = backoff if remaining is None else min(backoff, remaining)
                     await asyncio.sleep(pause)
                     backoff = min(backoff * 2, RECONNECT_MOST)
         except BaseException:
+            interrupted = True
             with contextlib.suppress(Exception):
                 await self.release(holder)
             raise
         finally:
-            await AsyncSemaphore._close_quietly(pubsub)
-
-    async def _listen(self) -> Any:
-        """One pub/sub connection subscribed to every semaphore's wake channel."""
-        client = self._first.client
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
-        try:
-            await pubsub.subscribe(*(spec.keys.channel for spec in self._specs))
-        except redis.RedisError as error:
-            await AsyncSemaphore._close_quietly(pubsub)
-            raise translate(error, self._first.url) from error
-        return pubsub
+            await unlisten(self._first.client, pubsub, keep=not interrupted)
 
     async def _sleep(self, pubsub: Any, places: Places, remaining: float | None) -> None:
         """Until a wake-up that may admit its ticket, or the shortest pause among the

@@ -42,7 +42,10 @@ from celery_semaphore.core._sync.semaphore import (
     RECONNECT_MOST,
     Permit,
     Semaphore,
+    close_quietly,
+    listen,
     reconnectable,
+    unlisten,
 )
 from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
@@ -127,6 +130,7 @@ class SemaphoreSet:
             raise ValueError(problem)
         self._specs = [sem._spec for sem in self.semaphores]
         self._first = self.semaphores[0]
+        self._channels = [spec.keys.channel for spec in self._specs]
         on_demand(self._first.client, "acquire_all")
 
     names = property(lambda self: [sem.name for sem in self.semaphores])
@@ -311,6 +315,7 @@ class SemaphoreSet:
         priority: int = 0,
         fair_keys: Sequence[str | None] | None = None,
         fair_weight: int | None = None,
+        refused: Places | None = None,
     ) -> PermitSet | Places:
         """Like `acquire()`, but on timeout return the `Places`, still in the lines
         that refused it.
@@ -322,6 +327,8 @@ class SemaphoreSet:
         cannot take the permit it will need there; the last ask leaves those. If
         Redis goes away it reconnects and asks again until ``timeout``. Anything
         that interrupts the wait drops its places (and permits granted meanwhile).
+        ``refused``: the `Places` the caller's own `attempt()` for ``holder``
+        returned just now; the wait then starts listening at once (one ask fewer).
         """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
@@ -329,22 +336,22 @@ class SemaphoreSet:
         kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
         kwargs.update(fair_keys=fair_keys, fair_weight=fair_weight)
         started = time.monotonic()
-        result = self.attempt(holder, ticket, **kwargs)
+        result = refused if refused is not None else self.attempt(holder, ticket, **kwargs)
         if isinstance(result, PermitSet) or timeout == 0:
             return result
         places: Places = result
         hold_back = wait_lease
         if hold_back is None:
             hold_back = max(spec.waiter_lease for spec in self._specs)
-        pubsub = self._listen()
-        backoff = RECONNECT_FIRST
+        pubsub = listen(self._first.client, self._first.url, self._channels)
+        backoff, interrupted = RECONNECT_FIRST, False
         try:
             while True:
                 ticket = places.ticket or ticket
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 try:
                     if pubsub is None:
-                        pubsub = self._listen()
+                        pubsub = listen(self._first.client, self._first.url, self._channels)
                     if remaining is not None and remaining <= 0:
                         return self.attempt(holder, ticket, **kwargs)
                     result = self.attempt(holder, ticket, hold_back=hold_back, **kwargs)
@@ -356,28 +363,18 @@ class SemaphoreSet:
                 except SemaphoreConnectionError as error:
                     if not reconnectable(error) or (remaining is not None and remaining <= 0):
                         raise
-                    Semaphore._close_quietly(pubsub)
+                    close_quietly(pubsub)
                     pubsub = None
                     pause = backoff if remaining is None else min(backoff, remaining)
                     time.sleep(pause)
                     backoff = min(backoff * 2, RECONNECT_MOST)
         except BaseException:
+            interrupted = True
             with contextlib.suppress(Exception):
                 self.release(holder)
             raise
         finally:
-            Semaphore._close_quietly(pubsub)
-
-    def _listen(self) -> Any:
-        """One pub/sub connection subscribed to every semaphore's wake channel."""
-        client = self._first.client
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
-        try:
-            pubsub.subscribe(*(spec.keys.channel for spec in self._specs))
-        except redis.RedisError as error:
-            Semaphore._close_quietly(pubsub)
-            raise translate(error, self._first.url) from error
-        return pubsub
+            unlisten(self._first.client, pubsub, keep=not interrupted)
 
     def _sleep(self, pubsub: Any, places: Places, remaining: float | None) -> None:
         """Until a wake-up that may admit its ticket, or the shortest pause among the
