@@ -5,7 +5,8 @@ not be asked), how long and how often it has waited, and its settings, and
 answers with one of:
 
 - `WaitInPlace`: its turn is due within ``semaphore_max_block``: block for it
-  (only the next ``limit`` in line, and only once per attempt);
+  (only the next ``limit`` in line after those the free permits are kept for, and
+  only once per attempt);
 - `Park`: leave its message beside its place; it is handed over when due
   (handover mode);
 - `Countdown`: ask again after ``delay`` seconds (countdown mode, a message
@@ -106,10 +107,13 @@ def binding(places: Sequence[Place], refused_by: Sequence[int]) -> int:
 
 
 def should_wait_in_place(place: Place, max_block: float) -> bool:
-    """Only the next ``limit`` in line wait in place, and only for a turn due soon;
-    nobody while a task's `RateLimited` pauses the rate (that task comes back first
-    when the pause ends, and needs a worker process then)."""
-    if max_block <= 0 or place.draining or place.position > place.limit:
+    """Only the next ``limit`` in line wait in place, after those ahead that the free
+    permits are kept for (they are on their way: a release hands over as many parked
+    tasks as that, common.lua's dispatch), and only for a turn due soon; nobody while
+    a task's `RateLimited` pauses the rate (that task comes back first when the pause
+    ends, and needs a worker process then)."""
+    free = max(0, place.limit - place.holders)
+    if max_block <= 0 or place.draining or place.position > place.limit + free:
         return False
     if place.rate_paused_for is not None:
         return False

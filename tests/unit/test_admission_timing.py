@@ -14,8 +14,10 @@ from celery_semaphore.wire import QUEUE_HEADER, WAIT_HEADER, WaitState
 
 
 def place(position: int, *, hold: float | None = 0.4, pace: float | None = None,
-          limit: int = 4, draining: bool = False) -> Place:  # fmt: skip
-    return Place(1, position, limit, limit, draining, None, hold, pace)
+          limit: int = 4, draining: bool = False, holders: int | None = None) -> Place:  # fmt: skip
+    return Place(
+        1, position, limit if holders is None else holders, limit, draining, None, hold, pace
+    )
 
 
 def test_the_turn_follows_the_measured_pace_but_never_beyond_twice_the_capacity_pace() -> None:
@@ -30,6 +32,10 @@ def test_the_turn_follows_the_measured_pace_but_never_beyond_twice_the_capacity_
 def test_only_the_next_limit_wait_in_place_and_only_for_a_near_turn() -> None:
     assert should_wait_in_place(place(2), max_block=1.0)
     assert not should_wait_in_place(place(5), max_block=1.0)  # beyond the limit
+    # One permit free and kept for the first in line (on its way): the 5th is among
+    # the next limit after it (a release hands over that many), the 6th is not.
+    assert should_wait_in_place(place(5, holders=3), max_block=1.0)
+    assert not should_wait_in_place(place(6, holders=3), max_block=1.0)
     assert not should_wait_in_place(place(2, hold=10.0), max_block=1.0)  # turn too far
     assert should_wait_in_place(place(2, hold=None), max_block=1.0)  # no estimate: try
     assert not should_wait_in_place(place(1), max_block=0.0)
