@@ -18,6 +18,8 @@ Tasks:
 - ``ours(index, hold)``: a :class:`~celery_semaphore.LimitedTask`, defaults as a
   user gets them (handover mode); the body sleeps ``hold`` seconds;
 - ``ours_countdown(index, hold)``: the same in countdown mode, on a semaphore of its own;
+- ``plain(index, hold)``: no semaphore, on queue ``bench-plain`` (the backlog's
+  reference: workers with L processes in all consume it);
 - ``baseline(index, hold)``: a plain task that takes a py-redis-semaphore 0.2
   permit itself (non-blocking), and when refused retries with exponential
   backoff and full jitter, as its README suggests for Celery;
@@ -28,7 +30,7 @@ Tasks:
   ``unfair(account, index, hold)``: the same without ``fair_by`` (its baseline);
 - ``prioritized(index, hold)``: no account, ordered by the message's priority.
 
-Each execution of ``ours``/``ours_countdown``/``baseline`` (and of the fair and
+Each execution of ``ours``/``ours_countdown``/``plain``/``baseline`` (and of the fair and
 priority tasks, with their account and their message's priority) appends (when it has ended: off the
 hand-off path) one JSON record to the Redis
 list ``bench:records:<task>``. In the worker processes, the app also records
@@ -75,6 +77,7 @@ UNFAIR = "bench-unfair"
 PRIORITIZED = "bench-prioritized"
 BASELINE = "bench-baseline"
 NOOP = "bench-noop"
+PLAIN_QUEUE = "bench-plain"
 READY_KEY = "bench:ready"
 INPLACE_KEY = "bench:inplace"
 WAITING_KEY = "bench:waiting"
@@ -144,6 +147,13 @@ def ours(self: Any, index: int, hold: float) -> int:
 def ours_countdown(self: Any, index: int, hold: float) -> int:
     """Countdown mode (a semaphore of its own)."""
     return _held(self, "ours_countdown", index, hold)
+
+
+@app.task(bind=True, queue=PLAIN_QUEUE)
+def plain(self: Any, index: int, hold: float) -> int:
+    """No semaphore: run by workers of exactly L processes in all, on a queue of its own
+    (the floor a cap of L could reach on this machine: Celery's own hand-offs)."""
+    return _held(self, "plain", index, hold)
 
 
 @app.task(bind=True, max_retries=None)

@@ -73,8 +73,13 @@ BACKLOG_TARGETS = {
     "kendall_tau_min": 0.99,
     "held_by_workers_max_per_limit": 4,
 }
-BACKLOG_MODES = ("ours", "ours_countdown", "baseline")
-LABELS = {"ours": "handover", "ours_countdown": "countdown", "baseline": "baseline"}
+BACKLOG_MODES = ("ours", "ours_countdown", "baseline", "plain")
+LABELS = {
+    "ours": "handover",
+    "ours_countdown": "countdown",
+    "baseline": "baseline",
+    "plain": "plain, L processes",
+}
 BASELINE_MEASURED = "efficiency 0.61-0.68, tau ~0.1, ~4.6 retries/task (docs field notes)"
 
 
@@ -134,10 +139,15 @@ class Workers:
     """K ``celery worker`` processes (devkit.processes: each in a session of its own,
     stopped warm, then SIGKILL to the whole process group)."""
 
-    def __init__(self, env: dict[str, str], settings: Settings, log_dir: Path, level: str):
+    def __init__(
+        self, env: dict[str, str], settings: Settings, log_dir: Path, level: str,
+        *, queues: str | None = None, name: str = "bench",
+    ) -> None:  # fmt: skip
         self.env = env
         self.settings = settings
         self.level = level
+        self.queues = queues
+        self.name = name
         self.processes = Processes(log_dir, cwd=HERE)
 
     @property
@@ -147,10 +157,10 @@ class Workers:
     def start(self, ready: Callable[[], int]) -> None:
         for i in range(self.settings.workers):
             command = worker_command(
-                "bench_app", f"bench{i + 1}", concurrency=self.settings.concurrency,
-                loglevel=self.level,
+                "bench_app", f"{self.name}{i + 1}", concurrency=self.settings.concurrency,
+                loglevel=self.level, queues=self.queues,
             )  # fmt: skip
-            self.processes.start(f"worker{i + 1}", command, env=self.env)
+            self.processes.start(f"{self.name}-worker{i + 1}", command, env=self.env)
         deadline = time.monotonic() + READY_TIMEOUT
         while ready() < self.settings.workers:
             if not all(child.alive() for child in self.processes):
@@ -660,7 +670,8 @@ def print_backlog(results: dict[str, Any]) -> None:
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for n, cells in enumerate(rows):
-        print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) if i < 4 else c
+        last = len(cells) - 1  # the target column, left as it is
+        print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) if i < last else c
                         for i, c in enumerate(cells)).rstrip())  # fmt: skip
         if n == 0:
             print("  ".join("-" * w for w in widths))
@@ -684,9 +695,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--backoff-max", type=float, help="baseline backoff cap (s)")
     parser.add_argument(
         "--skip", action="append", default=[],
-        choices=["ours", "baseline", "noop", "countdown"],
-        help="skip a phase (ours = handover; countdown: the backlog's countdown phase); "
-        "then the figures are printed as JSON",
+        choices=["ours", "baseline", "noop", "countdown", "plain"],
+        help="skip a phase (ours = handover; countdown, plain: the backlog's countdown "
+        "phase and its plain tasks on L processes); then the figures are printed as JSON",
     )  # fmt: skip
     parser.add_argument(
         "--prime",
@@ -746,12 +757,20 @@ def run_backlog(
         records.delete(bench.READY_KEY)
         workers.start(lambda: int(records.scard(bench.READY_KEY)))
         warm_up(bench, settings, records)
-        skipped = {"ours": "ours", "ours_countdown": "countdown", "baseline": "baseline"}
+        skipped = {
+            "ours": "ours", "ours_countdown": "countdown", "baseline": "baseline", "plain": "plain"
+        }  # fmt: skip
         for kind in BACKLOG_MODES:
             if skipped[kind] in args.skip:
                 continue
             what = f"{settings.tasks} tasks x {settings.hold} s, L={settings.limit}"
             log(f"backlog, {LABELS[kind]}: {what}")
+            if kind == "plain":
+                workers.stop()  # the plain tasks' own workers run alone
+                workers = plain_workers(
+                    bench, records, settings,
+                    env=worker_env, log_dir=log_dir, level=args.worker_loglevel,
+                )  # fmt: skip
             sampler = BacklogSampler(state, workers)
             with sampler.running():
                 figures[kind] = run_capped(bench, kind, settings, records, state, raw=raw)
@@ -766,6 +785,30 @@ def run_backlog(
         if args.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
     return figures
+
+
+def plain_workers(
+    bench: ModuleType, records: redis.Redis, settings: Settings,
+    *, env: dict[str, str], log_dir: Path, level: str,
+) -> Workers:  # fmt: skip
+    """The backlog's reference: workers with L prefork processes in all (K of them, L
+    divided among them as evenly as it goes; one if L < K), consuming only the plain
+    tasks' queue. A cap of L can at best keep its L permits as busy as these keep
+    their processes."""
+    count = max(1, min(settings.workers, settings.limit))
+    if settings.limit % count:
+        count = 1
+    plain = replace(settings, workers=count, concurrency=settings.limit // count)
+    workers = Workers(env, plain, log_dir, level, queues=bench.PLAIN_QUEUE, name="plain")
+    records.delete(bench.READY_KEY)
+    workers.start(lambda: int(records.scard(bench.READY_KEY)))
+    warm = [bench.plain.delay(-1, 0.0) for _ in range(2 * settings.limit)]
+    for result in warm:
+        result.get(timeout=READY_TIMEOUT)  # every process has started and connected
+    settle = time.monotonic() + 5.0  # their records (run_capped clears them) come after
+    while records.llen(bench.records_key("plain")) < len(warm) and time.monotonic() < settle:
+        time.sleep(0.01)
+    return workers
 
 
 def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleType, dict[str, str]]:

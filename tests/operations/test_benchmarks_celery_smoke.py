@@ -51,13 +51,14 @@ def test_quick_run_reports_every_figure_and_never_exceeds_the_limit():
 
     backlog = results["backlog"]
     n, backlog_limit = results["backlog_settings"]["tasks"], results["backlog_settings"]["limit"]
-    for name in ("ours", "ours_countdown", "baseline"):
+    for name in ("ours", "ours_countdown", "baseline", "plain"):
         figures = backlog[name]
         assert figures["tasks_run"] == figures["distinct_tasks"] == n, name
         assert figures["workers_rss_peak_mib"] > 10, name
         assert figures["held_by_workers_peak"] >= 0, name
-    for name in ("ours", "ours_countdown"):
+    for name in ("ours", "ours_countdown", "plain"):  # plain: its workers have L processes
         assert backlog[name]["peak_overlap"] <= backlog_limit, name
+    assert backlog["plain"]["worker_processes_used"] == backlog_limit
 
     noop = results["noop"]
     assert noop["plain_per_s"] > 0
