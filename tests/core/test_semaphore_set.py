@@ -443,3 +443,11 @@ def test_on_a_cluster_a_namespace_with_a_hash_tag_puts_a_set_on_one_slot(
     finally:
         a.close()
         b.close()
+
+
+def test_wait_for_turn_refuses_a_refusal_that_is_not_places(
+    make_semaphore: MakeSemaphore, make_set: MakeSet
+) -> None:
+    both = make_set(make_semaphore(1), make_semaphore(1))
+    with pytest.raises(TypeError, match="refused must be the Places that attempt"):
+        both.wait_for_turn(0.1, "job", refused="place")

@@ -272,6 +272,8 @@ def test_a_wait_given_the_callers_refusal_listens_without_asking_first(
         assert isinstance(sem.wait_for_turn(0.2, "waiter", refused=refusal), Place)
         counts.append(script_calls() - before)
     assert counts == [3, 2]  # (ask,) ask in place, the last ask after 0.2 s
+    with pytest.raises(TypeError, match="refused must be the Place that attempt"):
+        sem.wait_for_turn(0.2, "waiter", refused=3)
     holder.release()
     observer.close()
 

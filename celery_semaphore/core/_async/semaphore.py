@@ -630,8 +630,15 @@ class AsyncSemaphore:
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
-        result = refused
-        if result is None:
+        result: AsyncPermit | Place
+        if refused is not None:
+            if not isinstance(refused, Place):
+                raise TypeError(
+                    "refused must be the Place that attempt() returned for this holder, "
+                    f"got {type(refused).__name__}"
+                )
+            result = refused
+        else:
             result = await self.attempt(
                 holder,
                 ticket,

@@ -335,6 +335,11 @@ class AsyncSemaphoreSet:
         kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
         kwargs.update(fair_keys=fair_keys, fair_weight=fair_weight)
         started = time.monotonic()
+        if refused is not None and not isinstance(refused, Places):
+            raise TypeError(
+                "refused must be the Places that attempt() returned for this holder, "
+                f"got {type(refused).__name__}"
+            )
         result = refused if refused is not None else await self.attempt(holder, ticket, **kwargs)
         if isinstance(result, AsyncPermitSet) or timeout == 0:
             return result

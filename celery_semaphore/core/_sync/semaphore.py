@@ -622,8 +622,15 @@ class Semaphore:
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
         started = time.monotonic()
-        result = refused
-        if result is None:
+        result: Permit | Place
+        if refused is not None:
+            if not isinstance(refused, Place):
+                raise TypeError(
+                    "refused must be the Place that attempt() returned for this holder, "
+                    f"got {type(refused).__name__}"
+                )
+            result = refused
+        else:
             result = self.attempt(
                 holder,
                 ticket,

@@ -336,6 +336,11 @@ class SemaphoreSet:
         kwargs.update(weights=weights, rate_weights=rate_weights, priority=priority)
         kwargs.update(fair_keys=fair_keys, fair_weight=fair_weight)
         started = time.monotonic()
+        if refused is not None and not isinstance(refused, Places):
+            raise TypeError(
+                "refused must be the Places that attempt() returned for this holder, "
+                f"got {type(refused).__name__}"
+            )
         result = refused if refused is not None else self.attempt(holder, ticket, **kwargs)
         if isinstance(result, PermitSet) or timeout == 0:
             return result
