@@ -39,6 +39,7 @@ from .core.errors import SemaphoreError
 from .core.protocol import rate_window
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import installed_apps, state_of
+from .waiting import among_next_round
 from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def turn_is_near(place: Place, rate_window: float) -> bool:
     parked tasks over: `celery_semaphore.core.protocol.rate_window`)."""
     if place.draining or (place.rate_due is not None and place.rate_due > rate_window):
         return False
-    return place.position - 1 < max(0, place.limit - place.holders) + place.limit
+    return among_next_round(place)
 
 
 class ParkingProducer:

@@ -106,14 +106,19 @@ def binding(places: Sequence[Place], refused_by: Sequence[int]) -> int:
     return max(refused_by or range(len(places)), key=farthest)
 
 
+def among_next_round(place: Place) -> bool:
+    """Whether fewer waiters are ahead of ``place`` than the free permits (kept for
+    tasks ahead on their way) plus one round of the limit: as far ahead as a release
+    hands parked tasks over (common.lua's dispatch: free + window)."""
+    return place.position - 1 < max(0, place.limit - place.holders) + place.limit
+
+
 def should_wait_in_place(place: Place, max_block: float) -> bool:
     """Only the next ``limit`` in line wait in place, after those ahead that the free
-    permits are kept for (they are on their way: a release hands over as many parked
-    tasks as that, common.lua's dispatch), and only for a turn due soon; nobody while
-    a task's `RateLimited` pauses the rate (that task comes back first when the pause
-    ends, and needs a worker process then)."""
-    free = max(0, place.limit - place.holders)
-    if max_block <= 0 or place.draining or place.position > place.limit + free:
+    permits are kept for (`among_next_round`), and only for a turn due soon; nobody
+    while a task's `RateLimited` pauses the rate (that task comes back first when the
+    pause ends, and needs a worker process then)."""
+    if max_block <= 0 or place.draining or not among_next_round(place):
         return False
     if place.rate_paused_for is not None:
         return False
