@@ -369,8 +369,9 @@ def admitted_call(
 
 
 def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry:
-    """The body raised `RateLimited`: give the permits back, pause the rates it names
-    (all of the request's, or ``limited.limit``'s) for ``retry_after``, and come back
+    """The body raised `RateLimited`: pause the rates it names (all of the request's,
+    or ``limited.limit``'s) for ``retry_after``, then give the permits back (in that
+    order: a release hands the next turn on, and the pause must already hold it), and come back
     then, first in line: the request stands in each paused line with its place (its
     ticket, or, where it was granted without waiting, its fencing token: its place
     when it was granted) until it comes back, and presents that place at its other
@@ -396,11 +397,12 @@ def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry
     tickets = admission.state.tickets
     for gate, permit in admission.permits.items():
         tickets.setdefault(gate.name, permit.fencing_token)
+    semaphores = [(gate, semaphore_of(task.app, gate, admission.config)) for gate in paused]
+    for _, semaphore in semaphores:  # before the permits go back: a release hands turns on
+        semaphore.pause_rate(seconds)
     admission.exit()
     place: Place | None = None
-    for gate in paused:
-        semaphore = semaphore_of(task.app, gate, admission.config)
-        semaphore.pause_rate(seconds)
+    for gate, semaphore in semaphores:
         admission._send(signals.rate_limited, gate, retry_after=seconds)
         result = semaphore.attempt(
             request.id, tickets.get(gate.name), wait_lease=seconds + PLACE_GRACE,

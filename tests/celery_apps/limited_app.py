@@ -21,7 +21,15 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject
 from kombu import Exchange, Queue
 
-from celery_semaphore import Concurrency, LimitedTask, Rate, RateLimited, install, per_key
+from celery_semaphore import (
+    Concurrency,
+    LimitedTask,
+    Rate,
+    RateLimited,
+    Semaphore,
+    install,
+    per_key,
+)
 from celery_semaphore.limits import declared
 
 BROKER = os.environ.get("CS_BROKER_URL", "redis://127.0.0.1:6399/0")
@@ -57,7 +65,7 @@ install(app)
 _log = redis.Redis.from_url(REDIS_URL)
 
 
-def record(task: Any, event: str, tag: Any = None) -> None:
+def record(task: Any, event: str, tag: Any = None, **more: Any) -> None:
     _log.rpush(
         "events",
         json.dumps(
@@ -69,6 +77,7 @@ def record(task: Any, event: str, tag: Any = None) -> None:
                 "at": time.time(),
                 "pid": os.getpid(),
                 "retries": task.request.retries,
+                **more,
             }
         ),
     )
@@ -326,10 +335,15 @@ def per_account(self: Any, account: str, seconds: float, tag: Any = None) -> Any
     return _held(self, seconds, tag)
 
 
-def _slow_down(task: Any, tag: Any, retry_after: float) -> Any:
-    """Raises RateLimited(retry_after) on its first run (a 429 from the partner)."""
-    record(task, "start", tag)
+def _slow_down(task: Any, tag: Any, retry_after: float, hold: float = 0.0) -> Any:
+    """Raises RateLimited(retry_after) on its first run (a 429 from the partner).
+    Its start says when its permit was granted (``granted``, the Redis server's
+    time): a body may begin well after its grant on a loaded machine."""
+    holders = Semaphore(_log, task.semaphore, task.limit, rate=task.rate).status().holders
+    granted = next(h.acquired_at for h in holders if h.holder == task.request.id)
+    record(task, "start", tag, granted=granted)
     if retry_after and _log.set(f"slowed:{task.request.id}", 1, nx=True):
+        time.sleep(hold)
         record(task, "rate-limited", tag)
         raise RateLimited(retry_after=retry_after)
     record(task, "end", tag)
@@ -345,6 +359,15 @@ def slow_down(self: Any, tag: Any, retry_after: float) -> Any:
           semaphore_wait_mode="countdown")  # fmt: skip
 def slow_down_countdown(self: Any, tag: Any, retry_after: float) -> Any:
     return _slow_down(self, tag, retry_after)
+
+
+@app.task(bind=True, base=LimitedTask, semaphore="paced-capped", limit=1, rate="1000/s",
+          max_retries=0)  # fmt: skip
+def slow_down_capped(self: Any, tag: Any, retry_after: float) -> Any:
+    """One at a time, 1000/s: only the release of the one permit grants the next
+    task. It holds a while before it raises, so the next one comes to wait in place
+    (a release grants an in-place waiter its permit directly)."""
+    return _slow_down(self, tag, retry_after, hold=0.3)
 
 
 @app.task(bind=True, base=LimitedTask, max_retries=0,
