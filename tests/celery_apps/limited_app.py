@@ -83,6 +83,22 @@ def record(task: Any, event: str, tag: Any = None, **more: Any) -> None:
     )
 
 
+_readers: dict[str, Semaphore] = {}
+
+
+def granted_at(task: Any, name: str, limit: int | None = None, rate: str | None = None) -> float:
+    """When the running task's permit of ``name`` was granted (the Redis server's time),
+    read where the app keeps its semaphores."""
+    if name not in _readers:
+        conf = task.app.conf
+        namespace = conf.get("semaphore_namespace") or "celery_semaphore"
+        _readers[name] = Semaphore(
+            conf.semaphore_redis_url, name, limit, rate=rate, namespace=namespace
+        )
+    holders = _readers[name].status().holders
+    return next(h.acquired_at for h in holders if h.holder == task.request.id)
+
+
 def _held(task: Any, seconds: float, tag: Any) -> Any:
     record(task, "start", tag)
     time.sleep(seconds)
@@ -316,8 +332,13 @@ def batch(self: Any, rows: int, seconds: float, tag: Any = None) -> Any:
 
 @app.task(bind=True, base=LimitedTask, limits=[Concurrency("pair-a", 2), Concurrency("pair-b", 2)])
 def pair(self: Any, seconds: float, tag: Any = None) -> Any:
-    """Needs a permit of "pair-a" and one of "pair-b", in one step."""
-    return _held(self, seconds, tag)
+    """Needs a permit of "pair-a" and one of "pair-b", in one step. Its start says
+    when each was granted (``granted``, the Redis server's time)."""
+    granted = {name: granted_at(self, name, limit=2) for name in ("pair-a", "pair-b")}
+    record(self, "start", tag, granted=granted)
+    time.sleep(seconds)
+    record(self, "end", tag)
+    return tag
 
 
 @app.task(bind=True, base=LimitedTask, semaphore="pair-b", limit=2)
@@ -339,8 +360,7 @@ def _slow_down(task: Any, tag: Any, retry_after: float, hold: float = 0.0) -> An
     """Raises RateLimited(retry_after) on its first run (a 429 from the partner).
     Its start says when its permit was granted (``granted``, the Redis server's
     time): a body may begin well after its grant on a loaded machine."""
-    holders = Semaphore(_log, task.semaphore, task.limit, rate=task.rate).status().holders
-    granted = next(h.acquired_at for h in holders if h.holder == task.request.id)
+    granted = granted_at(task, task.semaphore, task.limit, task.rate)
     record(task, "start", tag, granted=granted)
     if retry_after and _log.set(f"slowed:{task.request.id}", 1, nx=True):
         time.sleep(hold)

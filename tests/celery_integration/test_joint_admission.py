@@ -54,15 +54,19 @@ def test_a_task_never_takes_one_limit_while_the_other_is_full(
         (e for e in events if e["event"] == "start" and e["task"].endswith(".pair")),
         key=lambda e: e["at"],
     )
-    tags = [e["tag"] for e in pair_starts]
+    # in the order of the grants (the Redis server's time, the later of the two): a
+    # handed-over task's body may begin well after its grant on a loaded machine
+    by_grant = sorted(pair_starts, key=lambda e: max(e["granted"].values()))
+    tags = [e["tag"] for e in by_grant]
     assert sorted(tags) == list(range(6))
+    seen = [(e["tag"], e["granted"], round(e["at"], 3), e["retries"]) for e in by_grant]
     if wait_mode == "handover":
-        # two permits free at once start two bodies within ms of each other, in either order
-        assert all(abs(i - tag) <= 1 for i, tag in enumerate(tags)), f"in line order: {tags}"
+        # two permits free at once are handed over together: either may be granted first
+        assert all(abs(i - tag) <= 1 for i, tag in enumerate(tags)), f"in line order: {seen}"
     else:
         # countdown retries fire late under load and a lapsed place stops holding back
         # later tickets (guarantees.md, "Strict FIFO only among live places"): mostly in order
-        assert kendall_tau(tags) >= 0.6, f"in line order, mostly: {tags}"
+        assert kendall_tau(tags) >= 0.6, f"in line order, mostly: {seen}"
     assert granted_count(cluster, "pair-a") == 6, "pair-a granted once per start, never given back"
     first_pair = pair_starts[0]["at"]
     freed = min(e["at"] for e in events if e["event"] == "end" and e["task"].endswith("b_only"))
