@@ -5,6 +5,9 @@ worker, and tasks submitted together would be ordered by which worker process
 happened to pick them first. The place holds for a few seconds; a task that
 reaches a worker later still presents its ticket and regains its place.
 
+Where a line has room to spare, new tasks skip the place and carry their publish
+time as their ticket instead (`celery_semaphore.room_at_publish`).
+
 Publishing never stalls on the semaphore's Redis: the call gives up within
 `celery_semaphore.state.QUICK_TIMEOUT`, and after a failure no places are taken for a
 few seconds (tasks then take their place at their first attempt, as a task
@@ -38,7 +41,7 @@ from .core import Place, Semaphore
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
-from .state import installed_apps, state_of
+from .state import AppState, installed_apps, state_of
 from .waiting import among_next_round
 from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 
@@ -91,8 +94,8 @@ def take_places(
             continue
         queue = published_queue(app, declare, exchange, routing_key)
         priority = (properties or {}).get("priority")
-        if places_of(app, task, body, headers, queue, priority=priority):
-            return
+        if places_of(app, task, body, headers, queue, priority=priority) or WAIT_HEADER in headers:
+            return  # places taken, or none needed (room_at_publish)
 
 
 def is_new(headers: dict[str, Any]) -> bool:
@@ -118,6 +121,9 @@ def places_of(
         return {}
     config = get_config(app)
     try:
+        gates = request_gates(task, body[0], body[1], queue, priority)
+        if len(gates) == 1 and skips_place(state, gates[0], headers):
+            return {}
         places = {
             gate: semaphore_of(app, gate, config, quick=True).take_place(
                 headers["id"],
@@ -125,7 +131,7 @@ def places_of(
                 info=task.name,
                 **gate.asks(),
             )
-            for gate in request_gates(task, body[0], body[1], queue, priority)
+            for gate in gates
         }
     except (TypeError, ValueError):
         return {}  # a bad key function fails the task in the worker, with a clear message
@@ -133,11 +139,25 @@ def places_of(
         state.publish_paused_until = time.monotonic() + PAUSE_AFTER_ERROR
         logger.warning("no place in line taken at publish: %s", error)
         return {}
+    if len(places) == 1:
+        ((gate, place),) = places.items()
+        state.room_at_publish.saw(gate, place)
     if places:
         tickets = {gate.name: place.ticket for gate, place in places.items()}
         headers[WAIT_HEADER] = WaitState(tickets).encode()
         _unsent.places = (app, headers["id"], list(places))
     return places
+
+
+def skips_place(state: AppState, gate: Gate, headers: dict[str, Any]) -> bool:
+    """Whether a new task of ``gate`` goes without a place (its line had room to spare
+    when this process last looked: `celery_semaphore.room_at_publish`); it then
+    carries its publish time as its ticket."""
+    ticket = state.room_at_publish.skip(gate)
+    if ticket is None:
+        return False
+    headers[WAIT_HEADER] = WaitState({gate.name: ticket}).encode()
+    return True
 
 
 def lone_gate(app: Any, task: Any, body: Any, queue: str | None, priority: Any) -> Gate | None:
@@ -313,6 +333,7 @@ class ParkingProducer:
             state.publish_paused_until = time.monotonic() + PAUSE_AFTER_ERROR
             logger.warning("no place in line taken at publish: %s", error)
             return False
+        state.room_at_publish.saw(gate, place)
         headers[WAIT_HEADER] = WaitState(
             {gate.name: place.ticket}, first_ask=first_ask if parked else None
         ).encode()

@@ -7,6 +7,8 @@
 - ``semaphores``: this process's Redis clients and semaphores (one per URL / gate);
 - ``publish_paused_until``: after a failed place-taking at publish, none are
   taken until then (publishing never stalls on Redis);
+- ``room_at_publish``: the room last seen in each line published to, while new
+  tasks skip their place at publish (`celery_semaphore.room_at_publish`);
 - ``parking``: whether tasks may park in that Redis (its persistence, read
   once a minute) and whether the process warned that they may not.
 
@@ -36,6 +38,7 @@ from .core.protocol import PAUSE_MARGIN
 from .core.rates import RateLimit
 from .durability import ParkingSafety
 from .handover import publisher
+from .room_at_publish import RoomAtPublish
 
 if TYPE_CHECKING:
     from .config import SemaphoreConfig
@@ -167,6 +170,9 @@ class AppState:
     config: SemaphoreConfig | None = None
     task_configs: dict[str, SemaphoreConfig] = field(default_factory=dict)
     publish_paused_until: float = 0.0
+    #: The room this process last saw in each line it published to: new tasks skip
+    #: their place while it lasts (`celery_semaphore.room_at_publish`).
+    room_at_publish: RoomAtPublish = field(default_factory=RoomAtPublish)
     #: Whether this process is a worker started with ``-E`` (task events): what
     #: ``semaphore_send_events = None`` follows. Set by the worker bootstep.
     worker_events: bool = False

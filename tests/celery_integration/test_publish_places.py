@@ -208,3 +208,84 @@ def test_a_backlog_publish_whose_semaphores_redis_dies_sends_the_message_to_the_
         assert set(sent) == {ids[0], late}, "the message is in the broker"
         assert "celery_semaphore" not in sent[late], "without the ticket it could not take"
         broker.close()
+
+
+def test_a_line_with_room_to_spare_takes_few_places_and_keeps_publish_order(
+    apps: list[Celery], redis_url: str
+) -> None:
+    """Limit 1,000, nobody holding: the first publish takes a place and sees the room,
+    the next ones go without one (a quarter of the free permits, for 0.25 s), each
+    carrying its publish time on the server's clock as its ticket: strictly increasing,
+    after the first place's ticket."""
+    from celery_semaphore import LimitedTask
+
+    app = Celery("roomy", broker=redis_url, set_as_current=False)
+    app.conf.update(semaphore_redis_url=redis_url, task_default_queue="roomy")
+    apps.append(app)
+
+    @app.task(base=LimitedTask, semaphore="roomy", limit=1000, shared=False, name="proj.roomy")
+    def job(index: int) -> None: ...
+
+    client = redis.Redis.from_url(redis_url)
+    client.config_resetstat()
+    ids = [job.delay(i).id for i in range(100)]
+    calls, failed = script_calls(client)
+    assert calls - failed <= 10, f"{calls - failed} script calls for 100 publishes"
+    sem = Semaphore(redis_url, "roomy", 1000)
+    status = sem.status()
+    assert 1 <= status.waiter_count <= 10, "the places taken to look at the line"
+    placed = {w.holder: w.ticket for w in status.waiters}
+    messages = {}
+    for raw in client.lrange("roomy", 0, -1):
+        headers = json.loads(raw)["headers"]
+        messages[headers["id"]] = headers["celery_semaphore"]["tickets"]["roomy"]
+    tickets = [messages[task_id] for task_id in ids]
+    assert all(a < b for a, b in itertools.pairwise(tickets)), "publish order"
+    assert tickets[0] == placed[ids[0]]
+    assert all(placed[i] == messages[i] for i in placed), "a placed task carries its place"
+    client.close()
+    sem.close()
+
+
+def test_a_task_sent_without_a_place_stands_in_line_by_its_publish_time(
+    apps: list[Celery], redis_url: str
+) -> None:
+    """Limit 10, nobody holding: A takes a place and sees room for two more, B and C
+    go without. Then A and nine others take the permits, and D takes a place. When
+    they ask (D first, then C, then B), the line is B, C, D: the order they were
+    published in."""
+    from celery_semaphore import LimitedTask
+
+    app = Celery("late", broker=redis_url, set_as_current=False)
+    app.conf.update(semaphore_redis_url=redis_url, task_default_queue="late")
+    apps.append(app)
+
+    @app.task(base=LimitedTask, semaphore="late", limit=10, shared=False, name="proj.late")
+    def job(index: int) -> None: ...
+
+    client = redis.Redis.from_url(redis_url)
+    client.config_resetstat()
+    first = [job.delay(0).id]
+    calls = script_calls(client)
+    first += [job.delay(i).id for i in (1, 2)]
+    assert script_calls(client) == calls, "B and C take no place"
+    tickets = {}
+    for raw in client.lrange("late", 0, -1):
+        headers = json.loads(raw)["headers"]
+        tickets[headers["id"]] = headers["celery_semaphore"]["tickets"]["late"]
+    sem = Semaphore(redis_url, "late", 10)
+    assert not isinstance(sem.attempt(first[0], tickets[first[0]]), celery_semaphore.Place)
+    for i in range(9):
+        assert not isinstance(sem.attempt(f"holder{i}"), celery_semaphore.Place)
+    last = job.delay(3).id
+    raw = client.lindex("late", 0)  # LPUSH: the newest first
+    assert json.loads(raw)["headers"]["id"] == last
+    tickets[last] = json.loads(raw)["headers"]["celery_semaphore"]["tickets"]["late"]
+    ids = [*first[1:], last]
+    for task_id in reversed(ids):
+        place = sem.attempt(task_id, tickets[task_id])
+        assert isinstance(place, celery_semaphore.Place), "the cap is full"
+    line = [w.holder for w in sorted(sem.status().waiters, key=lambda w: w.position)]
+    assert line == ids, "B, C and D in publish order, though D asked first"
+    client.close()
+    sem.close()

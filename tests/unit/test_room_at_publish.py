@@ -1,0 +1,109 @@
+"""room_at_publish: when new tasks skip their place at publish, and the ticket they carry."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from celery_semaphore.core import Place
+from celery_semaphore.core.rates import parse_rate
+from celery_semaphore.room_at_publish import MIN_FREE, WINDOW, RoomAtPublish
+from celery_semaphore.wire import Gate
+
+GATE = Gate("api", 100)
+
+
+def place(position: int = 1, holders: int = 0, limit: int = 100, **more: object) -> Place:
+    fields: dict[str, object] = {"draining": False, "next_expiry_in": None, **more}
+    ticket = time.time_ns() // 1000 + 5_000  # the server's clock 5 ms ahead of ours
+    return Place(ticket, position, holders, limit, **fields)  # type: ignore[arg-type]
+
+
+def skipped(room: RoomAtPublish, gate: Gate = GATE) -> int:
+    count = 0
+    while room.skip(gate) is not None:
+        count += 1
+    return count
+
+
+def test_a_quarter_of_the_free_permits_beyond_the_places_ahead() -> None:
+    room = RoomAtPublish()
+    assert room.skip(GATE) is None, "nothing seen yet: take a place"
+    room.saw(GATE, place(position=11, holders=10))  # 100 - 10 held - 10 ahead = 80 free
+    assert skipped(room) == 20
+    room.saw(GATE, place(position=1, holders=0))
+    assert skipped(room) == 25, "a new look replaces the old"
+
+
+def test_the_ticket_is_the_publish_time_on_the_servers_clock() -> None:
+    room = RoomAtPublish()
+    room.saw(GATE, place())
+    before = time.time_ns() // 1000
+    ticket = room.skip(GATE)
+    after = time.time_ns() // 1000
+    assert ticket is not None
+    assert before + 5_000 - 50_000 <= ticket <= after + 5_000, "our clock plus the offset"
+    later = room.skip(GATE)
+    assert later is not None and later >= ticket, "later tasks, later tickets"
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        place(holders=100 - MIN_FREE + 1),  # too few free
+        place(position=100 - MIN_FREE + 2),  # the places ahead take them
+        place(draining=True),
+        place(resumes_in=3.0),  # paused after a data loss
+    ],
+)
+def test_no_room_takes_a_place(seen: Place) -> None:
+    room = RoomAtPublish()
+    room.saw(GATE, place())
+    room.saw(GATE, seen)
+    assert room.skip(GATE) is None, "and a look without room forgets the one before"
+
+
+@pytest.mark.parametrize(
+    "gate",
+    [
+        Gate("api", 100, rate=parse_rate("10/s")),
+        Gate("api", 100, weight=2),
+        Gate("api", 100, priority=3),
+        Gate("api", 100, fair_key="acme"),
+        Gate("api", 100, shadow=frozenset({"limit"})),
+    ],
+)
+def test_lines_ordered_by_more_than_time_always_take_places(gate: Gate) -> None:
+    room = RoomAtPublish()
+    room.saw(gate, place())
+    assert room.skip(gate) is None
+
+
+def test_a_look_lasts_a_window() -> None:
+    room = RoomAtPublish()
+    room.saw(GATE, place())
+    room._rooms[GATE.name].until = time.monotonic() - 0.001
+    assert room.skip(GATE) is None
+    assert WINDOW <= 1.0, "a short look: the line may change"
+
+
+def test_other_semaphores_have_their_own_room() -> None:
+    room = RoomAtPublish()
+    room.saw(GATE, place())
+    assert room.skip(Gate("other", 100)) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_starts_without_room() -> None:
+    room = RoomAtPublish()
+    room.saw(GATE, place())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.write(write, b"1" if room.skip(GATE) is None else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1", "the parent's room is the parent's"
+    assert room.skip(GATE) is not None
