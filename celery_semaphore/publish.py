@@ -38,6 +38,7 @@ from kombu.utils import json as kombu_json
 
 from .config import get_config, task_config
 from .core import Place, Semaphore
+from .core.discovery import read_counts
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
@@ -122,7 +123,7 @@ def places_of(
     config = get_config(app)
     try:
         gates = request_gates(task, body[0], body[1], queue, priority)
-        if len(gates) == 1 and skips_place(state, gates[0], headers):
+        if len(gates) == 1 and skips_place(app, state, gates[0], headers):
             return {}
         places = {
             gate: semaphore_of(app, gate, config, quick=True).take_place(
@@ -149,11 +150,17 @@ def places_of(
     return places
 
 
-def skips_place(state: AppState, gate: Gate, headers: dict[str, Any]) -> bool:
+def skips_place(app: Any, state: AppState, gate: Gate, headers: dict[str, Any]) -> bool:
     """Whether a new task of ``gate`` goes without a place (its line had room to spare
     when this process last looked: `celery_semaphore.room_at_publish`); it then
-    carries its publish time as its ticket."""
-    ticket = state.room_at_publish.skip(gate)
+    carries its publish time as its ticket. Looks (reads the counts) if due."""
+    room = state.room_at_publish
+    ticket = room.skip(gate)
+    if ticket is None and room.needs_look(gate):
+        semaphore = semaphore_of(app, gate, get_config(app), quick=True)
+        found = read_counts(semaphore.client, semaphore.namespace, [gate.name], url=semaphore.url)
+        room.looked(gate, found[0] if found else None)
+        ticket = room.skip(gate)
     if ticket is None:
         return False
     headers[WAIT_HEADER] = WaitState({gate.name: ticket}).encode()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from celery_semaphore.core import Place
+from celery_semaphore.core.protocol import SemaphoreCounts
 from celery_semaphore.core.rates import parse_rate
 from celery_semaphore.room_at_publish import MIN_FREE, WINDOW, RoomAtPublish
 from celery_semaphore.wire import Gate
@@ -107,3 +108,52 @@ def test_a_forked_child_starts_without_room() -> None:
     os.waitpid(pid, 0)
     assert os.read(read, 1) == b"1", "the parent's room is the parent's"
     assert room.skip(GATE) is not None
+
+
+def counts(limit: int = 100, held: int = 0, waiting: int = 0, **more: object) -> SemaphoreCounts:
+    fields: dict[str, object] = {
+        "name": "api", "declared_limit": limit, "effective_limit": limit, "draining": False,
+        "holder_count": held, "waiter_count": waiting, "server_time": time.time() + 0.005,
+        "parked_count": 0, "handed_over_count": 0, "sent_count": 0, "rate": None,
+        "rate_paused_until": None, "fair_keys_waiting": 0, "fields": {}, **more,
+    }  # fmt: skip
+    return SemaphoreCounts(**fields)  # type: ignore[arg-type]
+
+
+def test_a_look_at_the_counts_finds_the_room_without_a_place() -> None:
+    room = RoomAtPublish()
+    assert room.needs_look(GATE)
+    room.looked(GATE, counts(held=10, waiting=10))  # 80 free beyond the line
+    assert not room.needs_look(GATE), "one look a window"
+    assert skipped(room) == 20
+    room._rooms[GATE.name].until = time.monotonic() - 0.001
+    assert room.needs_look(GATE), "the window over: look again"
+
+
+@pytest.mark.parametrize(
+    "seen", [None, counts(held=95), counts(draining=True), counts(rate=parse_rate("5/s"))]
+)
+def test_a_look_without_room_takes_places_for_a_window(seen: SemaphoreCounts | None) -> None:
+    room = RoomAtPublish()
+    room.looked(GATE, seen)  # None: no semaphore of that name yet
+    assert room.skip(GATE) is None
+    assert not room.needs_look(GATE), "no look on every publish of a full line"
+
+
+def test_a_line_ordered_by_more_than_time_needs_no_look() -> None:
+    assert not RoomAtPublish().needs_look(Gate("api", 100, priority=1))
+
+
+def test_tickets_given_never_go_below_one_seen() -> None:
+    """A server clock read a millisecond late (counts carry ms) must not put a task
+    published after a place ahead of it."""
+    room = RoomAtPublish()
+    ahead = place()
+    room.saw(GATE, ahead)
+    room.looked(GATE, counts(server_time=time.time() - 1.0))  # a second behind
+    ticket = room.skip(GATE)
+    assert ticket is not None and ticket > ahead.ticket
+
+
+def test_a_small_cap_never_looks() -> None:
+    assert not RoomAtPublish().needs_look(Gate("api", MIN_FREE - 1))

@@ -258,6 +258,7 @@ class AsyncSemaphore:
     keys = property(lambda self: self._spec.keys)
     family = property(lambda self: self._spec.family)
     url = property(lambda self: self._url)
+    namespace = property(lambda self: self._spec.namespace)
 
     def __repr__(self) -> str:
         rate = "" if self.rate is None else f", rate={str(self.rate)!r}"
