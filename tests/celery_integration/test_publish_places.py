@@ -210,6 +210,30 @@ def test_a_backlog_publish_whose_semaphores_redis_dies_sends_the_message_to_the_
         broker.close()
 
 
+def limited_job(apps: list[Celery], redis_url: str, name: str, limit: int) -> Any:
+    """A LimitedTask of semaphore ``name`` and ``limit``, on a queue of that name
+    in the Redis broker ``redis_url``."""
+    from celery_semaphore import LimitedTask
+
+    app = Celery(name, broker=redis_url, set_as_current=False)
+    app.conf.update(semaphore_redis_url=redis_url, task_default_queue=name)
+    apps.append(app)
+
+    @app.task(base=LimitedTask, semaphore=name, limit=limit, shared=False, name=f"proj.{name}")
+    def job(index: int) -> None: ...
+
+    return job
+
+
+def queued_tickets(client: redis.Redis, queue: str) -> dict[str, int]:
+    """The ticket each message in ``queue`` carries, by task id."""
+    tickets = {}
+    for raw in client.lrange(queue, 0, -1):
+        headers = json.loads(raw)["headers"]
+        tickets[headers["id"]] = headers["celery_semaphore"]["tickets"][queue]
+    return tickets
+
+
 def test_a_line_with_room_to_spare_takes_few_places_and_keeps_publish_order(
     apps: list[Celery], redis_url: str
 ) -> None:
@@ -217,15 +241,7 @@ def test_a_line_with_room_to_spare_takes_few_places_and_keeps_publish_order(
     the next ones go without one (a quarter of the free permits, for 0.25 s), each
     carrying its publish time on the server's clock as its ticket: strictly increasing,
     after the first place's ticket."""
-    from celery_semaphore import LimitedTask
-
-    app = Celery("roomy", broker=redis_url, set_as_current=False)
-    app.conf.update(semaphore_redis_url=redis_url, task_default_queue="roomy")
-    apps.append(app)
-
-    @app.task(base=LimitedTask, semaphore="roomy", limit=1000, shared=False, name="proj.roomy")
-    def job(index: int) -> None: ...
-
+    job = limited_job(apps, redis_url, "roomy", 1000)
     client = redis.Redis.from_url(redis_url)
     client.config_resetstat()
     ids = [job.delay(i).id for i in range(100)]
@@ -235,10 +251,7 @@ def test_a_line_with_room_to_spare_takes_few_places_and_keeps_publish_order(
     status = sem.status()
     assert 1 <= status.waiter_count <= 10, "the places taken to look at the line"
     placed = {w.holder: w.ticket for w in status.waiters}
-    messages = {}
-    for raw in client.lrange("roomy", 0, -1):
-        headers = json.loads(raw)["headers"]
-        messages[headers["id"]] = headers["celery_semaphore"]["tickets"]["roomy"]
+    messages = queued_tickets(client, "roomy")
     tickets = [messages[task_id] for task_id in ids]
     assert all(a < b for a, b in itertools.pairwise(tickets)), "publish order"
     assert tickets[0] == placed[ids[0]]
@@ -254,33 +267,20 @@ def test_a_task_sent_without_a_place_stands_in_line_by_its_publish_time(
     go without. Then A and nine others take the permits, and D takes a place. When
     they ask (D first, then C, then B), the line is B, C, D: the order they were
     published in."""
-    from celery_semaphore import LimitedTask
-
-    app = Celery("late", broker=redis_url, set_as_current=False)
-    app.conf.update(semaphore_redis_url=redis_url, task_default_queue="late")
-    apps.append(app)
-
-    @app.task(base=LimitedTask, semaphore="late", limit=10, shared=False, name="proj.late")
-    def job(index: int) -> None: ...
-
+    job = limited_job(apps, redis_url, "late", 10)
     client = redis.Redis.from_url(redis_url)
     client.config_resetstat()
     first = [job.delay(0).id]
     calls = script_calls(client)
     first += [job.delay(i).id for i in (1, 2)]
     assert script_calls(client) == calls, "B and C take no place"
-    tickets = {}
-    for raw in client.lrange("late", 0, -1):
-        headers = json.loads(raw)["headers"]
-        tickets[headers["id"]] = headers["celery_semaphore"]["tickets"]["late"]
+    tickets = queued_tickets(client, "late")
     sem = Semaphore(redis_url, "late", 10)
     assert not isinstance(sem.attempt(first[0], tickets[first[0]]), celery_semaphore.Place)
     for i in range(9):
         assert not isinstance(sem.attempt(f"holder{i}"), celery_semaphore.Place)
     last = job.delay(3).id
-    raw = client.lindex("late", 0)  # LPUSH: the newest first
-    assert json.loads(raw)["headers"]["id"] == last
-    tickets[last] = json.loads(raw)["headers"]["celery_semaphore"]["tickets"]["late"]
+    tickets = queued_tickets(client, "late")
     ids = [*first[1:], last]
     for task_id in reversed(ids):
         place = sem.attempt(task_id, tickets[task_id])
