@@ -24,11 +24,15 @@ The ticket a task sent without a place carries is its publish time on the Redis
 server's clock (tickets are the server's microseconds), estimated from the server's
 time in the last reply, and never below a ticket this process saw or gave before.
 Presented at the worker, it stands in the line where a place taken at publish would
-have stood, so the task keeps its order among later tasks that wait. What it does not
+have stood, so the task keeps its order among later tasks that wait (give or take
+the time a reply takes to arrive, and the millisecond counts carry the time in:
+a task may stand just ahead of a place another process took a moment before it). What it does not
 do while it is in the broker is hold back a later task that finds a permit free: if
-the free permits run out meanwhile (other publishers, a burst larger than the room),
-such a later task may start first. Only a line without priority, accounts, weights or
-a rate qualifies: those order the line by more than time.
+the free permits run out meanwhile, such a later task may start first. Each
+publisher process spends its own quarter: N processes publishing into one line at
+once may send N/4 times its free permits without places. Only a line without
+priority, accounts, weights or a rate qualifies: those order the line by more than
+time.
 """
 
 from __future__ import annotations
@@ -67,8 +71,12 @@ class RoomAtPublish:
         os.register_at_fork(after_in_child=lambda: (method := forget()) and method())
 
     def saw(self, gate: Gate, place: Place) -> None:
-        """A place was just taken at publish: the room its reply shows."""
-        free = place.limit - place.holders - (place.position - 1)  # less the places ahead
+        """A place was just taken at publish: the room its reply shows. (Of a gate
+        that does not qualify, nothing: its ticket is not a time, a priority's or an
+        account's turn can be weeks ahead of the clock.)"""
+        if not qualifies(gate):
+            return
+        free = place.limit - place.holders - place.position  # less its place and those ahead
         stopped = place.draining or place.resumes_in is not None
         self._note(gate, 0 if stopped else free, place.ticket, place.ticket)
 

@@ -16,9 +16,11 @@ from celery_semaphore.wire import Gate
 GATE = Gate("api", 100)
 
 
-def place(position: int = 1, holders: int = 0, limit: int = 100, **more: object) -> Place:
+def place(
+    position: int = 1, holders: int = 0, limit: int = 100, ticket: int = 0, **more: object
+) -> Place:
     fields: dict[str, object] = {"draining": False, "next_expiry_in": None, **more}
-    ticket = time.time_ns() // 1000 + 5_000  # the server's clock 5 ms ahead of ours
+    ticket = ticket or time.time_ns() // 1000 + 5_000  # the server's clock 5 ms ahead
     return Place(ticket, position, holders, limit, **fields)  # type: ignore[arg-type]
 
 
@@ -32,10 +34,10 @@ def skipped(room: RoomAtPublish, gate: Gate = GATE) -> int:
 def test_a_quarter_of_the_free_permits_beyond_the_places_ahead() -> None:
     room = RoomAtPublish()
     assert room.skip(GATE) is None, "nothing seen yet: take a place"
-    room.saw(GATE, place(position=11, holders=10))  # 100 - 10 held - 10 ahead = 80 free
-    assert skipped(room) == 20
+    room.saw(GATE, place(position=11, holders=10))  # 100 - 10 held - 10 ahead - its own
+    assert skipped(room) == 79 // 4
     room.saw(GATE, place(position=1, holders=0))
-    assert skipped(room) == 25, "a new look replaces the old"
+    assert skipped(room) == 99 // 4, "a new look replaces the old"
 
 
 def test_the_ticket_is_the_publish_time_on_the_servers_clock() -> None:
@@ -80,6 +82,18 @@ def test_lines_ordered_by_more_than_time_always_take_places(gate: Gate) -> None:
     room = RoomAtPublish()
     room.saw(gate, place())
     assert room.skip(gate) is None
+    assert room.needs_look(GATE), "nothing seen of the line as one ordered by time"
+
+
+def test_a_place_ordered_by_more_than_time_leaves_the_tickets_alone() -> None:
+    """On Redis a priority of 5 puts a ticket 5 x 2^40 µs (64 days) ahead of the
+    clock: the tickets given without a place must not follow it."""
+    room = RoomAtPublish()
+    room.saw(GATE, place())
+    urgent = place(ticket=time.time_ns() // 1000 + 5 * 2**40)
+    room.saw(Gate("api", 100, priority=-5), urgent)
+    ticket = room.skip(GATE)
+    assert ticket is not None and ticket - time.time_ns() // 1000 < 1_000_000
 
 
 def test_a_look_lasts_a_window() -> None:
