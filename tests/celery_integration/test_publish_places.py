@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -289,3 +290,27 @@ def test_a_task_sent_without_a_place_stands_in_line_by_its_publish_time(
     assert line == ids, "B, C and D in publish order, though D asked first"
     client.close()
     sem.close()
+
+
+def test_a_look_at_a_roomy_line_whose_redis_is_down_sends_the_message_and_pauses(
+    apps: list[Celery], redis_url: str
+) -> None:
+    """The counts cannot be read (the semaphores' Redis stopped): the message goes to the
+    broker without a ticket, and publishing takes no places (and looks no more) for a
+    few seconds, as after any failed place at publish."""
+    from celery_semaphore.state import state_of
+    from devkit.redis_servers import RedisServer
+
+    with RedisServer() as semaphores:
+        job = limited_job(apps, redis_url, "looks", 100)
+        job.app.conf.semaphore_redis_url = semaphores.url
+        job.delay(0)  # the line's first place: its keys exist, and the room is seen
+        state_of(job.app).room_at_publish._rooms.clear()  # the look is due again
+        semaphores.stop()
+        late = job.delay(1).id
+    broker = redis.Redis.from_url(redis_url)
+    headers = [json.loads(raw)["headers"] for raw in broker.lrange("looks", 0, -1)]
+    sent = {h["id"]: h for h in headers}
+    assert "celery_semaphore" not in sent[late], "no ticket: it takes its place in a worker"
+    assert state_of(job.app).publish_paused_until > time.monotonic(), "publishing paused"
+    broker.close()
