@@ -36,7 +36,7 @@ from typing import Any
 from kombu.entity import Queue
 from kombu.utils import json as kombu_json
 
-from .config import get_config, task_config
+from .config import SemaphoreConfig, get_config, task_config
 from .core import Place, Semaphore
 from .core.discovery import read_counts
 from .core.errors import SemaphoreError
@@ -123,7 +123,7 @@ def places_of(
     config = get_config(app)
     try:
         gates = request_gates(task, body[0], body[1], queue, priority)
-        if len(gates) == 1 and skips_place(app, state, gates[0], headers):
+        if len(gates) == 1 and skips_place(app, state, config, gates[0], headers):
             return {}
         places = {
             gate: semaphore_of(app, gate, config, quick=True).take_place(
@@ -150,14 +150,16 @@ def places_of(
     return places
 
 
-def skips_place(app: Any, state: AppState, gate: Gate, headers: dict[str, Any]) -> bool:
+def skips_place(
+    app: Any, state: AppState, config: SemaphoreConfig, gate: Gate, headers: dict[str, Any]
+) -> bool:
     """Whether a new task of ``gate`` goes without a place (its line had room to spare
     when this process last looked: `celery_semaphore.room_at_publish`); it then
     carries its publish time as its ticket. Looks (reads the counts) if due."""
     room = state.room_at_publish
     ticket = room.skip(gate)
     if ticket is None and room.needs_look(gate):
-        semaphore = semaphore_of(app, gate, get_config(app), quick=True)
+        semaphore = semaphore_of(app, gate, config, quick=True)
         found = read_counts(semaphore.client, semaphore.namespace, [gate.name], url=semaphore.url)
         room.looked(gate, found[0] if found else None)
         ticket = room.skip(gate)

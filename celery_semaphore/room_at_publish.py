@@ -99,7 +99,7 @@ class RoomAtPublish:
         self._note(gate, 0 if stopped else free, now_us, 0)
 
     def _note(self, gate: Gate, free: int, server_us: int, ticket: int) -> None:
-        tasks = free // 4 if qualifies(gate) and free >= MIN_FREE else 0
+        tasks = free // 4 if free >= MIN_FREE else 0  # (callers see that gate qualifies)
         offset = server_us - time.time_ns() // 1000 if server_us else 0
         with self._lock:
             last = max(ticket, self._rooms[gate.name].last if gate.name in self._rooms else 0)
