@@ -36,6 +36,7 @@ import redis
 
 from celery_semaphore import Semaphore
 from celery_semaphore.core import epochs, functions
+from celery_semaphore.core.held_connection import HeldConnection
 from celery_semaphore.core.protocol import Place
 from celery_semaphore.core.scripts import library_of
 
@@ -156,10 +157,11 @@ def pure_python_parser() -> dict[str, Any]:
 
 
 def ping_operation(client: redis.Redis) -> Callable[[], None]:
-    ping = client.ping
+    """PING on a connection held as the package holds its own (`HeldConnection`)."""
+    call = HeldConnection(client).call
 
     def operation() -> None:
-        ping()
+        call("PING")
 
     return operation
 
@@ -204,14 +206,16 @@ def our_call_arguments(client: redis.Redis) -> tuple[list[str], list[Any], list[
 
 def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
     """Two calls of a script that does nothing (``return 1``), with the keys and the
-    arguments of our acquire and of our release: the floor for any two-script design
-    with this client (packing, the round trips, EVALSHA itself)."""
-    nothing = client.register_script("return 1")
+    arguments of our acquire and of our release, sent as the package sends its own
+    (`HeldConnection`): the floor for any two-script design with this client
+    (packing, the round trips, EVALSHA itself)."""
+    sha = client.script_load("return 1")
     keys, acquire_args, release_args = our_call_arguments(client)
+    call = HeldConnection(client).call
 
     def operation() -> None:
-        nothing(keys=keys, args=acquire_args)
-        nothing(keys=keys, args=release_args)
+        call("EVALSHA", sha, len(keys), *keys, *acquire_args)
+        call("EVALSHA", sha, len(keys), *keys, *release_args)
 
     return operation
 
@@ -224,11 +228,11 @@ def trivial_functions_operation(client: redis.Redis) -> Callable[[], None]:
         replace=True,
     )
     keys, acquire_args, release_args = our_call_arguments(client)
-    fcall = client.fcall
+    call = HeldConnection(client).call
 
     def operation() -> None:
-        fcall("bench_nothing", len(keys), *keys, *acquire_args)
-        fcall("bench_nothing", len(keys), *keys, *release_args)
+        call("FCALL", "bench_nothing", len(keys), *keys, *acquire_args)
+        call("FCALL", "bench_nothing", len(keys), *keys, *release_args)
 
     return operation
 

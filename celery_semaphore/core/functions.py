@@ -34,6 +34,8 @@ import redis
 import redis.asyncio.client
 import redis.client
 
+from .held_connection import BUSY, HeldConnection, holds
+
 logger = logging.getLogger(__name__)
 
 #: ``0`` in the environment: every client calls the scripts (EVALSHA), never Functions.
@@ -126,6 +128,15 @@ class Library:
         self.client = client
         self.name, self.code, self.functions = name, code, functions
         self.way: str | None = None
+        self._held: HeldConnection | None = None
+
+    def held(self, client: Any) -> HeldConnection | None:
+        """The connection kept for calls on ``client`` (this library's client), or
+        None where its calls take the usual path (`held_connection.holds`)."""
+        held = self._held
+        if held is None and holds(client):
+            held = self._held = HeldConnection(client)
+        return held if held is not None and holds(client) else None
 
     def choose(self) -> str:
         if os.environ.get(ENVIRONMENT, "1").strip() == "0":
@@ -171,17 +182,36 @@ class Call:
         self.library, self.function, self.script = library, function, script
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any) -> Any:
+        held = self.library.held(client)
         for attempt in (1, 2):
             way = self.library.way or self.library.choose()
             if way == SCRIPTS:
-                return self.script(keys=keys, args=args, client=client)
+                return self._evalsha(held, keys, args, client)
             try:
+                if held is not None:
+                    reply = held.call("FCALL", self.function, len(keys), *keys, *args)
+                    if reply is not BUSY:
+                        return reply
                 return client.fcall(self.function, len(keys), *keys, *args)
             except redis.ResponseError as error:
                 if attempt == 2 or not missing(error):
                     raise
                 self.library.way = None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _evalsha(
+        self, held: HeldConnection | None, keys: list[Any], args: list[Any], client: Any
+    ) -> Any:
+        """EVALSHA on the held connection; the script object's call (which loads the
+        script where the server lacks it) where it is busy or answers NOSCRIPT."""
+        if held is not None:
+            try:
+                reply = held.call("EVALSHA", self.script.sha, len(keys), *keys, *args)
+                if reply is not BUSY:
+                    return reply
+            except redis.exceptions.NoScriptError:
+                pass
+        return self.script(keys=keys, args=args, client=client)
 
 
 class AsyncCall(Call):
