@@ -134,9 +134,11 @@ class Library:
         """The connection kept for calls on ``client`` (this library's client), or
         None where its calls take the usual path (`held_connection.holds`)."""
         held = self._held
-        if held is None and holds(client):
+        if held is not None:
+            return held if held.client_id == id(client) else None
+        if holds(client):
             held = self._held = HeldConnection(client)
-        return held if held is not None and holds(client) else None
+        return held
 
     def choose(self) -> str:
         if os.environ.get(ENVIRONMENT, "1").strip() == "0":

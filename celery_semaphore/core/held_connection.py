@@ -49,6 +49,8 @@ class HeldConnection:
     """One connection of ``client``'s pool, kept for this package's script calls."""
 
     def __init__(self, client: redis.Redis) -> None:
+        #: The client's id: calls made on anything else (its pipelines) are not its.
+        self.client_id = id(client)
         self._pool = client.connection_pool
         self._pid = -1
         self._lock = threading.Lock()
