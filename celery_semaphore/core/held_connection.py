@@ -24,6 +24,7 @@ not seen by redis-py's own observability (its OpenTelemetry metrics).
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from typing import Any
@@ -34,6 +35,15 @@ import redis.client
 #: What `HeldConnection.call` returns when another thread of this process holds the
 #: connection: the caller sends the command the usual way.
 BUSY = object()
+
+
+def _lend(pool: Any) -> Any:
+    """A connection of ``pool``, which it counts as in use until it is closed. (Its
+    ``get_connection`` needs a command name before redis-py 5.3, which deprecates it.)"""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return pool.get_connection("FCALL")
+    return pool.get_connection()
 
 
 def holds(client: Any) -> bool:
@@ -67,7 +77,7 @@ class HeldConnection:
         try:
             connection = self._connection
             if connection is None:
-                connection = self._connection = self._pool.get_connection()
+                connection = self._connection = _lend(self._pool)
             return connection.retry.call_with_retry(
                 lambda: self._send(connection, command), lambda _: connection.disconnect()
             )

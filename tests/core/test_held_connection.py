@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from celery_semaphore import Semaphore
-from celery_semaphore.core.held_connection import BUSY, HeldConnection, holds
+from celery_semaphore.core.held_connection import BUSY, HeldConnection, _lend, holds
 from celery_semaphore.core.scripts import library_of
 from devkit.redis_servers import RedisServer
 
@@ -128,3 +128,20 @@ def test_a_semaphore_sends_its_scripts_on_the_held_connection(server: RedisServe
         assert last_commands(admin)[ours] == "fcall"  # the release went out on it
         assert library_of(client).held(client.pipeline()) is None
         assert not holds(client.pipeline())
+
+
+def test_a_pool_of_redis_py_before_5_3_is_asked_with_a_command_name() -> None:
+    """redis-py 5.0-5.2's ``get_connection`` requires the command's name; 5.3 and
+    later deprecate passing it (a warning, an error under this suite's filters)."""
+
+    class Before53:
+        def get_connection(self, command_name: str, *keys: Any, **options: Any) -> str:
+            return f"lent for {command_name}"
+
+    class Since53:
+        def get_connection(self, command_name: str | None = None, *keys: Any) -> str:
+            assert command_name is None, "passing a command name is deprecated"
+            return "lent"
+
+    assert _lend(Before53()) == "lent for FCALL"
+    assert _lend(Since53()) == "lent"
