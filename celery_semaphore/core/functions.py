@@ -34,7 +34,7 @@ import redis
 import redis.asyncio.client
 import redis.client
 
-from .held_connection import BUSY, HeldConnection, holds
+from .held_connection import BUSY, HeldConnection, Setup, holds
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +136,12 @@ class Library:
         held = self._held
         if held is not None:
             return held if held.client_id == id(client) else None
-        if holds(client):
-            held = self._held = HeldConnection(client)
-        return held
+        if not holds(client):
+            return None
+        with Setup.lock:  # one per client, whichever thread calls first
+            if self._held is None:
+                self._held = HeldConnection(client)
+            return self._held
 
     def choose(self) -> str:
         if os.environ.get(ENVIRONMENT, "1").strip() == "0":

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from outcomes import granted
 
 from celery_semaphore import Semaphore
 from celery_semaphore.core.held_connection import BUSY, HeldConnection, _lend, holds
@@ -120,7 +122,7 @@ def test_close_of_the_client_disconnects_it(server: RedisServer) -> None:
 def test_a_semaphore_sends_its_scripts_on_the_held_connection(server: RedisServer) -> None:
     with server.client() as client, server.client() as admin:
         sem = Semaphore(client, "held", 2)
-        permit = sem.attempt("a")
+        permit = granted(sem.attempt("a"))
         held = library_of(client).held(client)
         assert held is not None
         ours = address(held)
@@ -145,3 +147,93 @@ def test_a_pool_of_redis_py_before_5_3_is_asked_with_a_command_name() -> None:
 
     assert _lend(Before53()) == "lent for FCALL"
     assert _lend(Since53()) == "lent"
+
+
+def test_threads_that_find_a_new_process_at_once_share_one_new_connection(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threads of a forked child (or a first call, before this was fixed) that
+    all find the connection is not their process's: one makes the child's own, and
+    each call gets its own reply. ``os.getpid`` made slow widens the window."""
+    real_getpid = os.getpid
+
+    def slow_getpid() -> int:
+        time.sleep(0.002)
+        return real_getpid()
+
+    wrong: list[tuple[bytes, Any]] = []
+
+    def ask(held: HeldConnection, start: threading.Barrier, text: bytes) -> None:
+        start.wait()
+        for _ in range(3):
+            reply = held.call("ECHO", text)
+            if reply is not BUSY and reply != text:
+                wrong.append((text, reply))
+
+    for trial in range(10):
+        with server.client() as client:
+            held, start = HeldConnection(client), threading.Barrier(8)
+            held._pid = -1  # made in another process
+            threads = [
+                threading.Thread(target=ask, args=(held, start, f"{trial}-{i}".encode()))
+                for i in range(8)
+            ]
+            monkeypatch.setattr(os, "getpid", slow_getpid)
+            try:
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(10)
+            finally:
+                monkeypatch.setattr(os, "getpid", real_getpid)
+            assert len(client.connection_pool._in_use_connections) == 1  # none taken and lost
+    assert not wrong
+
+
+def test_only_a_client_that_owns_an_ample_pool_holds_a_connection(server: RedisServer) -> None:
+    shared = redis.ConnectionPool(host="127.0.0.1", port=server.port)
+    made = [
+        redis.Redis(host="127.0.0.1", port=server.port),
+        redis.Redis.from_url(f"redis://127.0.0.1:{server.port}/0"),
+        redis.Redis(connection_pool=shared),
+        redis.Redis(host="127.0.0.1", port=server.port, max_connections=1),
+        redis.Redis(
+            connection_pool=redis.BlockingConnectionPool(host="127.0.0.1", port=server.port)
+        ),
+        redis.Redis(host="127.0.0.1", port=server.port, single_connection_client=True),
+    ]
+    try:
+        assert [holds(client) for client in made] == [True, True, False, False, False, False]
+        small = made[3]  # one connection in all: a semaphore still leaves it to the others
+        granted(Semaphore(small, "small", 2).attempt("a")).release()
+        small.set("other", "command")
+        assert small.get("other") == b"command"
+    finally:
+        for client in made:
+            client.close()
+        shared.disconnect()
+
+
+def test_a_connection_marked_for_reconnecting_is_not_used_again(server: RedisServer) -> None:
+    with server.client() as client:
+        held = HeldConnection(client)
+        before = address(held)
+        connection: Any = held._connection
+        if not hasattr(connection, "mark_for_reconnect"):
+            pytest.skip("redis-py before maintenance notices")
+        connection.mark_for_reconnect()  # what a MOVING notice does to the pool's connections
+        assert address(held) != before
+
+
+def test_scripts_flushed_from_redis_are_loaded_again_on_the_held_connection(
+    server: RedisServer,
+) -> None:
+    with server.client() as client:
+        library_of(client)  # registered
+        sem = Semaphore(client, "flushed", 2)
+        library_of(client).way = "scripts"
+        granted(sem.attempt("a")).release()
+        client.script_flush()
+        granted(sem.attempt("b")).release()
+        assert library_of(client).way == "scripts"
+        assert client.info("commandstats")["cmdstat_evalsha"]["calls"] >= 3
