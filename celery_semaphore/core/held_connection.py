@@ -63,9 +63,17 @@ class Setup:
 os.register_at_fork(after_in_child=Setup.renew)
 
 
+_PLAIN_CLIENT: dict[type, bool] = {}
+
+
 def holds(client: Any) -> bool:
     """Whether calls on ``client`` may go through a `HeldConnection`."""
-    if not isinstance(client, redis.Redis) or isinstance(client, redis.client.Pipeline):
+    kind = type(client)
+    plain = _PLAIN_CLIENT.get(kind)
+    if plain is None:  # redis.Redis is a Protocol's subclass: isinstance() is slow
+        plain = issubclass(kind, redis.Redis) and not issubclass(kind, redis.client.Pipeline)
+        _PLAIN_CLIENT[kind] = plain
+    if not plain:
         return False
     pool = client.connection_pool
     return (
