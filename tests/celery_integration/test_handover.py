@@ -242,13 +242,18 @@ def test_a_worker_killed_while_holding_a_permit_lets_the_next_parked_task_run_af
     clusters: Clusters,
 ) -> None:
     lease = 2.0
-    cluster = clusters(limit=1, lease=lease, extra_conf=PARKING)
+    # No prefetch: a busy worker must not take "next" (handed over early, before its
+    # turn) into its buffer, where the kill would take it too.
+    conf = {**PARKING, "worker_disable_prefetch": True}
+    cluster = clusters(limit=1, lease=lease, extra_conf=conf)
     victim = cluster.worker("w1", concurrency=1)
-    cluster.worker("w2", concurrency=1)
     sem = cluster.semaphore("hold", 1)
     hold = cluster.app_module.hold
     long = hold.delay(60, "long")
     cluster.wait_for(lambda: starts(cluster) == ["long"], 20, "the long task started")
+    # Only now the second worker: with both up, the long task could start on it, and
+    # killing the victim would free nothing.
+    cluster.worker("w2", concurrency=1)
     nxt = hold.delay(0.1, "next")
     wait_parked(cluster, sem, [nxt.id])
 
