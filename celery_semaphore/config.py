@@ -17,8 +17,10 @@
 - ``semaphore_max_block`` (1.0 s): a task among the next ``limit`` in line
   whose turn is due within this long waits for it in place (blocking its
   worker process at most this long) instead of parking or retrying; 0 never
-  waits in place. In handover mode it is also the window: parked tasks whose
-  turn is that near are handed over ahead of time, so they wait in place.
+  waits in place. While every other process of a prefork worker runs a task,
+  at most 0.1 s (`celery_semaphore.worker.pool_occupancy`). In handover mode
+  it also sets the window: parked tasks whose turn is due within ``max_block``,
+  at most 0.1 s, are handed over ahead of time, so they wait in place.
 - ``semaphore_handover_deadline`` (30 s): a handed-over task that has not
   reached a worker by then is published again (its late copy is dropped).
 - ``semaphore_park_max_bytes`` (262144): a task whose message is larger is not
@@ -67,6 +69,10 @@ APP_WIDE = frozenset(
     {"redis_url", "namespace", "queue_limits", "queue_rates", "send_events", "metrics_per_key"}
 )
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: A few hand-overs through the broker: how far ahead of its turn a parked task is
+#: handed over, and the longest wait in place in a prefork worker whose other
+#: processes all run tasks (`celery_semaphore.worker.pool_occupancy`).
+NEAR_TURN = 0.1
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,14 @@ class SemaphoreConfig:
         """Whether a task with these settings waits parked (handover mode): the one
         reading of ``wait_mode``. Give it the task's own settings (`task_config()`)."""
         return self.wait_mode == "handover"
+
+    @property
+    def handover_window(self) -> float:
+        """How far ahead of its turn a parked task is handed over (and a task published
+        counts as near its turn): ``max_block``, at most `NEAR_TURN`. Sooner, it would
+        reach a worker that cannot keep it waiting (busy: `pool_occupancy`), and park
+        again."""
+        return min(self.max_block, NEAR_TURN)
 
     @property
     def renew_every(self) -> float:

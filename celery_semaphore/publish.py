@@ -203,7 +203,8 @@ def drop_unsent() -> None:
 
 def window_of(gate: Gate, config: Any) -> float:
     """How far ahead (seconds) a place at ``gate`` counts as near (`turn_is_near()`)."""
-    return config.max_block if gate.rate is None else rate_window(gate.rate, config.max_block)
+    window: float = config.handover_window
+    return window if gate.rate is None else rate_window(gate.rate, window)
 
 
 def around_ticket(payload: str) -> tuple[str, str] | None:

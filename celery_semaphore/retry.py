@@ -41,6 +41,7 @@ from .wire import (
     handover_queue,
     is_handover_queue,
 )
+from .worker import pool_occupancy
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,12 @@ class Waits:
         return time.time() - (self.state.first_ask or time.time())
 
     def decide(
-        self, place: Place | None, *, may_wait_in_place: bool = True, may_park: bool = True
+        self,
+        place: Place | None,
+        *,
+        may_wait_in_place: bool = True,
+        may_park: bool = True,
+        max_block: float | None = None,
     ) -> Decision:
         """The next wait; it parks only where its message is at least as safe as in
         the broker (`celery_semaphore.durability`)."""
@@ -81,11 +87,15 @@ class Waits:
             config=self.config,
             may_wait_in_place=may_wait_in_place,
             may_park=may_park,
+            max_block=max_block,
         )
 
     def in_place_for(self, place: Place) -> float | None:
-        """Seconds to wait in place at ``place``, or None: not in place."""
-        decision = self.decide(place, may_park=False)
+        """Seconds to wait in place at ``place``, or None: not in place (a turn not due
+        within ``max_block``, or within a shorter time while every other process of
+        its worker runs a task: `celery_semaphore.worker.pool_occupancy`)."""
+        max_block = pool_occupancy.max_block(self.config.max_block)
+        decision = self.decide(place, may_park=False, max_block=max_block)
         return decision.seconds if isinstance(decision, WaitInPlace) else None
 
     def park(self, gate: Gate, place: Place, due: float | None) -> Retry | None:

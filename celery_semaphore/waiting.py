@@ -165,6 +165,7 @@ def decide(
     config: SemaphoreConfig,
     may_wait_in_place: bool = True,
     may_park: bool = True,
+    max_block: float | None = None,
     rng: Random = random,
 ) -> Decision:
     """What a task refused at ``place`` does next.
@@ -173,10 +174,13 @@ def decide(
     ask in it. ``may_wait_in_place``: False once it waited in place in this
     attempt; ``may_park``: False when its message cannot be parked (too large,
     not serializable, Redis refused it) or may not be (that Redis would keep it
-    less safely than the broker: `celery_semaphore.durability`).
+    less safely than the broker: `celery_semaphore.durability`). ``max_block``: the
+    longest wait in place now, if not ``config.max_block``
+    (`celery_semaphore.worker.pool_occupancy`).
     """
-    if may_wait_in_place and place is not None and should_wait_in_place(place, config.max_block):
-        return WaitInPlace(config.max_block)
+    block = config.max_block if max_block is None else max_block
+    if may_wait_in_place and place is not None and should_wait_in_place(place, block):
+        return WaitInPlace(block)
     over_count = config.max_waits is not None and waits >= config.max_waits
     over_time = config.max_wait_time is not None and waited >= config.max_wait_time
     if over_count or over_time:

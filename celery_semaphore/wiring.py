@@ -18,15 +18,18 @@ from celery.signals import (
     after_task_publish,
     before_task_publish,
     task_failure,
+    task_postrun,
+    task_prerun,
     task_received,
     task_retry,
     task_revoked,
+    worker_process_init,
 )
 
 from . import events
 from .publish import confirm_sent, take_places
 from .state import installed_apps
-from .worker import release
+from .worker import pool_occupancy, release
 from .worker.bootstep import WORKER_OPTIONS, SemaphoreStep
 from .worker.handover_queues import HandoverQueues
 from .worker.received import decide_gates
@@ -45,6 +48,9 @@ def _connect_handlers() -> None:
         task_revoked.connect(release.on_revoked, weak=False)
         task_failure.connect(release.on_failure, weak=False)
         task_retry.connect(release.on_cold_shutdown, weak=False)
+        task_prerun.connect(pool_occupancy.on_task_start, weak=False)
+        task_postrun.connect(pool_occupancy.on_task_end, weak=False)
+        worker_process_init.connect(pool_occupancy.on_task_end, weak=False)
         events.connect()
         _connected.set()
 

@@ -11,5 +11,7 @@ Who hears of each ending (prefork; see docs/guarantees.md):
 - `received`: decides each request's gates when its message arrives;
 - `heartbeat`: renews the leases of running tasks (a plain service);
 - `bootstep`: the worker bootstep that starts and stops the heartbeat
-  and the metrics endpoint, and the ``--semaphore-metrics-port`` option.
+  and the metrics endpoint, and the ``--semaphore-metrics-port`` option;
+- `pool_occupancy`: which pool processes of a prefork worker run a task (made
+  here, read in the pool): a wait in place is short while none other is idle.
 """

@@ -10,6 +10,7 @@ import click
 import redis
 from celery import __version__ as celery_version
 from celery import bootsteps
+from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
@@ -20,7 +21,7 @@ from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
-from . import internals
+from . import internals, pool_occupancy
 from .dead_children import DeadChildren, reaped_by_signal
 from .heartbeat import Heartbeat, child_killed
 
@@ -156,8 +157,9 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         """Celery calls this for every step before it starts any, so before the pool
         forks: the settings and Celery's internals are checked here (a problem is one
         line and exit 1), whether tasks may park in the semaphores' Redis is read
-        (and a warning logged if not), and with queue caps every task class gets
-        admission."""
+        (and a warning logged if not), with queue caps every task class gets
+        admission, and a prefork worker maps the table of its busy processes (the
+        pool inherits it: `pool_occupancy`)."""
         state_of(worker.app).worker_events = bool(getattr(worker, "task_events", False))
         gone = internals.missing()
         if gone:
@@ -177,6 +179,8 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             admit_every_task(worker.app)
         warn_disagreeing_limits(worker.app)
         check_reachable(worker.app, config)
+        if issubclass(worker.pool_cls, PreforkPool):
+            pool_occupancy.start(getattr(worker, "max_concurrency", None) or worker.concurrency)
 
     def start(self, worker: Any) -> None:
         dead_children = self.dead_children = DeadChildren(

@@ -344,3 +344,10 @@ def test_a_missing_redis_url_is_named_as_the_app_spells_its_settings() -> None:
         namespace="CELERY",
     )
     check_shared_redis(django)  # set: no error
+
+
+@pytest.mark.parametrize(("max_block", "window"), [(1.0, 0.1), (0.05, 0.05), (0.0, 0.0)])
+def test_parked_tasks_are_handed_over_at_most_a_tenth_of_a_second_ahead(
+    max_block: float, window: float
+) -> None:
+    assert SemaphoreConfig(max_block=max_block).handover_window == window

@@ -1,0 +1,102 @@
+"""The table of a prefork worker's busy processes, and how long a wait in place may be."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from celery_semaphore.config import NEAR_TURN
+from celery_semaphore.worker import pool_occupancy
+from celery_semaphore.worker.pool_occupancy import PoolOccupancy
+
+
+@pytest.fixture
+def index(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """This process's pool index, as a test sets it (``index[0]``)."""
+    own: list[int | None] = [0]
+    monkeypatch.setattr(pool_occupancy, "_own_index", lambda: own[0])
+    return own
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> PoolOccupancy:
+    made = PoolOccupancy(2)
+    monkeypatch.setattr(pool_occupancy, "current", made)
+    return made
+
+
+def test_another_process_is_idle_until_every_other_one_runs_a_task(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    table.mark(True)  # process 0: this one
+    assert table.another_idle()
+    index[0] = 1
+    table.mark(True)
+    index[0] = 0
+    assert not table.another_idle()
+    index[0] = 1
+    table.mark(False)
+    index[0] = 0
+    assert table.another_idle()
+
+
+def test_a_process_that_runs_no_task_itself_does_not_count_as_the_other(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    index[0] = 1
+    table.mark(True)
+    index[0] = 0
+    assert not table.another_idle()  # 0 is idle, but it is the one asking
+
+
+def test_a_process_outside_the_table_changes_nothing(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    index[0] = None
+    table.mark(True)
+    index[0] = 7
+    table.mark(True)
+    index[0] = 0
+    assert table.another_idle()
+
+
+def test_the_longest_wait_in_place_is_short_only_while_the_others_are_busy(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    table.mark(True)
+    assert pool_occupancy.max_block(10.0) == 10.0
+    index[0] = 1
+    table.mark(True)
+    assert pool_occupancy.max_block(10.0) == NEAR_TURN
+    assert pool_occupancy.max_block(0.05) == 0.05  # never longer than configured
+    assert pool_occupancy.max_block(0.0) == 0.0
+
+
+def test_outside_a_prefork_worker_the_setting_alone_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_occupancy, "current", None)
+    assert pool_occupancy.max_block(10.0) == 10.0
+    pool_occupancy.on_task_start()
+    pool_occupancy.on_task_end()
+
+
+def test_a_forked_process_marks_in_the_table_its_parent_reads(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    table.mark(True)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            index[0] = 1
+            table.mark(True)
+            os.write(write, b"1")
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert not table.another_idle()
