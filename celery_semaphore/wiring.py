@@ -50,7 +50,7 @@ def _connect_handlers() -> None:
         task_retry.connect(release.on_cold_shutdown, weak=False)
         task_prerun.connect(pool_occupancy.on_task_start, weak=False)
         task_postrun.connect(pool_occupancy.on_task_end, weak=False)
-        worker_process_init.connect(pool_occupancy.on_task_end, weak=False)
+        worker_process_init.connect(pool_occupancy.on_process_start, weak=False)
         events.connect()
         _connected.set()
 

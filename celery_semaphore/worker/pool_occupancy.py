@@ -29,16 +29,32 @@ from celery_semaphore.config import NEAR_TURN
 
 
 class PoolOccupancy:
-    """A byte per pool process: 1 while it runs a task."""
+    """A byte per pool process: 1 while it runs a task (a task it runs inside another,
+    with ``apply()``, ends without clearing it)."""
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
         self._bytes = mmap.mmap(-1, processes)
+        #: Tasks running now, one inside the other, by pool index; a pool process
+        #: (which has its own copy after the fork) only ever counts at its own index.
+        self._depth: dict[int, int] = {}
 
-    def mark(self, busy: bool) -> None:
+    def started(self) -> None:
+        self._count(+1)
+
+    def ended(self) -> None:
+        self._count(-1)
+
+    def process_started(self) -> None:
+        self._count(None)
+
+    def _count(self, change: int | None) -> None:
         index = _own_index()
-        if index is not None and index < self.processes:
-            self._bytes[index] = 1 if busy else 0
+        if index is None or index >= self.processes:
+            return
+        depth = 0 if change is None else max(0, self._depth.get(index, 0) + change)
+        self._depth[index] = depth
+        self._bytes[index] = 1 if depth else 0
 
     def another_idle(self) -> bool:
         """Whether a process of the pool other than this one runs no task now."""
@@ -76,10 +92,16 @@ def max_block(configured: float) -> float:
 def on_task_start(**_: Any) -> None:
     table = current
     if table is not None:
-        table.mark(True)
+        table.started()
 
 
 def on_task_end(**_: Any) -> None:
     table = current
     if table is not None:
-        table.mark(False)
+        table.ended()
+
+
+def on_process_start(**_: Any) -> None:
+    table = current
+    if table is not None:
+        table.process_started()

@@ -29,14 +29,14 @@ def table(monkeypatch: pytest.MonkeyPatch) -> PoolOccupancy:
 def test_another_process_is_idle_until_every_other_one_runs_a_task(
     index: list[int | None], table: PoolOccupancy
 ) -> None:
-    table.mark(True)  # process 0: this one
+    table.started()  # process 0: this one
     assert table.another_idle()
     index[0] = 1
-    table.mark(True)
+    table.started()
     index[0] = 0
     assert not table.another_idle()
     index[0] = 1
-    table.mark(False)
+    table.ended()
     index[0] = 0
     assert table.another_idle()
 
@@ -45,18 +45,45 @@ def test_a_process_that_runs_no_task_itself_does_not_count_as_the_other(
     index: list[int | None], table: PoolOccupancy
 ) -> None:
     index[0] = 1
-    table.mark(True)
+    table.started()
     index[0] = 0
     assert not table.another_idle()  # 0 is idle, but it is the one asking
+
+
+def test_a_task_run_inside_another_leaves_its_process_busy(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    index[0] = 1
+    table.started()  # the task
+    table.started()  # a task it runs with apply()
+    table.ended()
+    index[0] = 0
+    table.started()
+    assert not table.another_idle()
+    index[0] = 1
+    table.ended()
+    index[0] = 0
+    assert table.another_idle()
+
+
+def test_a_new_process_clears_what_the_one_it_replaces_left(
+    index: list[int | None], table: PoolOccupancy
+) -> None:
+    table.started()
+    index[0] = 1
+    table.started()  # killed in its task: no task_postrun
+    table.process_started()  # its replacement, at the same index
+    index[0] = 0
+    assert table.another_idle()
 
 
 def test_a_process_outside_the_table_changes_nothing(
     index: list[int | None], table: PoolOccupancy
 ) -> None:
     index[0] = None
-    table.mark(True)
+    table.started()
     index[0] = 7
-    table.mark(True)
+    table.started()
     index[0] = 0
     assert table.another_idle()
 
@@ -64,10 +91,10 @@ def test_a_process_outside_the_table_changes_nothing(
 def test_the_longest_wait_in_place_is_short_only_while_the_others_are_busy(
     index: list[int | None], table: PoolOccupancy
 ) -> None:
-    table.mark(True)
+    table.started()
     assert pool_occupancy.max_block(10.0) == 10.0
     index[0] = 1
-    table.mark(True)
+    table.started()
     assert pool_occupancy.max_block(10.0) == NEAR_TURN
     assert pool_occupancy.max_block(0.05) == 0.05  # never longer than configured
     assert pool_occupancy.max_block(0.0) == 0.0
@@ -80,18 +107,19 @@ def test_outside_a_prefork_worker_the_setting_alone_counts(
     assert pool_occupancy.max_block(10.0) == 10.0
     pool_occupancy.on_task_start()
     pool_occupancy.on_task_end()
+    pool_occupancy.on_process_start()
 
 
 def test_a_forked_process_marks_in_the_table_its_parent_reads(
     index: list[int | None], table: PoolOccupancy
 ) -> None:
-    table.mark(True)
+    table.started()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
             index[0] = 1
-            table.mark(True)
+            table.started()
             os.write(write, b"1")
         finally:
             os._exit(0)
