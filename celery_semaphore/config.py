@@ -17,8 +17,9 @@
 - ``semaphore_max_block`` (1.0 s): a task among the next ``limit`` in line
   whose turn is due within this long waits for it in place (blocking its
   worker process at most this long) instead of parking or retrying; 0 never
-  waits in place. While every other process of a prefork worker runs a task,
-  at most 0.1 s (`celery_semaphore.worker.pool_occupancy`). In handover mode
+  waits in place. For a task that would otherwise park, at most 0.1 s while
+  every other process of its prefork worker runs a task
+  (`celery_semaphore.worker.pool_occupancy`). In handover mode
   it also sets the window: parked tasks whose turn is due within ``max_block``,
   at most 0.1 s, are handed over ahead of time, so they wait in place.
 - ``semaphore_handover_deadline`` (30 s): a handed-over task that has not
@@ -164,10 +165,11 @@ class SemaphoreConfig:
 
     @property
     def handover_window(self) -> float:
-        """How far ahead of its turn a parked task is handed over (and a task published
-        counts as near its turn): ``max_block``, at most `NEAR_TURN`. Sooner, it would
-        reach a worker that cannot keep it waiting (busy: `pool_occupancy`), and park
-        again."""
+        """How far ahead of its turn a parked task is handed over (under a rate: how far
+        ahead of its slot, and how near a slot counts at publish): ``max_block``, at
+        most `NEAR_TURN`. Sooner, it could reach a worker that keeps it waiting in
+        place only that long (busy: `celery_semaphore.worker.pool_occupancy`), and
+        park again."""
         return min(self.max_block, NEAR_TURN)
 
     @property

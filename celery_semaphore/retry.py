@@ -29,7 +29,7 @@ from .config import SemaphoreConfig
 from .core import Place, SemaphoreError, SemaphoreTimeout, WaitingForPermit
 from .gates import semaphore_of
 from .state import state_of
-from .waiting import Decision, GiveUp, WaitInPlace, decide, estimate_turn
+from .waiting import Decision, GiveUp, Park, WaitInPlace, decide, estimate_turn
 from .wire import (
     GATES_HEADER,
     QUEUE_HEADER,
@@ -92,11 +92,19 @@ class Waits:
 
     def in_place_for(self, place: Place) -> float | None:
         """Seconds to wait in place at ``place``, or None: not in place (a turn not due
-        within ``max_block``, or within a shorter time while every other process of
-        its worker runs a task: `celery_semaphore.worker.pool_occupancy`)."""
-        max_block = pool_occupancy.max_block(self.config.max_block)
+        within ``max_block``; for a task that would park, within a shorter time while
+        every other process of its worker runs a task:
+        `celery_semaphore.worker.pool_occupancy`. A task that would retry with a
+        countdown keeps the whole ``max_block``: its countdown aims half a hold before
+        its turn, and a shorter wait would send it round the broker again and again)."""
+        max_block = self.config.max_block
+        if self._would_park(place):
+            max_block = pool_occupancy.max_block(max_block)
         decision = self.decide(place, may_park=False, max_block=max_block)
         return decision.seconds if isinstance(decision, WaitInPlace) else None
+
+    def _would_park(self, place: Place) -> bool:
+        return isinstance(self.decide(place, may_wait_in_place=False), Park)
 
     def park(self, gate: Gate, place: Place, due: float | None) -> Retry | None:
         """Leave the retry's message beside the place in line; the ``Retry`` (that

@@ -24,6 +24,7 @@ from celery.signals import (
     task_retry,
     task_revoked,
     worker_process_init,
+    worker_process_shutdown,
 )
 
 from . import events
@@ -51,6 +52,7 @@ def _connect_handlers() -> None:
         task_prerun.connect(pool_occupancy.on_task_start, weak=False)
         task_postrun.connect(pool_occupancy.on_task_end, weak=False)
         worker_process_init.connect(pool_occupancy.on_process_start, weak=False)
+        worker_process_shutdown.connect(pool_occupancy.on_process_end, weak=False)
         events.connect()
         _connected.set()
 

@@ -10,7 +10,6 @@ import click
 import redis
 from celery import __version__ as celery_version
 from celery import bootsteps
-from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
@@ -179,8 +178,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             admit_every_task(worker.app)
         warn_disagreeing_limits(worker.app)
         check_reachable(worker.app, config)
-        if issubclass(worker.pool_cls, PreforkPool):
-            pool_occupancy.start(getattr(worker, "max_concurrency", None) or worker.concurrency)
+        pool_occupancy.start_for(worker)
 
     def start(self, worker: Any) -> None:
         dead_children = self.dead_children = DeadChildren(

@@ -3,19 +3,23 @@ the pool reads it: whether a task may wait in place long depends on it.
 
 A wait in place blocks a pool process for up to ``semaphore_max_block``
 (`celery_semaphore.waiting`). While another process of the worker is idle that costs
-nothing (the worker still takes messages) and it makes the hand-over fast. When every
-other process runs a task, the worker takes no message while it waits, and other work
-(other queues, other semaphores, plain tasks) waits for a process. Then a task waits in
-place only for a turn due within ``NEAR_TURN`` (0.1 s), a few hand-overs through the
-broker; otherwise it parks.
+nothing (the worker still starts tasks) and it makes the hand-over fast. When every
+other process runs a task, the worker starts no other task while it waits, and other
+work (other queues, other semaphores, plain tasks) waits for a process. Then a task that
+would park waits in place only for a turn due within ``NEAR_TURN`` (0.1 s, a few
+hand-overs through the broker), and parks otherwise. Decided when the wait begins: a
+longer wait begun while a process was idle goes on if that process takes a task.
 
 One byte per process at the pool's index of the process (billiard gives a new process
-the index of the one it replaces), in anonymous shared memory the worker's main process
-maps before the pool forks. Each process sets its own byte at ``task_prerun``, clears it
-at ``task_postrun`` and when it starts (a process killed in a task leaves its byte set
-until its replacement starts). No locks: a reading may be one task behind, which only
-makes one wait shorter or longer. Other pools (threads, solo, gevent, eventlet) keep no
-table, and waits in place there follow ``semaphore_max_block`` alone.
+the lowest free index), in anonymous shared memory the worker's main process maps before
+the pool forks: absent (no process there: autoscale below its maximum, or a process that
+exited), idle, or busy. Each process marks itself idle when it starts
+(``worker_process_init``), busy at ``task_prerun``, idle at ``task_postrun`` and absent
+at ``worker_process_shutdown``. A process killed in a task stays busy until its
+replacement starts. No locks: a reading may be one task behind, which only makes one
+wait shorter or longer. Other pools (threads, solo, gevent, eventlet) and pool processes
+that are not forked (``worker_pool_start_method = "spawn"``) keep no table: waits in
+place there follow ``semaphore_max_block`` alone.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ import mmap
 from typing import Any
 
 from billiard.process import current_process
+from celery.concurrency.prefork import TaskPool as PreforkPool
 
 from celery_semaphore.config import NEAR_TURN
 
+ABSENT, IDLE, BUSY = 0, 1, 2
+
 
 class PoolOccupancy:
-    """A byte per pool process: 1 while it runs a task (a task it runs inside another,
-    with ``apply()``, ends without clearing it)."""
+    """A byte per pool process: absent, idle, or busy while it runs a task (a task it
+    runs inside another, with ``apply()``, ends without making it idle)."""
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
@@ -39,28 +46,34 @@ class PoolOccupancy:
         #: (which has its own copy after the fork) only ever counts at its own index.
         self._depth: dict[int, int] = {}
 
+    def process_started(self) -> None:
+        self._count(0)
+
     def started(self) -> None:
         self._count(+1)
 
     def ended(self) -> None:
         self._count(-1)
 
-    def process_started(self) -> None:
-        self._count(None)
+    def process_ended(self) -> None:
+        index = _own_index()
+        if index is not None and index < self.processes:
+            self._depth.pop(index, None)
+            self._bytes[index] = ABSENT
 
-    def _count(self, change: int | None) -> None:
+    def _count(self, change: int) -> None:
         index = _own_index()
         if index is None or index >= self.processes:
             return
-        depth = 0 if change is None else max(0, self._depth.get(index, 0) + change)
+        depth = 0 if change == 0 else max(0, self._depth.get(index, 0) + change)
         self._depth[index] = depth
-        self._bytes[index] = 1 if depth else 0
+        self._bytes[index] = BUSY if depth else IDLE
 
     def another_idle(self) -> bool:
-        """Whether a process of the pool other than this one runs no task now."""
-        idle = self._bytes[:].count(0)
+        """Whether a process of the pool other than this one is up and runs no task."""
+        idle = self._bytes[:].count(IDLE)
         index = _own_index()
-        if index is not None and index < self.processes and self._bytes[index] == 0:
+        if index is not None and index < self.processes and self._bytes[index] == IDLE:
             idle -= 1
         return idle > 0
 
@@ -74,15 +87,21 @@ def _own_index() -> int | None:
 current: PoolOccupancy | None = None
 
 
-def start(processes: int) -> None:
-    """Make the table, in the worker's main process before the pool forks."""
+def start_for(worker: Any) -> None:
+    """In the worker's main process, before the pool forks: a prefork worker's table,
+    one byte for each process its pool may have (its autoscale maximum); no table for
+    the other pools."""
     global current  # noqa: PLW0603 - one table per worker process
-    current = PoolOccupancy(processes)
+    pool = worker.pool_cls
+    if isinstance(pool, type) and issubclass(pool, PreforkPool):
+        current = PoolOccupancy(getattr(worker, "max_concurrency", None) or worker.concurrency)
+    else:
+        current = None
 
 
 def max_block(configured: float) -> float:
-    """How long a task may wait in place now: ``configured``, or at most
-    `NEAR_TURN` while every other process of its prefork worker runs a task."""
+    """How long a task that would otherwise park may wait in place now: ``configured``,
+    or at most `NEAR_TURN` while every other process of its prefork worker runs a task."""
     table = current
     if table is None or configured <= NEAR_TURN or table.another_idle():
         return configured
@@ -105,3 +124,9 @@ def on_process_start(**_: Any) -> None:
     table = current
     if table is not None:
         table.process_started()
+
+
+def on_process_end(**_: Any) -> None:
+    table = current
+    if table is not None:
+        table.process_ended()

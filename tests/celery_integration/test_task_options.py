@@ -19,6 +19,7 @@ from celery_semaphore import (
     Concurrency,
     LimitedTask,
     Permit,
+    Place,
     Rate,
     Semaphore,
     SemaphoreTimeout,
@@ -668,3 +669,39 @@ def test_a_bad_weight_fails_the_task_naming_it(
     with pytest.raises(ValueError, match=message):
         raise result.result
     assert ran == []
+
+
+# -- how long a refused task waits in place in a busy prefork worker ----------------------------
+
+
+@pytest.mark.parametrize(("mode", "seconds"), [("handover", None), ("countdown", 1.0)])
+def test_in_a_busy_worker_only_a_task_that_would_park_waits_in_place_briefly(
+    make_app: Make, monkeypatch: pytest.MonkeyPatch, mode: str, seconds: float | None
+) -> None:
+    """Every other pool process runs a task. A turn 0.4 s away: a task that would park
+    does not wait for it in place (at most 0.1 s, then it parks); one that would come
+    back with a countdown waits the whole max_block (its countdown, aimed half a hold
+    before its turn, would bring it back at once, round and round through the broker)."""
+    from celery.app.task import Context
+
+    from celery_semaphore.config import task_config
+    from celery_semaphore.retry import Waits
+    from celery_semaphore.wire import WaitState
+    from celery_semaphore.worker import pool_occupancy
+
+    table = pool_occupancy.PoolOccupancy(2)
+    monkeypatch.setattr(pool_occupancy, "current", table)
+    for index in (1, 0):  # process 1 runs a task; this one (0) is the refused task's
+        monkeypatch.setattr(pool_occupancy, "_own_index", lambda i=index: i)
+        table.process_started()
+        table.started()
+    task = limited(make_app(), f"busy_{mode}", semaphore="b", limit=2, semaphore_wait_mode=mode,
+                   semaphore_park_without_persistence=True)  # fmt: skip
+    request = Context(id="t-1", retries=0, headers={}, hostname="h", delivery_info={},
+                      args=(), kwargs={})  # fmt: skip
+    state = WaitState()
+    waits = Waits(task, request, state, task_config(task), "info")
+    place = Place(7, 2, 2, 2, False, None, 0.4, None)  # second in line, 0.2 s a turn
+    assert waits.in_place_for(place) == seconds
+    monkeypatch.setattr(pool_occupancy, "current", None)  # no table: max_block alone
+    assert waits.in_place_for(place) == 1.0

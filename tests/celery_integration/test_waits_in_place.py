@@ -55,5 +55,8 @@ def test_a_task_waits_in_place_long_only_while_another_process_of_its_worker_is_
     time.sleep(1.0)  # ten times the short wait, a tenth of max_block
     expected = IN_PLACE if other_process == "idle" else "parked"
     assert state_in_line(sem, waiting.id) == expected
+    if other_process == "busy":  # its process is free again: another task runs there
+        assert tasks.plain.delay(0.05, "next").get(timeout=3) == "next"
+        assert state_in_line(sem, waiting.id) == "parked"
     blocker.release()
     assert waiting.get(timeout=20) == "waiting"

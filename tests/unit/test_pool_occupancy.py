@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from celery.concurrency import get_implementation
 
 from celery_semaphore.config import NEAR_TURN
 from celery_semaphore.worker import pool_occupancy
@@ -20,10 +21,28 @@ def index(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
 
 
 @pytest.fixture
-def table(monkeypatch: pytest.MonkeyPatch) -> PoolOccupancy:
+def table(monkeypatch: pytest.MonkeyPatch, index: list[int | None]) -> PoolOccupancy:
+    """A table of two processes, both started (the test runs as process 0)."""
     made = PoolOccupancy(2)
     monkeypatch.setattr(pool_occupancy, "current", made)
+    for started in (1, 0):
+        index[0] = started
+        made.process_started()
     return made
+
+
+def test_a_slot_no_process_has_started_in_is_not_idle(index: list[int | None]) -> None:
+    autoscaled = PoolOccupancy(4)  # autoscale 4,1: one process up
+    autoscaled.started()
+    assert not autoscaled.another_idle()
+    index[0] = 1
+    autoscaled.process_started()
+    index[0] = 0
+    assert autoscaled.another_idle()
+    index[0] = 1
+    autoscaled.process_ended()  # shrunk away again
+    index[0] = 0
+    assert not autoscaled.another_idle()
 
 
 def test_another_process_is_idle_until_every_other_one_runs_a_task(
@@ -128,3 +147,23 @@ def test_a_forked_process_marks_in_the_table_its_parent_reads(
     os.waitpid(pid, 0)
     os.close(read)
     assert not table.another_idle()
+
+
+class _Worker:
+    def __init__(self, pool: str, concurrency: int, autoscale_max: int | None = None) -> None:
+        self.pool_cls = get_implementation(pool)
+        self.concurrency = concurrency
+        self.max_concurrency = autoscale_max
+
+
+@pytest.mark.parametrize(
+    ("pool", "autoscale_max", "processes"),
+    [("prefork", None, 4), ("prefork", 10, 10), ("threads", None, None), ("solo", None, None)],
+)
+def test_only_a_prefork_worker_keeps_a_table_of_every_process_it_may_have(
+    monkeypatch: pytest.MonkeyPatch, pool: str, autoscale_max: int | None, processes: int | None
+) -> None:
+    monkeypatch.setattr(pool_occupancy, "current", PoolOccupancy(1))
+    pool_occupancy.start_for(_Worker(pool, 4, autoscale_max))
+    table = pool_occupancy.current
+    assert (table.processes if table is not None else None) == processes
