@@ -18,7 +18,7 @@
   whose turn is due within this long waits for it in place (blocking its
   worker process at most this long) instead of parking or retrying; 0 never
   waits in place. For a task that would otherwise park, at most 0.1 s while
-  every other process of its prefork worker runs a task
+  every other process (thread, greenlet) of its worker's pool runs a task
   (`celery_semaphore.worker.pool_occupancy`). In handover mode
   it also sets the window: parked tasks whose turn is due within ``max_block``,
   at most 0.1 s, are handed over ahead of time, so they wait in place.
@@ -71,7 +71,7 @@ APP_WIDE = frozenset(
 )
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: A few hand-overs through the broker: how far ahead of its turn a parked task is
-#: handed over, and the longest wait in place in a prefork worker whose other
+#: handed over, and the longest wait in place in a worker whose other pool
 #: processes all run tasks (`celery_semaphore.worker.pool_occupancy`).
 NEAR_TURN = 0.1
 

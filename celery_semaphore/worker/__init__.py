@@ -12,6 +12,6 @@ Who hears of each ending (prefork; see docs/guarantees.md):
 - `heartbeat`: renews the leases of running tasks (a plain service);
 - `bootstep`: the worker bootstep that starts and stops the heartbeat
   and the metrics endpoint, and the ``--semaphore-metrics-port`` option;
-- `pool_occupancy`: which pool processes of a prefork worker run a task (made
-  here, read in the pool): a wait in place is short while none other is idle.
+- `pool_occupancy`: how many of the pool's processes run a task (made here,
+  read in the pool): a wait in place is short while none other is idle.
 """

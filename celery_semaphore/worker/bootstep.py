@@ -157,7 +157,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         forks: the settings and Celery's internals are checked here (a problem is one
         line and exit 1), whether tasks may park in the semaphores' Redis is read
         (and a warning logged if not), with queue caps every task class gets
-        admission, and a prefork worker maps the table of its busy processes (the
+        admission, and the count of the pool's busy processes is made (a prefork
         pool inherits it: `pool_occupancy`)."""
         state_of(worker.app).worker_events = bool(getattr(worker, "task_events", False))
         gone = internals.missing()

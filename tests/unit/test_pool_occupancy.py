@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from celery.concurrency import get_implementation
 
 from celery_semaphore.config import NEAR_TURN
 from celery_semaphore.worker import pool_occupancy
-from celery_semaphore.worker.pool_occupancy import PoolOccupancy
+from celery_semaphore.worker.pool_occupancy import InProcessOccupancy, PoolOccupancy
 
 
 @pytest.fixture
@@ -157,13 +158,49 @@ class _Worker:
 
 
 @pytest.mark.parametrize(
-    ("pool", "autoscale_max", "processes"),
-    [("prefork", None, 4), ("prefork", 10, 10), ("threads", None, None), ("solo", None, None)],
+    ("pool", "autoscale_max", "kind", "size"),
+    [
+        ("prefork", None, PoolOccupancy, 4),
+        ("prefork", 10, PoolOccupancy, 10),
+        ("threads", None, InProcessOccupancy, 4),
+        ("solo", None, InProcessOccupancy, 1),  # one task at a time, whatever -c says
+    ],
 )
-def test_only_a_prefork_worker_keeps_a_table_of_every_process_it_may_have(
-    monkeypatch: pytest.MonkeyPatch, pool: str, autoscale_max: int | None, processes: int | None
+def test_each_pool_keeps_the_count_that_fits_it(
+    monkeypatch: pytest.MonkeyPatch,
+    pool: str,
+    autoscale_max: int | None,
+    kind: type,
+    size: int,
 ) -> None:
-    monkeypatch.setattr(pool_occupancy, "current", PoolOccupancy(1))
+    monkeypatch.setattr(pool_occupancy, "current", None)
     pool_occupancy.start_for(_Worker(pool, 4, autoscale_max))
-    table = pool_occupancy.current
-    assert (table.processes if table is not None else None) == processes
+    made = pool_occupancy.current
+    assert isinstance(made, kind)
+    assert (made.processes if isinstance(made, PoolOccupancy) else made.size) == size
+
+
+def test_threads_count_their_running_tasks_against_the_pool_size() -> None:
+    threads = InProcessOccupancy(2)
+    threads.started()  # the asking task
+    assert threads.another_idle()
+    other_started, other_may_end = threading.Event(), threading.Event()
+
+    def other() -> None:
+        threads.started()
+        threads.started()  # a task it runs with apply()
+        threads.ended()
+        other_started.set()
+        other_may_end.wait(5)
+        threads.ended()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert other_started.wait(5)
+    assert not threads.another_idle()
+    other_may_end.set()
+    thread.join(5)
+    assert threads.another_idle()
+    threads.ended()
+    threads.ended()  # one end too many changes nothing
+    assert threads._running == 0
