@@ -165,11 +165,13 @@ class SemaphoreConfig:
 
     @property
     def handover_window(self) -> float:
-        """How far ahead of its turn a parked task is handed over (under a rate: how far
-        ahead of its slot, and how near a slot counts at publish): ``max_block``, at
-        most `NEAR_TURN`. Sooner, it could reach a worker that keeps it waiting in
-        place only that long (busy: `celery_semaphore.worker.pool_occupancy`), and
-        park again."""
+        """How far ahead of its turn a parked task is handed over (under a rate: of its
+        slot, at most this): ``max_block``, at most `NEAR_TURN`. Sooner, it could reach
+        a worker that keeps it waiting in place only that long (busy:
+        `celery_semaphore.worker.pool_occupancy`), and park again. A semaphore with
+        shadow limits keeps ``max_block``: parking at publish and hand-overs count its
+        shadow limits as if they refused, and only the longer window let its tasks
+        overlap as they would without them."""
         return min(self.max_block, NEAR_TURN)
 
     @property
