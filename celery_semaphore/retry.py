@@ -98,8 +98,9 @@ class Waits:
         countdown keeps the whole ``max_block``: its countdown aims half a hold before
         its turn, and a shorter wait would send it round the broker again and again)."""
         max_block = self.config.max_block
-        if self._would_park(place):
-            max_block = pool_occupancy.max_block(max_block)
+        short = pool_occupancy.max_block(max_block)
+        if short < max_block and self._would_park(place):
+            max_block = short
         decision = self.decide(place, may_park=False, max_block=max_block)
         return decision.seconds if isinstance(decision, WaitInPlace) else None
 
