@@ -174,6 +174,11 @@ class SemaphoreConfig:
         overlap as they would without them."""
         return min(self.max_block, NEAR_TURN)
 
+    def handover_window_of(self, shadow: frozenset[str]) -> float:
+        """`handover_window` for a semaphore with the ``shadow`` limits: ``max_block``
+        where it has any (see there)."""
+        return self.max_block if shadow else self.handover_window
+
     @property
     def renew_every(self) -> float:
         return self.heartbeat_interval or self.lease_timeout / 4
