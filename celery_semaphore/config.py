@@ -168,16 +168,8 @@ class SemaphoreConfig:
         """How far ahead of its turn a parked task is handed over (under a rate: of its
         slot, at most this): ``max_block``, at most `NEAR_TURN`. Sooner, it could reach
         a worker that keeps it waiting in place only that long (busy:
-        `celery_semaphore.worker.pool_occupancy`), and park again. A semaphore with
-        shadow limits keeps ``max_block``: parking at publish and hand-overs count its
-        shadow limits as if they refused, and only the longer window let its tasks
-        overlap as they would without them."""
+        `celery_semaphore.worker.pool_occupancy`), and park again."""
         return min(self.max_block, NEAR_TURN)
-
-    def handover_window_of(self, shadow: frozenset[str]) -> float:
-        """`handover_window` for a semaphore with the ``shadow`` limits: ``max_block``
-        where it has any (see there)."""
-        return self.max_block if shadow else self.handover_window
 
     @property
     def renew_every(self) -> float:

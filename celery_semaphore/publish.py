@@ -203,7 +203,7 @@ def drop_unsent() -> None:
 
 def window_of(gate: Gate, config: Any) -> float:
     """How far ahead (seconds) a place at ``gate`` counts as near (`turn_is_near()`)."""
-    window: float = config.handover_window_of(gate.shadow)
+    window: float = config.handover_window
     return window if gate.rate is None else rate_window(gate.rate, window)
 
 

@@ -118,7 +118,7 @@ class Semaphores:
                 lease_timeout=config.lease_timeout,
                 namespace=config.namespace,
                 on_handover=on_handover,
-                handover_window=config.handover_window_of(shadow),
+                handover_window=config.handover_window,
                 handover_deadline=config.handover_deadline,
                 family=family,
                 rate=rate,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, TypeVar
 
 from redis.crc import key_slot
@@ -810,7 +810,8 @@ class SemaphoreSpec:
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
-                self.sent_horizon_ms, self.keys.channel, self.rate_arg, weight_arg]  # fmt: skip
+                self.sent_horizon_ms, self.keys.channel, self.rate_arg, weight_arg,
+                self.shadow_arg]  # fmt: skip
 
     def park_when_far_args(
         self,
@@ -821,7 +822,7 @@ class SemaphoreSpec:
         due: float | None,
     ) -> list[Any]:
         """What enqueue.lua takes after `enqueue_args()` to park the waiter when its turn
-        is far (ARGV[11..16]); ``payload``: the text, or (head, tail) around its ticket."""
+        is far (ARGV[12..17]); ``payload``: the text, or (head, tail) around its ticket."""
         head, tail = (payload, "") if isinstance(payload, str) else payload
         if not (isinstance(head, str) and isinstance(tail, str)):
             raise TypeError(f"payload must be a str or a pair of str, got {payload!r:.80}")
@@ -842,14 +843,24 @@ class SemaphoreSpec:
             due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
         return park_ms, due_ms
 
-    @staticmethod
-    def parse_enqueue(reply: Sequence[Any]) -> Place:
-        return _enqueued_place(read(Enqueued, reply))
+    def parse_enqueue(self, reply: Sequence[Any]) -> Place:
+        return self.binding(_enqueued_place(read(Enqueued, reply)))
 
-    @staticmethod
-    def parse_enqueue_or_park(reply: Sequence[Any]) -> tuple[Place, bool, list[Handover]]:
+    def parse_enqueue_or_park(self, reply: Sequence[Any]) -> tuple[Place, bool, list[Handover]]:
         place = read(EnqueuedOrParked, reply)
-        return _enqueued_place(place), place.parked, place.handovers
+        return self.binding(_enqueued_place(place)), place.parked, place.handovers
+
+    def binding(self, place: Place) -> Place:
+        """``place`` as the limits that bind it see it: a shadow limit refuses nothing,
+        so the line moves as if it were not there (common.lua's line_limit(): the largest
+        limit, like a semaphore with a rate alone; a shadow rate: no slot, no pause)."""
+        if not self.shadow:
+            return place
+        if "limit" in self.shadow:
+            place = replace(place, limit=validation.MAX_LIMIT)
+        if "rate" in self.shadow:
+            place = replace(place, rate_due=None, rate_paused_for=None)
+        return place
 
     def release_args(self, holder: str, token: int | None, *, unused: int = 0) -> list[Any]:
         """``unused``: the rate grants to give back with a permit its task never used."""
@@ -922,7 +933,7 @@ class SemaphoreSpec:
             return _grant(granted), granted.handovers
         if code == 0:
             refused = read(Refused, values)
-            return _place(refused), refused.handovers
+            return self.binding(_place(refused)), refused.handovers
         if code == 2:
             raise StaleHandover(self.name, read(StaleCopy, values).token)
         raise ValueError(f"acquire.lua answered with unknown code {code!r}")
@@ -1111,7 +1122,7 @@ def parse_joint_acquire(
         refused = [read(Refused, row) for row in rows]
         places = Places(
             int(ticket),
-            tuple(_place(row) for row in refused),
+            tuple(spec.binding(_place(row)) for spec, row in zip(specs, refused, strict=True)),
             tuple(i for i, flag in enumerate(text(refused_by)) if flag == "1"),
         )
         return places, [row.handovers for row in refused]

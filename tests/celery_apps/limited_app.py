@@ -433,6 +433,16 @@ def shadowed(self: Any, seconds: float, tag: Any = None) -> Any:
     return _held(self, seconds, tag)
 
 
+@app.task(
+    bind=True,
+    base=LimitedTask,
+    limits=[Concurrency("half-shadowed", 1, shadow=True), Rate("half-shadowed", 10)],
+)
+def half_shadowed(self: Any, seconds: float, tag: Any = None) -> Any:
+    """A concurrency limit tried in shadow beside an enforced rate."""
+    return _held(self, seconds, tag)
+
+
 @app.task(bind=True, base=LimitedTask, semaphore="paced-short", rate="20/s", max_retries=0,
           semaphore_backoff_max=0.5)  # fmt: skip
 def slow_down_long(self: Any, tag: Any, retry_after: float) -> Any:

@@ -198,6 +198,28 @@ def test_shadow_limits_change_nothing_and_count_what_they_would_have_done(
     assert int(meta[b"m_shadow_wait_ms"]) > 0
 
 
+def test_a_shadow_limit_beside_an_enforced_rate_holds_back_nothing_but_the_rate(
+    clusters: Clusters,
+) -> None:
+    """Tasks wait for the rate (10/s) and for nothing else: the line the rate forms moves
+    past the shadow limit of 1 (tasks parked and waiting are handed over and woken by
+    the rate alone), so they overlap as they would without it, and it counts them."""
+    cluster = clusters()
+    for name in ("w1", "w2"):
+        cluster.worker(name, concurrency=4)
+    task = cluster.app_module.half_shadowed
+    results = [task.delay(0.6, i) for i in range(12)]
+    assert [r.get(timeout=60) for r in results] == list(range(12))
+    events = cluster.events()
+    times = [e["at"] for e in starts(events)]
+    assert most_in_window(times, 1.0) <= 12, "10/s, burst 1 (+1: the bodies' own jitter)"
+    assert max_overlap(events) >= 4, "the shadow limit of 1 held the tasks back"
+    span = times[-1] - times[0]
+    assert span < 2.5, f"12 starts at 10/s took {span:.2f} s (1.1 s, unheld)"
+    meta = cluster.redis.hgetall(cluster.semaphore("half-shadowed").keys.meta)
+    assert int(meta[b"m_shadow_limit"]) >= 4, "the starts that found the shadow limit full"
+
+
 def test_a_queue_rate_paces_every_task_of_the_queue(clusters: Clusters) -> None:
     cluster = clusters(extra_conf={"semaphore_queue_rates": {"emails": "5/s"}})
     for name in ("w1", "w2"):

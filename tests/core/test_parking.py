@@ -7,6 +7,7 @@ presenting the handover token, and an older copy is refused as stale.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -368,15 +369,19 @@ def test_one_call_leaves_the_line_as_taking_a_place_then_parking_does(
     assert outbox.take() == {}
 
 
-@pytest.mark.parametrize("setup", ["free permits", "draining", "rate"])
+@pytest.mark.parametrize(
+    "setup", ["free permits", "draining", "rate", "shadow limit", "shadow rate", "shadow both"]
+)
 def test_one_call_decides_near_and_far_as_turn_is_near_does(
     make_semaphore: MakeSemaphore, outbox: Outbox, setup: str
 ) -> None:
     """The script's decision is the one the publisher makes from a place
     (publish.turn_is_near()): free permits count, a draining line parks everyone,
-    and under a rate a slot beyond the window parks."""
-    rate = "2/s" if setup == "rate" else None
-    sem = make_semaphore(3, on_handover=outbox, rate=rate)
+    under a rate a slot beyond the window parks, and a shadow limit counts for
+    nothing (it refuses nobody, so nobody is far behind it)."""
+    rate = "2/s" if setup in ("rate", "shadow rate", "shadow both") else None
+    shadow = {"shadow limit": ["limit"], "shadow rate": ["rate"], "shadow both": ["limit", "rate"]}
+    sem = make_semaphore(3, on_handover=outbox, rate=rate, shadow=shadow.get(setup, []))
     granted(sem.attempt("h1"))
     if setup == "draining":
         sem.set_draining(True)
@@ -385,11 +390,71 @@ def test_one_call_decides_near_and_far_as_turn_is_near_does(
         place, parked = place_or_park(sem, f"w{i}", wait_lease=30)
         assert parked is not turn_is_near(place, 1.0), (i, place)
         decisions.append(parked)
-    assert True in decisions
-    if setup == "free permits":
+    if setup in ("free permits", "shadow rate"):
         assert decisions == [False] * 5 + [True] * 4  # 2 free + one round of 3
-    if setup == "draining":
+    elif setup == "draining":
         assert decisions == [True] * 9
+    elif setup == "rate":
+        assert True in decisions
+    else:
+        assert decisions == [False] * 9, "nothing binds"
+
+
+def test_a_shadow_limit_holds_back_no_parked_waiter(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """A parked waiter is due at once where only a shadow limit is full, and a release
+    hands over every parked waiter behind it; under an enforced limit, none and one."""
+    for shadow in (["limit"], []):
+        sem = make_semaphore(1, on_handover=outbox, shadow=shadow)
+        holder = granted(sem.attempt("holder"))
+        for name in ("a", "b", "c"):
+            sem.park(name, f"payload-{name}")
+        due = list(outbox.take())
+        assert due == (["a", "b", "c"] if shadow else []), shadow
+        holder.release()
+        assert list(outbox.take()) == ([] if shadow else ["a", "b"]), shadow
+
+
+def test_a_shadow_rate_holds_back_no_parked_waiter(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """Under a rate of one a minute, parked waiters wait for their slots (the next one
+    is handed over with its delay, the rest stay parked); under the same rate as a
+    shadow one, all of them are due at once."""
+    for shadow in (["rate"], []):
+        sem = make_semaphore(10, on_handover=outbox, rate="1/m", shadow=shadow)
+        granted(sem.attempt("holder"))  # spends the burst
+        for name in ("a", "b", "c"):
+            sem.park(name, f"payload-{name}")
+        due = {name: h.delay for name, h in outbox.take().items()}
+        if shadow:
+            assert due == {"a": 0.0, "b": 0.0, "c": 0.0}
+        else:
+            assert set(due) <= {"a"} and all(d > 0 for d in due.values()), due
+
+
+def test_a_waiter_behind_a_full_shadow_limit_is_woken_when_admissions_resume(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """A drain refuses even what a shadow limit would let through. When it ends, a
+    blocked waiter is woken though the shadow limit is full (it then asks and is
+    granted, counted as a grant the shadow limit would have refused); it does not
+    sleep until its next recheck."""
+    sem = make_semaphore(1, shadow=["limit"], recheck_interval=60.0, waiter_lease=180.0)
+    granted(sem.attempt("holder"))
+    sem.set_draining(True)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=30, holder="a")))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while sem.status().waiter_count == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sem.status().waiter_count == 1
+    sem.set_draining(False)
+    waiter.join(timeout=10)
+    assert not waiter.is_alive(), "not woken: it would have slept until its recheck"
+    assert got and got[0].shadow_refused == {"limit"}
 
 
 def test_the_parking_metrics_count_what_happened_and_nothing_else(

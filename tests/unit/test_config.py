@@ -353,14 +353,14 @@ def test_parked_tasks_are_handed_over_at_most_a_tenth_of_a_second_ahead(
     assert SemaphoreConfig(max_block=max_block).handover_window == window
 
 
-def test_a_semaphore_with_shadow_limits_keeps_max_block_as_its_window() -> None:
+def test_a_place_at_publish_is_near_within_the_handover_window_shadow_limits_or_not() -> None:
     from celery_semaphore.core.rates import parse_rate
     from celery_semaphore.publish import window_of
     from celery_semaphore.wire import Gate
 
     config = SemaphoreConfig(max_block=1.0)
     assert window_of(Gate("plain", 5), config) == 0.1
-    assert window_of(Gate("shadowed", 5, shadow=frozenset({"limit"})), config) == 1.0
+    assert window_of(Gate("shadowed", 5, shadow=frozenset({"limit"})), config) == 0.1
     slow = parse_rate("1/s", "rate")  # its own lead: 3 intervals, at most the window
     assert window_of(Gate("paced", 5, rate=slow), config) == 0.1
-    assert window_of(Gate("paced", 5, rate=slow, shadow=frozenset({"rate"})), config) == 1.0
+    assert window_of(Gate("paced", 5, rate=slow, shadow=frozenset({"rate"})), config) == 0.1

@@ -16,6 +16,7 @@ from celery_semaphore.core.protocol import (
     read_all,
 )
 from celery_semaphore.core.rates import parse_rate
+from celery_semaphore.core.validation import MAX_LIMIT
 
 OPTIONS = dict(
     lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0
@@ -104,6 +105,27 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
     place = spec().parse_enqueue([9, 4, 2, 5, 1, b""])
     assert place == Place(9, 4, 2, 5, True, None)
     assert spec().parse_enqueue([9, 4, 2, 5, 1, b"1200000"]).rate_due == 1.2
+
+
+def test_a_place_shows_only_the_limits_that_bind_it() -> None:
+    """A shadow limit refuses nothing: the place a refused or enqueued contender gets
+    shows no limit (the largest, as for a rate alone) and, for a shadow rate, no slot
+    and no pause; so nothing waits for them (common.lua's line_limit(), line_room())."""
+    refused = [0, 9, 4, 2, 5, 0, 0, 1000, 0, 0, 0, b"1200000", 3000, []]
+    plain, _ = spec().parse_acquire(refused)
+    assert isinstance(plain, Place)
+    assert (plain.limit, plain.rate_due, plain.rate_paused_for) == (5, 1.2, 2.0)
+    place, _ = spec(shadow=["limit"]).parse_acquire(refused)
+    assert isinstance(place, Place)
+    assert (place.limit, place.rate_due, place.rate_paused_for) == (MAX_LIMIT, 1.2, 2.0)
+    place, _ = spec(shadow=["rate"]).parse_acquire(refused)
+    assert isinstance(place, Place)
+    assert (place.limit, place.rate_due, place.rate_paused_for) == (5, None, None)
+    enqueued = [9, 4, 2, 5, 0, b"1200000"]
+    assert spec(shadow=["limit", "rate"]).parse_enqueue(enqueued) == Place(
+        9, 4, 2, MAX_LIMIT, False, None
+    )
+    assert spec().parse_enqueue(enqueued).limit == 5
 
 
 def test_waiter_states_in_status() -> None:

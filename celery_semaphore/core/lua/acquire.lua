@@ -25,6 +25,7 @@
 --                          most permits held at once over the limit, in m_shadow_peak); the
 --                          rate's schedule moves on as if enforced, so its lateness grows
 --                          while tasks start faster than the rate. A drain still refuses.
+--                          Recorded in meta.shadow (see "Shadow limits" in common.lua).
 -- ARGV[15] weight          "<permits>|<grants>" the contender asks for at once, or ''
 --                          (1|1; see "Weights" in common.lua), and its priority and
 --                          fair key if it has them (see "The order of the line" there)

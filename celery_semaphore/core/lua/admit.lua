@@ -9,7 +9,7 @@
 
 local ACQUIRE_FIELDS = {'limit', 'override', 'draining', 'fence', 'ticket', 'hold_ms', 'grant_at',
   'grant_gap_ms', 'family', 'rate', 'rate_override', 'tat', 'rate_pause', 'released', 'handover',
-  'n_weighted', 'expiry'}
+  'n_weighted', 'expiry', 'shadow'}
 -- A contender under a shadow concurrency limit also reads the peak it may raise (grant_gate()).
 -- (Built by a loop: a Functions library is loaded without unpack.)
 local SHADOW_LIMIT_FIELDS = {'m_shadow_peak'}
@@ -42,6 +42,10 @@ local function open_gate(g, freeing)
   if declared_rate ~= (m.rate or '') then
     table.insert(meta_writes, 'rate')
     table.insert(meta_writes, declared_rate)
+  end
+  if g.shadow ~= (m.shadow or '') then
+    table.insert(meta_writes, 'shadow')
+    table.insert(meta_writes, g.shadow)
   end
   s.meta_writes = meta_writes
   s.room, s.next_us = rate_room(m)

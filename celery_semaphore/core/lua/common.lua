@@ -11,7 +11,8 @@
 --                          ticket, handover, released, hold_ms, grant_at, grant_gap_ms,
 --                          family, n_parked, n_handed, rate, rate_override, tat,
 --                          rate_pause (see "Rates" below), n_weighted and
---                          "w|<waiter>" (see "Weights" below), and the m_* counters (and the
+--                          "w|<waiter>" (see "Weights" below), shadow (see "Shadow
+--                          limits" below), and the m_* counters (and the
 --                          high-water mark m_shadow_peak)
 --                          metrics.py exports
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<mark>|<payload>": a waiter
@@ -74,6 +75,17 @@
 -- grants the rate allows now and when the next one after those is allowed; every
 -- grant (acquire, grant_in_place()) takes at most that many, in line order, and
 -- dispatch() hands waiters over at their slots (see there).
+--
+-- Shadow limits -----------------------------------------------------------------
+--
+-- A caller may declare its concurrency limit, its rate or both as shadow limits
+-- (acquire.lua's ARGV[14]): they count the grants they would have refused, and refuse
+-- none. meta.shadow records the last declarer's ('', 'l', 'r' or 'lr'; acquire and
+-- enqueue write it), for the callers that declare none. What moves the line obeys
+-- only the limits that bind (line_limit(), line_room()): a release wakes and hands over
+-- waiters as if the shadow limits were not there, so no task waits for one. Grants in
+-- place (grant_in_place()) obey the shadow limits too: a grant one of them would have
+-- refused is made in person, where it is counted.
 --
 -- Weights ------------------------------------------------------------------------
 --
@@ -214,7 +226,7 @@ local function load_meta(fields, freeing)
     fields = {unpack(fields)}
     for _, field in ipairs({'limit', 'override', 'draining', 'fence', 'grant_at', 'grant_gap_ms',
         'released', 'hold_ms', 'handover', 'rate', 'rate_override', 'tat', 'rate_pause',
-        'n_weighted'}) do
+        'n_weighted', 'shadow'}) do
       if not wanted[field] then fields[#fields + 1] = field end
     end
   end
@@ -850,6 +862,19 @@ local function rate_room(m)
   return room, tat + (room - rate.burst + 1) * rate.interval - now_us
 end
 
+-- The limit and the rate's room that bind the line (see "Shadow limits" in the
+-- header): effective_limit() and rate_room(), or none (math.huge) where the
+-- recorded declaration makes them shadow limits. ``m``: with shadow loaded too.
+local function line_limit(m, declared)
+  if string.find(m.shadow or '', 'l', 1, true) then return math.huge end
+  return effective_limit(m, declared)
+end
+
+local function line_room(m)
+  if string.find(m.shadow or '', 'r', 1, true) then return math.huge, 0 end
+  return rate_room(m)
+end
+
 -- µs from now until the rate allows a grant to the waiter at ``position`` (1: the
 -- head of the line), given rate_room()'s ``room`` and ``next_us``: 0 for the first
 -- ``room``, then one interval apart.
@@ -875,10 +900,12 @@ end
 -- may now be admitted ('inf': any), so waiters further back sleep on.
 -- Publishes nothing when nobody waits or no permit is free.
 local function wake(m, declared, channel)
-  if paused(m) or redis.call('ZCARD', waiters) == 0 then return end
-  local permits = effective_limit(m, declared) - redis.call('ZCARD', holders)
-  local room = rate_room(m)
-  local free = math.min(permits, room)
+  if paused(m) then return end
+  local waiting = redis.call('ZCARD', waiters)
+  if waiting == 0 then return end
+  local permits = line_limit(m, declared) - redis.call('ZCARD', holders)
+  local room = line_room(m)
+  local free = math.min(permits, room, waiting + 1, BATCH)
   if free <= 0 then return end
   if not any_weighted(m) then
     local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
@@ -982,7 +1009,9 @@ end
 --     the average hold time, at most the limit);
 -- and, under a rate, it is among the first the rate allows now (``free`` counts
 -- no more), or its slot (slot_in()) is within the rate's window (the rate lead, or
--- three intervals if longer; at most max_block): it waits in place for it. The
+-- three intervals if longer; at most max_block): it waits in place for it. (Only
+-- the limits that bind count: line_limit(), line_room(); with none, the first BATCH
+-- parked waiters are due.) The
 -- first waiter past that, if parked, is handed over with a delay that
 -- brings it to a worker at its slot (at most the deadline ahead), so a slow rate
 -- or a paused one needs nobody to ask again; one such waiter at a time.
@@ -995,15 +1024,18 @@ local function dispatch(m, declared, cfg)
   if cfg == '' or redis.call('HLEN', parked) == 0 then return out end
   local max_block_ms, deadline_ms, lead_ms = string.match(cfg, '^(%d+)|(%d+)|(%d+)$')
   max_block_ms, deadline_ms, lead_ms = tonumber(max_block_ms), tonumber(deadline_ms), tonumber(lead_ms)
-  local limit = effective_limit(m, declared)
+  local limit = line_limit(m, declared)
   local free, window = 0, 0
   if not paused(m) then
     free = math.max(0, limit - redis.call('ZCARD', holders))
     window = limit
   end
   local released, hold_ms = tonumber(m.released) or 0, tonumber(m.hold_ms) or 0
-  if hold_ms > 0 then window = math.min(window, math.floor(max_block_ms * limit / hold_ms)) end
-  local rate, room, next_us = effective_rate(m), rate_room(m)
+  if hold_ms > 0 and limit < math.huge then
+    window = math.min(window, math.floor(max_block_ms * limit / hold_ms))
+  end
+  local room, next_us = line_room(m)
+  local rate = room < math.huge and effective_rate(m)
   -- A RateLimited pause hands over nobody for the window: the task that raised
   -- comes back first, to free worker processes; only the timed one (below).
   local rate_paused = rate and (tonumber(m.rate_pause) or 0) > now_ms
@@ -1015,6 +1047,7 @@ local function dispatch(m, declared, cfg)
     rate_window_ms = math.min(max_block_ms, math.max(lead_ms, 3 * rate.interval / 1000))
     count = math.min(count, room + math.floor(rate_window_ms * 1000 / rate.interval) + 2)
   end
+  if count == math.huge then count = BATCH end  -- nothing binds (shadow limits): a batch
   if count > 0 then
     local first = redis.call('ZRANGE', waiters, 0, count - 1)
     local ks, js = weights_of(m, first)

@@ -16,19 +16,21 @@
 -- ARGV[10] weight          "<permits>|<grants>" it will ask for, or '' (1|1; see
 --                          "Weights" in common.lua), with its priority and fair key if
 --                          it has them (see "The order of the line" there)
+-- ARGV[11] shadow          as acquire.lua's ARGV[14]; recorded in meta.shadow
 -- Only to park the waiter at once when its turn is far (a publisher that would park the
 -- task's message: one call instead of this and park.lua; all six, or none):
--- ARGV[11] window µs       far: draining, or the rate's slot further than this, or at
---                          least (free permits + limit) waiters ahead of it
+-- ARGV[12] window µs       far: draining, or the rate's slot further than this, or at
+--                          least (free permits + limit) waiters ahead of it, counting
+--                          only the limits that bind (line_limit(), line_room())
 --                          (publish.turn_is_near() decides the same from the reply)
--- ARGV[12] payload head    the payload parked is head .. ticket .. tail (a task's
--- ARGV[13] payload tail    message names its own ticket)
--- ARGV[14] park lease ms   ARGV[15] dispatch, ARGV[16] due ms: as park.lua's ARGV[4],
+-- ARGV[13] payload head    the payload parked is head .. ticket .. tail (a task's
+-- ARGV[14] payload tail    message names its own ticket)
+-- ARGV[15] park lease ms   ARGV[16] dispatch, ARGV[17] due ms: as park.lua's ARGV[4],
 --                          ARGV[7], ARGV[8]
 --
 -- Returns {ticket, position, holders, effective limit, draining 0/1, µs until the
 -- rate allows it a grant ('' without a rate)}: the ticket already held by this
--- holder, or a new one, and where it stands; with ARGV[11..16], also {..., parked 0/1,
+-- holder, or a new one, and where it stands; with ARGV[12..17], also {..., parked 0/1,
 -- {holder, handover token, payload, delay ms, ...}}: whether it parked (then as
 -- park.lua: its message no longer counts as sent), and the waiters now due (only
 -- when it parked: as park.lua hands over).
@@ -36,19 +38,25 @@
 local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local declared, family, horizon_ms, channel = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
 declared_rate = ARGV[9]
-local weight = ARGV[10] or ''
-local may_park = #ARGV > 11  -- ARGV[11..16], then the epoch
+local weight, shadow = ARGV[10] or '', ARGV[11] or ''
+local may_park = #ARGV > 12  -- ARGV[12..17], then the epoch
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed = reclaim(nil, waiting)
 local m = load_meta({'limit', 'override', 'draining', 'ticket', 'rate', 'rate_override', 'tat',
-  'rate_pause', 'n_weighted'}, reclaimed > 0 or may_park)
+  'rate_pause', 'n_weighted', 'shadow'}, reclaimed > 0 or may_park)
+local recorded = {}
+if not m.limit then
+  recorded = family ~= '' and {'limit', declared, 'family', family} or {'limit', declared}
+end
+if shadow ~= (m.shadow or '') then
+  recorded[#recorded + 1] = 'shadow'
+  recorded[#recorded + 1] = shadow
+end
+if #recorded > 0 then write_meta(m, recorded) end
 if reclaimed > 0 then
   after_free(m, declared, channel, '')
   waiting = redis.call('ZCARD', waiters)
-end
-if not m.limit then
-  write_meta(m, family ~= '' and {'limit', declared, 'family', family} or {'limit', declared})
 end
 local ticket = tonumber(redis.call('ZSCORE', waiters, holder))
 local new = not ticket
@@ -69,13 +77,15 @@ if room ~= math.huge then
 end
 local n_holders, limit = redis.call('ZCARD', holders), effective_limit(m, declared)
 local reply = {ticket, ahead + 1, n_holders, limit, m.draining == '1' and 1 or 0, slot}
-local far = may_park and (m.draining == '1' or (slot ~= '' and tonumber(slot) > tonumber(ARGV[11]))
-  or ahead >= math.max(0, limit - n_holders) + limit)
+local binding, bound_rate = line_limit(m, declared), line_room(m) < math.huge
+local far = may_park and (m.draining == '1'
+  or (bound_rate and slot ~= '' and tonumber(slot) > tonumber(ARGV[12]))
+  or ahead >= math.max(0, binding - n_holders) + binding)
 if far then
-  redis.call('ZADD', wexp, now_ms + tonumber(ARGV[14]), holder)
-  leave_payload(m, holder, ARGV[12] .. fmt(ticket) .. ARGV[13], tonumber(ARGV[16]))
+  redis.call('ZADD', wexp, now_ms + tonumber(ARGV[15]), holder)
+  leave_payload(m, holder, ARGV[13] .. fmt(ticket) .. ARGV[14], tonumber(ARGV[17]))
   touch(idle_ms, false)
-  reply[7], reply[8] = 1, dispatch(m, '', ARGV[15])  -- as park.lua (it declares no limit)
+  reply[7], reply[8] = 1, dispatch(m, '', ARGV[16])  -- as park.lua (it declares no limit)
   return reply
 end
 if new then
