@@ -81,6 +81,8 @@ def estimate_turn(place: Place) -> float | None:
     rate gives the place (``Place.rate_due``, exact)."""
     if place.draining:
         return None
+    if not place.limit_binds:  # a shadow limit: only the pause and the rate's slot
+        return max(place.resumes_in or 0.0, place.rate_due or 0.0)
     capacity = place.hold_estimate / max(place.limit, 1) if place.hold_estimate else None
     pace = place.grant_interval or capacity
     turn = None
@@ -109,7 +111,10 @@ def binding(places: Sequence[Place], refused_by: Sequence[int]) -> int:
 def among_next_round(place: Place) -> bool:
     """Whether fewer waiters are ahead of ``place`` than the free permits (kept for
     tasks ahead on their way) plus one round of the limit: as far ahead as a release
-    hands parked tasks over (common.lua's dispatch: free + window)."""
+    hands parked tasks over (common.lua's dispatch: free + window); any place where
+    the limit is a shadow limit."""
+    if not place.limit_binds:
+        return True
     return place.position - 1 < max(0, place.limit - place.holders) + place.limit
 
 

@@ -56,7 +56,7 @@ class Place:
     resume (None otherwise). ``rate_due``: under a rate, the time until the rate
     allows this place a grant (its slot, counting the places ahead of it; None
     without a rate); ``rate_paused_for``: while a task's `RateLimited` pauses the
-    rate, the time until the pause ends (None otherwise).
+    rate, the time until the pause ends (None otherwise). ``limit_binds``: see there.
     """
 
     ticket: int
@@ -70,6 +70,9 @@ class Place:
     resumes_in: float | None = None
     rate_due: float | None = None
     rate_paused_for: float | None = None
+    #: False where ``limit`` is a shadow limit: it refuses nobody, so nobody's turn
+    #: depends on it (``rate_due`` and ``rate_paused_for`` are None for a shadow rate).
+    limit_binds: bool = True
 
 
 @dataclass(frozen=True)
@@ -852,12 +855,12 @@ class SemaphoreSpec:
 
     def binding(self, place: Place) -> Place:
         """``place`` as the limits that bind it see it: a shadow limit refuses nothing,
-        so the line moves as if it were not there (common.lua's line_limit(): the largest
-        limit, like a semaphore with a rate alone; a shadow rate: no slot, no pause)."""
+        so the line moves as if it were not there (common.lua's line_limit(),
+        line_room()): ``limit_binds`` False; a shadow rate: no slot, no pause."""
         if not self.shadow:
             return place
         if "limit" in self.shadow:
-            place = replace(place, limit=validation.MAX_LIMIT)
+            place = replace(place, limit_binds=False)
         if "rate" in self.shadow:
             place = replace(place, rate_due=None, rate_paused_for=None)
         return place
@@ -866,7 +869,7 @@ class SemaphoreSpec:
         """``unused``: the rate grants to give back with a permit its task never used."""
         validation.check_holder(holder)
         return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
-                self.dispatch, self.limit, unused or ""]  # fmt: skip
+                self.dispatch, self.limit, unused or "", self.shadow_arg]  # fmt: skip
 
     def renew_args(
         self, holders: Sequence[tuple[str, int | None, int | None]], lease_ms: int

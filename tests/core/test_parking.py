@@ -448,9 +448,9 @@ def test_a_waiter_behind_a_full_shadow_limit_is_woken_when_admissions_resume(
     waiter = threading.Thread(target=lambda: got.append(sem.acquire(timeout=30, holder="a")))
     waiter.start()
     deadline = time.monotonic() + 10
-    while sem.status().waiter_count == 0 and time.monotonic() < deadline:
+    while states(sem) != {"a": "waiting in place"} and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sem.status().waiter_count == 1
+    assert states(sem) == {"a": "waiting in place"}, "blocked, subscribed to the wake-ups"
     sem.set_draining(False)
     waiter.join(timeout=10)
     assert not waiter.is_alive(), "not woken: it would have slept until its recheck"
@@ -614,3 +614,45 @@ def test_parking_and_handover_on_redis_cluster_on_every_master(
         assert outbox.take() == {}
         status = sem.status()
         assert (status.holder_count, status.waiter_count, status.parked_count) == (0, 0, 0)
+
+
+def test_each_release_hands_over_by_the_limits_its_own_caller_enforces(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """Two declarations of one semaphore that disagree (a rollout from shadow to
+    enforced): the meta records the last acquirer's, a shadow one here, and yet the
+    enforcing caller's release hands over only what its limit lets in (the free permit
+    and one round behind it), not every parked waiter."""
+    name = f"t-{uuid.uuid4().hex}"
+    enforced = make_semaphore(1, name=name, on_handover=outbox)
+    tried = make_semaphore(1, name=name, shadow=["limit"])
+    holder = granted(enforced.attempt("holder"))
+    for waiter in ("a", "b", "c"):
+        enforced.park(waiter, f"payload-{waiter}", refused(enforced.attempt(waiter)).ticket)
+    assert outbox.take() == {}
+    granted(tried.attempt("shadow-holder"))  # records its declaration: a shadow limit
+    holder.release()
+    assert list(outbox.take()) == ["a"], "the enforced limit is full: one round behind it"
+
+
+def test_one_call_hands_over_at_most_a_batch_of_parked_waiters(
+    make_semaphore: MakeSemaphore, outbox: Outbox
+) -> None:
+    """Where nothing binds (a shadow limit), every parked waiter is due; one call looks
+    at the first 1,000 in line (common.lua's BATCH) and hands those over. As they
+    arrive and leave the line, a later call reaches the ones behind them."""
+    sem = make_semaphore(1, on_handover=outbox, shadow=["limit"])
+    granted(sem.attempt("holder"))  # records the declaration; the shadow limit is full
+    sem.set_draining(True)  # nothing is handed over while it drains
+    for i in range(1005):
+        sem.park(f"w{i:04d}", "p")
+    assert outbox.take() == {}
+    sem.set_draining(False)
+    handed = outbox.take()
+    assert sorted(handed) == [f"w{i:04d}" for i in range(1000)]
+    sem.dispatch()
+    assert outbox.take() == {}, "the first 1,000 in line are on their way"
+    for i in range(5):
+        granted(sem.attempt(f"w{i:04d}", handover=handed[f"w{i:04d}"].token))
+    sem.dispatch()
+    assert sorted(outbox.take()) == [f"w{i:04d}" for i in range(1000, 1005)]

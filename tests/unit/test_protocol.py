@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import FairKeyInfo, Handover, Place, RateLimit, StaleHandover
+from celery_semaphore import FairKeyInfo, Handover, Place, Places, RateLimit, StaleHandover
 from celery_semaphore.core import epochs
 from celery_semaphore.core.protocol import (
     WAITER_STATES,
@@ -12,11 +12,11 @@ from celery_semaphore.core.protocol import (
     HandoverRow,
     Refused,
     SemaphoreSpec,
+    parse_joint_acquire,
     read,
     read_all,
 )
 from celery_semaphore.core.rates import parse_rate
-from celery_semaphore.core.validation import MAX_LIMIT
 
 OPTIONS = dict(
     lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0
@@ -109,23 +109,25 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
 
 def test_a_place_shows_only_the_limits_that_bind_it() -> None:
     """A shadow limit refuses nothing: the place a refused or enqueued contender gets
-    shows no limit (the largest, as for a rate alone) and, for a shadow rate, no slot
-    and no pause; so nothing waits for them (common.lua's line_limit(), line_room())."""
+    says its limit does not bind (the limit itself is still shown), and, for a shadow
+    rate, has no slot and no pause; so nothing waits for them (common.lua's
+    line_limit(), line_room())."""
     refused = [0, 9, 4, 2, 5, 0, 0, 1000, 0, 0, 0, b"1200000", 3000, []]
-    plain, _ = spec().parse_acquire(refused)
-    assert isinstance(plain, Place)
-    assert (plain.limit, plain.rate_due, plain.rate_paused_for) == (5, 1.2, 2.0)
-    place, _ = spec(shadow=["limit"]).parse_acquire(refused)
-    assert isinstance(place, Place)
-    assert (place.limit, place.rate_due, place.rate_paused_for) == (MAX_LIMIT, 1.2, 2.0)
-    place, _ = spec(shadow=["rate"]).parse_acquire(refused)
-    assert isinstance(place, Place)
-    assert (place.limit, place.rate_due, place.rate_paused_for) == (5, None, None)
+
+    def seen(place: object) -> tuple[object, ...]:
+        assert isinstance(place, Place)
+        return place.limit, place.limit_binds, place.rate_due, place.rate_paused_for
+
+    assert seen(spec().parse_acquire(refused)[0]) == (5, True, 1.2, 2.0)
+    assert seen(spec(shadow=["limit"]).parse_acquire(refused)[0]) == (5, False, 1.2, 2.0)
+    assert seen(spec(shadow=["rate"]).parse_acquire(refused)[0]) == (5, True, None, None)
     enqueued = [9, 4, 2, 5, 0, b"1200000"]
-    assert spec(shadow=["limit", "rate"]).parse_enqueue(enqueued) == Place(
-        9, 4, 2, MAX_LIMIT, False, None
-    )
-    assert spec().parse_enqueue(enqueued).limit == 5
+    assert seen(spec(shadow=["limit", "rate"]).parse_enqueue(enqueued)) == (5, False, None, None)
+    assert seen(spec().parse_enqueue(enqueued)) == (5, True, 1.2, None)
+    joint = [0, 9, b"11", refused[1:], refused[1:]]
+    places, _ = parse_joint_acquire([spec(), spec(shadow=["limit"])], joint)
+    assert isinstance(places, Places)
+    assert [seen(p) for p in places.places] == [(5, True, 1.2, 2.0), (5, False, 1.2, 2.0)]
 
 
 def test_waiter_states_in_status() -> None:

@@ -132,3 +132,18 @@ def test_several_gates_wait_for_the_refusing_one_whose_turn_is_farthest() -> Non
     assert binding([far, near], refused_by=[1]) == 1, "only those that refused it count"
     assert binding([near, unknown, far], refused_by=[0, 1, 2]) == 1, "unknown is farthest"
     assert binding([far, far], refused_by=[0, 1]) == 0, "the first of equals"
+
+
+def test_behind_a_shadow_limit_only_the_pause_and_the_rate_decide() -> None:
+    """A place whose limit is a shadow limit (`Place.limit_binds` False) is never far
+    back for it: far back in a full line it waits in place for a rate's near slot, and
+    parks only for a far one."""
+    far_back = replace(place(50, hold=2.0), limit_binds=False)
+    assert decide(far_back, waits=0, waited=0.0, config=HANDOVER) == WaitInPlace(1.0)
+    assert decide(replace(far_back, rate_due=0.3), waits=0, waited=0.0, config=HANDOVER) == (
+        WaitInPlace(1.0)
+    )
+    assert decide(replace(far_back, rate_due=5.0), waits=0, waited=0.0, config=HANDOVER) == (
+        Park(due=None)
+    )
+    assert decide(place(50, hold=2.0), waits=0, waited=0.0, config=HANDOVER) == Park(due=None)

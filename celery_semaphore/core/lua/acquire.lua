@@ -53,7 +53,7 @@ local g = {
   handover = ARGV[9], cfg = ARGV[10], family = ARGV[12], shadow = ARGV[14], weight = ARGV[15] or '',
 }
 g.want_k, g.want_j = weight_in(g.weight)
-declared_rate = ARGV[13]
+declared_rate, declared_shadow = ARGV[13], g.shadow
 
 if g.handover ~= '' and arrival(g.holder, g.handover) == 'stale' then
   return {2, token_of(redis.call('HGET', parked, g.holder))}

@@ -60,7 +60,7 @@ end
 local by, token = string.match(ARGV[5], '^(%d+)|(%d+)$')
 if by then
   by = tonumber(by)
-  use(by, gates[by].rate)
+  use(by, gates[by].rate, gates[by].shadow)
   if arrival(ARGV[1], token) == 'stale' then
     return {2, by, token_of(redis.call('HGET', parked, ARGV[1]))}
   end
@@ -69,7 +69,7 @@ end
 
 local ticket, queue, fair = nil, false, nil
 for i = 1, n do
-  use(i, gates[i].rate)
+  use(i, gates[i].rate, gates[i].shadow)
   states[i] = open_gate(gates[i], true)
   local t = states[i].ticket
   if t and (not ticket or t < ticket) then ticket = t end
@@ -86,7 +86,7 @@ local seq, placed = 0, ticket
 if not ticket then
   for i = 1, n do seq = math.max(seq, seq_after(states[i].m.ticket)) end
   if fair then
-    use(fair, gates[fair].rate)
+    use(fair, gates[fair].rate, gates[fair].shadow)
     placed = place_ticket(states[fair].m, gates[fair].weight).ticket
   else
     placed = seq - order_in(gates[1].weight) * PRIORITY_STEP
@@ -94,7 +94,7 @@ if not ticket then
 end
 local all = true
 for i = 1, n do
-  use(i, gates[i].rate)
+  use(i, gates[i].rate, gates[i].shadow)
   states[i].admits = weigh_gate(states[i], gates[i], placed)
   all = all and states[i].admits
 end
@@ -106,7 +106,7 @@ if not all and queue and not ticket then  -- it takes that ticket
     writes[#writes + 1] = fmt(seq)
   end
   if fair then  -- its key's tail moves on (and the fair clock)
-    use(fair, gates[fair].rate)
+    use(fair, gates[fair].rate, gates[fair].shadow)
     new_ticket(states[fair].m, gates[fair].weight, states[fair].meta_writes)
   end
   ticket = placed
@@ -115,7 +115,7 @@ end
 local rows, refused_by = {}, {}
 for i = 1, n do
   local s, g = states[i], gates[i]
-  use(i, g.rate)
+  use(i, g.rate, g.shadow)
   local row
   if all then
     row = grant_gate(s, g)

@@ -80,8 +80,10 @@
 --
 -- A caller may declare its concurrency limit, its rate or both as shadow limits
 -- (acquire.lua's ARGV[14]): they count the grants they would have refused, and refuse
--- none. meta.shadow records the last declarer's ('', 'l', 'r' or 'lr'; acquire and
--- enqueue write it), for the callers that declare none. What moves the line obeys
+-- none: '', 'l', 'r' or 'lr'. As with the limit, a caller that declares its own
+-- (acquire, enqueue, release: ``declared_shadow``) goes by it, and the others (park,
+-- dispatch, renew, configure) by the recorded one, meta.shadow (the last acquirer's; an
+-- enqueue records its own only where no limit is recorded). What moves the line obeys
 -- only the limits that bind (line_limit(), line_room()): a release wakes and hands over
 -- waiters as if the shadow limits were not there, so no task waits for one. Grants in
 -- place (grant_in_place()) obey the shadow limits too: a grant one of them would have
@@ -192,6 +194,7 @@ local now_us, now_ms, now_text  -- the server's clock (now_text: now_ms as text)
 local EPOCH_ARG  -- #ARGV: the last argument of every script; the others come before it
 local resumes_ms  -- while admissions are paused after a data loss: when they resume, else 0
 local declared_rate  -- the caller's rate ('': none), where it declares one (see "Rates")
+local declared_shadow  -- the caller's shadow limits, where it declares them (see "Shadow limits")
 local BATCH = 1000
 local BATCH_TEXT = '1000'  -- BATCH as text (a library is loaded without tostring)
 local GRANT_CHUNK = 16
@@ -200,12 +203,13 @@ local GRANT_CHUNK = 16
 -- semaphore whose keys these locals name; use(i, rate) points them at the i-th group
 -- of ten KEYS, KEYS[10(i-1)+1 .. 10i], under that semaphore's declared ``rate``. Every
 -- group's tenth key is the same epoch hash (one Redis, one Cluster slot).
-local function use(i, rate)
+local function use(i, rate, shadow)
   local b = 10 * (i - 1)
   holders, hinfo, waiters, wexp, winfo, meta = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4],
     KEYS[b + 5], KEYS[b + 6]
   parked, handed, sent, epoch_key = KEYS[b + 7], KEYS[b + 8], KEYS[b + 9], KEYS[b + 10]
   declared_rate = rate
+  declared_shadow = shadow
 end
 
 local function fmt(n)
@@ -864,14 +868,19 @@ end
 
 -- The limit and the rate's room that bind the line (see "Shadow limits" in the
 -- header): effective_limit() and rate_room(), or none (math.huge) where the
--- recorded declaration makes them shadow limits. ``m``: with shadow loaded too.
+-- caller's declaration (else the recorded one) makes them shadow limits. ``m``: with
+-- shadow loaded too.
+local function shadows(m, code)
+  return string.find(declared_shadow or m.shadow or '', code, 1, true) ~= nil
+end
+
 local function line_limit(m, declared)
-  if string.find(m.shadow or '', 'l', 1, true) then return math.huge end
+  if shadows(m, 'l') then return math.huge end
   return effective_limit(m, declared)
 end
 
 local function line_room(m)
-  if string.find(m.shadow or '', 'r', 1, true) then return math.huge, 0 end
+  if shadows(m, 'r') then return math.huge, 0 end
   return rate_room(m)
 end
 
@@ -905,7 +914,8 @@ local function wake(m, declared, channel)
   if waiting == 0 then return end
   local permits = line_limit(m, declared) - redis.call('ZCARD', holders)
   local room = line_room(m)
-  local free = math.min(permits, room, waiting + 1, BATCH)
+  local free = math.min(permits, room, waiting + 1)
+  if permits == math.huge then free = math.min(free, BATCH) end  -- no limit binds
   if free <= 0 then return end
   if not any_weighted(m) then
     local last = redis.call('ZRANGE', waiters, free - 1, free - 1, 'WITHSCORES')
@@ -1010,8 +1020,8 @@ end
 -- and, under a rate, it is among the first the rate allows now (``free`` counts
 -- no more), or its slot (slot_in()) is within the rate's window (the rate lead, or
 -- three intervals if longer; at most max_block): it waits in place for it. (Only
--- the limits that bind count: line_limit(), line_room(); with none, the first BATCH
--- parked waiters are due.) The
+-- the limits that bind count: line_limit(), line_room(). At most the first BATCH
+-- waiters are looked at in one call.) The
 -- first waiter past that, if parked, is handed over with a delay that
 -- brings it to a worker at its slot (at most the deadline ahead), so a slow rate
 -- or a paused one needs nobody to ask again; one such waiter at a time.
@@ -1047,7 +1057,7 @@ local function dispatch(m, declared, cfg)
     rate_window_ms = math.min(max_block_ms, math.max(lead_ms, 3 * rate.interval / 1000))
     count = math.min(count, room + math.floor(rate_window_ms * 1000 / rate.interval) + 2)
   end
-  if count == math.huge then count = BATCH end  -- nothing binds (shadow limits): a batch
+  count = math.min(count, BATCH)  -- at most a batch a call (nothing may bind: shadow limits)
   if count > 0 then
     local first = redis.call('ZRANGE', waiters, 0, count - 1)
     local ks, js = weights_of(m, first)

@@ -16,7 +16,8 @@
 -- ARGV[10] weight          "<permits>|<grants>" it will ask for, or '' (1|1; see
 --                          "Weights" in common.lua), with its priority and fair key if
 --                          it has them (see "The order of the line" there)
--- ARGV[11] shadow          as acquire.lua's ARGV[14]; recorded in meta.shadow
+-- ARGV[11] shadow          as acquire.lua's ARGV[14]; recorded in meta.shadow only
+--                          where no limit is recorded (see "Shadow limits" in common.lua)
 -- Only to park the waiter at once when its turn is far (a publisher that would park the
 -- task's message: one call instead of this and park.lua; all six, or none):
 -- ARGV[12] window µs       far: draining, or the rate's slot further than this, or at
@@ -39,21 +40,21 @@ local holder, waiter_lease_ms, info, idle_ms = ARGV[1], tonumber(ARGV[2]), ARGV[
 local declared, family, horizon_ms, channel = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8]
 declared_rate = ARGV[9]
 local weight, shadow = ARGV[10] or '', ARGV[11] or ''
+declared_shadow = shadow
 local may_park = #ARGV > 12  -- ARGV[12..17], then the epoch
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed = reclaim(nil, waiting)
 local m = load_meta({'limit', 'override', 'draining', 'ticket', 'rate', 'rate_override', 'tat',
   'rate_pause', 'n_weighted', 'shadow'}, reclaimed > 0 or may_park)
-local recorded = {}
 if not m.limit then
-  recorded = family ~= '' and {'limit', declared, 'family', family} or {'limit', declared}
+  local recorded = family ~= '' and {'limit', declared, 'family', family} or {'limit', declared}
+  if shadow ~= '' then
+    recorded[#recorded + 1] = 'shadow'
+    recorded[#recorded + 1] = shadow
+  end
+  write_meta(m, recorded)
 end
-if shadow ~= (m.shadow or '') then
-  recorded[#recorded + 1] = 'shadow'
-  recorded[#recorded + 1] = shadow
-end
-if #recorded > 0 then write_meta(m, recorded) end
 if reclaimed > 0 then
   after_free(m, declared, channel, '')
   waiting = redis.call('ZCARD', waiters)

@@ -13,6 +13,8 @@
 --                   another of its limits refused it), so the n rate intervals its grant
 --                   spent are given back too (its weight's grants: see "Rates" and
 --                   "Weights" in common.lua); '': it was used
+-- ARGV[8] shadow   the caller's shadow limits, as acquire.lua's ARGV[14]: what follows
+--                   the release moves the line by the limits the caller enforces
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
@@ -23,6 +25,7 @@
 
 local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local declared, unused = ARGV[6], tonumber(ARGV[7]) or 0
+declared_shadow = ARGV[8]
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
