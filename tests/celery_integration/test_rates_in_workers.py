@@ -212,7 +212,6 @@ def test_a_shadow_limit_beside_an_enforced_rate_holds_back_nothing_but_the_rate(
     assert [r.get(timeout=60) for r in results] == list(range(12))
     events = cluster.events()
     times = [e["at"] for e in starts(events)]
-    assert most_in_window(times, 1.0) <= 12, "10/s, burst 1 (+1: the bodies' own jitter)"
     assert max_overlap(events) >= 4, "the shadow limit of 1 held the tasks back"
     span = times[-1] - times[0]
     assert span >= 1.1 - 0.1 - 0.05, f"12 starts at 10/s in {span:.2f} s: the rate held"
