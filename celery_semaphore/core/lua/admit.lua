@@ -215,14 +215,16 @@ local function finish_gate(s, g)
       redis.call('PEXPIRE', hinfo, ttl)
     end
     if #s.meta_writes > 0 then write_meta(s.m, s.meta_writes) end
-    if line_room(s.m) ~= math.huge then out = dispatch(s.m, g.declared, g.cfg) end
+    if s.room ~= math.huge and not shadows(s.m, 'r') then  -- a rate that binds
+      out = dispatch(s.m, g.declared, g.cfg)
+    end
     return out
   end
   note_touch(s.meta_writes, g.idle_ms)
   write_meta(s.m, s.meta_writes)
   if freeing then
     out = after_free(s.m, g.declared, g.channel, g.cfg)
-  elseif s.granted and line_room(s.m) ~= math.huge then
+  elseif s.granted and s.room ~= math.huge and not shadows(s.m, 'r') then
     out = dispatch(s.m, g.declared, g.cfg)  -- the next slots' waiters (see dispatch())
   end
   touch(g.idle_ms, s.waiting == 0, true)
