@@ -193,7 +193,10 @@ def test_shadow_limits_change_nothing_and_count_what_they_would_have_done(
     assert most_in_window(times, 1.0) > 6, "more than the shadow rate of 5/s started"
     meta = cluster.redis.hgetall(cluster.semaphore("shadowed").keys.meta)
     over_limit, over_rate = int(meta[b"m_shadow_limit"]), int(meta[b"m_shadow_rate"])
-    assert 3 <= over_limit <= 11, "the starts that found the shadow limit full"
+    # A start counts where permits were held or places stood ahead of it (a task published
+    # earlier, still on its way: an enforced limit of 1 would have kept the permit for
+    # it), so even the first start may count: at most one count a start.
+    assert 3 <= over_limit <= 12, "the starts that found the shadow limit full"
     assert over_rate >= 5, "the starts ahead of the shadow rate's schedule"
     assert int(meta[b"m_shadow_wait_ms"]) > 0
 
