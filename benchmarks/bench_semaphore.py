@@ -190,9 +190,12 @@ def epoch_argument(semaphore: Semaphore) -> str:
     return epochs.argument(semaphore.url, semaphore.keys.epoch, semaphore._spec.pause_after_loss)
 
 
-def our_call_arguments(client: redis.Redis) -> tuple[list[str], list[Any], list[Any]]:
-    """The keys, and the arguments of our acquire and of our release (epoch learnt)."""
-    semaphore = Semaphore(client, "bench-uncontended", LIMIT)
+def our_call_arguments(
+    client: redis.Redis, name: str = "bench-uncontended"
+) -> tuple[list[str], list[Any], list[Any]]:
+    """The keys, and the arguments of our acquire and of our release (epoch learnt), of
+    the semaphore ``name``."""
+    semaphore = Semaphore(client, name, LIMIT)
     spec = semaphore._spec
     epoch = epoch_argument(semaphore)
     acquire_args = [
@@ -237,6 +240,40 @@ def trivial_functions_operation(client: redis.Redis) -> Callable[[], None]:
     return operation
 
 
+#: The least a leased semaphore can do in two calls: drop the expired leases, count the
+#: rest, add one (acquire); remove it (release). No fairness, fencing, metrics, epochs or
+#: idle expiry. Its rate over the do-nothing functions is the ceiling of any semaphore
+#: that takes two calls per permit with this client.
+MINIMAL_SEMAPHORE = """#!lua name=bench_minimal
+redis.register_function('bench_minimal_acquire', function(keys, args)
+  local clock = redis.call('TIME')
+  local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', now)
+  if redis.call('ZCARD', keys[1]) >= 5 then return {0} end
+  redis.call('ZADD', keys[1], now + 60000, args[1])
+  return {1, now}
+end)
+redis.register_function('bench_minimal_release', function(keys, args)
+  return redis.call('ZREM', keys[1], args[1])
+end)
+"""
+
+
+def minimal_semaphore_operation(client: redis.Redis) -> Callable[[], None]:
+    """`MINIMAL_SEMAPHORE`'s acquire and release as FCALL, with our keys and arguments."""
+    client.function_load(MINIMAL_SEMAPHORE, replace=True)
+    # keys of their own, of the same length as ours: the same bytes on the wire
+    keys, acquire_args, release_args = our_call_arguments(client, "bench-minimal-sem")
+    call = HeldConnection(client).call
+
+    def operation() -> None:
+        if call("FCALL", "bench_minimal_acquire", len(keys), *keys, *acquire_args)[0] != 1:
+            raise RuntimeError("the minimal semaphore refused an uncontended acquire")
+        call("FCALL", "bench_minimal_release", len(keys), *keys, *release_args)
+
+    return operation
+
+
 def py_redis_semaphore_operation(client: redis.Redis) -> Callable[[], None]:
     from redis_semaphore import Semaphore as PrsSemaphore
     from redis_semaphore import SemaphoreConfig
@@ -272,9 +309,9 @@ def dramatiq_operation(client: redis.Redis) -> Callable[[], None]:
 def run_throughput(
     server: RedisServer, settings: Settings, *, compare_parsers: bool = False
 ) -> dict[str, Any]:
-    clients = [server.client() for _ in range(8)]
+    clients = [server.client() for _ in range(9)]
     monitor, ping_client, ours_client, prs_client, dramatiq_client, scripts_client = clients[:6]
-    evalsha_client, functions_client = clients[6:]
+    evalsha_client, functions_client, minimal_client = clients[6:]
     try:
         benches = [
             Throughput("ping", ping_operation(ping_client), settings.ping_ops, [], [], []),
@@ -289,6 +326,14 @@ def run_throughput(
             Throughput(
                 "trivial_functions",
                 trivial_functions_operation(functions_client),
+                settings.cycles,
+                [],
+                [],
+                [],
+            ),
+            Throughput(
+                "minimal_semaphore",
+                minimal_semaphore_operation(minimal_client),
                 settings.cycles,
                 [],
                 [],
@@ -374,6 +419,13 @@ def run_throughput(
                 # against two do-nothing scripts with the same keys and arguments, same round
                 "ratio_to_scripts": statistics.median(
                     rate / other for rate, other in zip(bench.rates, scripts.rates, strict=True)
+                ),
+                # and against the do-nothing functions (FCALL)
+                "ratio_to_functions": statistics.median(
+                    rate / other
+                    for rate, other in zip(
+                        bench.rates, by_key["trivial_functions"].rates, strict=True
+                    )
                 ),
             }
         if compare_parsers:
@@ -528,6 +580,7 @@ def print_report(results: dict[str, Any]) -> None:
     labels = {
         "trivial_scripts": "two do-nothing scripts, our keys and args",
         "trivial_functions": "two do-nothing functions (FCALL), same",
+        "minimal_semaphore": "a minimal semaphore (4 commands), FCALL",
         "celery_semaphore": f"celery-semaphore try_acquire+release, {thr['celery_semaphore_way']}",
         "celery_semaphore_evalsha": "celery-semaphore, scripts (EVALSHA)",
         "trivial_scripts_python": "two do-nothing scripts, pure-Python parser",
@@ -542,9 +595,19 @@ def print_report(results: dict[str, Any]) -> None:
         ratio, best = bench["ratio_to_floor"], bench["ratio_to_floor_best"]
         if key.startswith("celery_semaphore"):
             to_scripts = bench["ratio_to_scripts"]
+            to_functions = (
+                f", {bench['ratio_to_functions']:.2f} of the functions"
+                if key == "celery_semaphore" and thr["celery_semaphore_way"] == functions.FUNCTIONS
+                else ""
+            )
             note = (
-                f"{to_scripts:.2f} of the do-nothing scripts; target >= "
+                f"{to_scripts:.2f} of the do-nothing scripts{to_functions}; target >= "
                 f"{TARGET_RATIO_TO_FLOOR:.2f}: {verdict(to_scripts >= TARGET_RATIO_TO_FLOOR)}"
+            )
+        elif key == "minimal_semaphore":
+            note = (
+                f"{bench['ratio_to_scripts']:.2f} of the scripts, "
+                f"{bench['ratio_to_functions']:.2f} of the functions: the ceiling of two calls"
             )
         elif key == "trivial_scripts":
             note = "the floor of any two-script design with this client"
