@@ -666,6 +666,45 @@ def test_uncontended_calls_touch_the_keys_lazily_and_they_never_lapse_in_use(
     assert sem.client.exists(*sem.keys.script_keys) == 0, "idle keys expire within the idle time"
 
 
+def test_meta_becomes_a_hash_table_once_a_line_forms_and_stays_one(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """Redis keeps a hash of few short fields as a listpack, where every field lookup
+    scans the hash (common.lua, LAYOUT): meta stays one while nobody waits, and
+    becomes a hash table at the first touch with a line, for good."""
+    sem = make_semaphore(1, lease_timeout=30, waiter_lease=30)
+    client = sem.client
+    for i in range(5):
+        granted(sem.attempt(f"alone-{i}")).release()
+    assert client.object("encoding", sem.keys.meta) == b"listpack"
+    assert client.hget(sem.keys.meta, "layout") is None
+    permit = granted(sem.attempt("a"))
+    refused(sem.attempt("b"))  # a line: this acquire touches with one
+    permit.release()
+    assert client.object("encoding", sem.keys.meta) == b"hashtable"
+    granted(sem.attempt("b")).release()  # its line is gone; meta stays a hash table
+    assert client.object("encoding", sem.keys.meta) == b"hashtable"
+    assert sem.status().waiter_count == 0
+
+
+def test_a_grant_that_waited_no_time_adds_nothing_to_the_sums_it_has_no_part_in(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """observe() adds a wait or hold to its histogram's sum only from 1 ms on (the sum
+    is in whole ms): the bucket counts every one."""
+    sem = make_semaphore(2)
+    granted(sem.attempt("a")).release()
+    fields = sem.client.hmget(sem.keys.meta, "m_wait_b0", "m_wait_sum", "m_hold_b0", "m_granted")
+    assert fields[0] == b"1" and fields[3] == b"1"
+    assert fields[1] is None  # 0 ms waited
+    permit = granted(sem.attempt("b"))
+    time.sleep(0.02)
+    permit.release()
+    meta = sem.client.hmget(sem.keys.meta, "m_hold_b0", "m_hold_b1", "m_hold_sum")
+    assert int(meta[0] or 0) + int(meta[1] or 0) == 2
+    assert 20 <= int(meta[2]) < 1000
+
+
 def test_a_touch_by_a_caller_with_a_shorter_idle_time_is_not_skipped_over(
     make_semaphore: MakeSemaphore,
 ) -> None:

@@ -220,7 +220,7 @@ local function finish_gate(s, g)
     end
     return out
   end
-  note_touch(s.meta_writes, g.idle_ms)
+  note_touch(s.meta_writes, g.idle_ms, s.waiting > 0)
   write_meta(s.m, s.meta_writes)
   if freeing then
     out = after_free(s.m, g.declared, g.channel, g.cfg)

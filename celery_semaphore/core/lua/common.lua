@@ -14,7 +14,7 @@
 --                          "w|<waiter>" (see "Weights" below), shadow (see "Shadow
 --                          limits" below), and the m_* counters (and the
 --                          high-water mark m_shadow_peak)
---                          metrics.py exports
+--                          metrics.py exports; layout (see LAYOUT)
 --   KEYS[7] parked   HASH  holder -> "<handover token>|<state>|<mark>|<payload>": a waiter
 --                          that left its payload to be handed over when due, or one
 --                          waiting in place (see "Parked records" below)
@@ -324,7 +324,7 @@ local function observe(kind, ms)
   while index < #BUCKETS and ms > BUCKETS[index + 1] do index = index + 1 end
   local fields = HISTOGRAMS[kind]
   redis.call('HINCRBY', meta, fields[index], '1')
-  redis.call('HINCRBY', meta, fields.sum, fmt(math.floor(ms)))
+  if ms >= 1 then redis.call('HINCRBY', meta, fields.sum, fmt(math.floor(ms))) end
 end
 
 -- Restarts the idle expiry of every key. ``no_waiters``: the caller knows the
@@ -352,18 +352,29 @@ end
 -- note: another process may declare a shorter idle time). A call that skips it creates no key, or expires
 -- those it creates itself (a first holder) no sooner than the noted touch, so every key of the semaphore expires
 -- between 15/16 of the idle time and the idle time after its last use.
--- touch_due(): whether this call must touch; note_touch(): adds the record to
--- ``writes`` ({field, value, ...}), which the caller writes to meta BEFORE it touches (so a meta
+-- touch_due(): whether this call must touch; note_touch(): adds the record (and
+-- meta.layout: see LAYOUT) to ``writes`` ({field, value, ...}), which the caller writes to meta BEFORE it touches (so a meta
 -- that the write creates expires too).
 local TOUCH_SLACK = 16
+-- A hash of few short fields is kept as a listpack, where each field lookup is a scan
+-- of the whole hash: the 18 fields acquire reads cost about 3x more at 45 fields (what
+-- a line soon leaves in meta: histogram buckets, counters) than in a hash table. A
+-- value longer than hash-max-listpack-value (64 bytes by default) makes Redis keep the
+-- hash as a hash table from then on. note_touch() writes one, meta.layout, where the
+-- caller has a line (``line``), so an uncontended semaphore keeps the compact listpack.
+local LAYOUT = 'a hash table: this value is longer than 64 bytes, so lookups take O(1)'
 local function touch_due(m, idle_ms)
   local expiry = tonumber(m.expiry)
   return not expiry or expiry - now_ms < idle_ms - idle_ms / TOUCH_SLACK
 end
 
-local function note_touch(writes, idle_ms)
+local function note_touch(writes, idle_ms, line)
   writes[#writes + 1] = 'expiry'
   writes[#writes + 1] = fmt(now_ms + idle_ms)
+  if line then
+    writes[#writes + 1] = 'layout'
+    writes[#writes + 1] = LAYOUT
+  end
 end
 
 local function token_of(record)

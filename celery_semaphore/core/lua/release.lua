@@ -62,7 +62,7 @@ if token == '' then
 end
 -- With nobody in line this call makes no key, and may skip the touch (touch_due()).
 local touching = waiting > 0 or touch_due(m, idle_ms)
-if touching then note_touch(writes, idle_ms) end
+if touching then note_touch(writes, idle_ms, waiting > 0) end
 if #writes > 0 then write_meta(m, writes) end
 local out = {}
 if (released == 1 or reclaimed > 0 or left > 0) and waiting > 0 then
