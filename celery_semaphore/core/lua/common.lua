@@ -357,7 +357,7 @@ end
 -- that the write creates expires too).
 local TOUCH_SLACK = 16
 -- A hash of few short fields is kept as a listpack, where each field lookup is a scan
--- of the whole hash: the 18 fields acquire reads cost about 3x more at 45 fields (what
+-- of the whole hash: the 18 fields acquire reads cost about 3x more at 46 fields (what
 -- a line soon leaves in meta: histogram buckets, counters) than in a hash table. A
 -- value longer than hash-max-listpack-value (64 bytes by default) makes Redis keep the
 -- hash as a hash table from then on. note_touch() writes one, meta.layout, where the
