@@ -468,6 +468,7 @@ def _summary(status: SemaphoreStatus, declared_rate: RateLimit | None = None) ->
         "shadow_rate_refusals": status.shadow_rate_refusals,
         "shadow_delay": round(status.shadow_delay, 3),
         "shadow_peak": status.shadow_peak,
+        "shadow": sorted(status.shadow),
     }
 
 
@@ -629,10 +630,11 @@ def status(
     shows how many keys wait and the 5 with the most waiting: their waiters in
     line, their grants in this minute and the one before (Redis's clock: 60 to
     120 s), and their SHARE of all fair grants then (--json lists up to 20).
-    Last, each semaphore whose shadow limits (shadow=True) counted anything: the
-    grants its limit would have refused and the most permits held at once over it
-    (the peak it would have had to allow), the grants its rate would have delayed
-    and by how long in all.
+    Last, each semaphore with shadow limits (shadow=True), or whose shadow limits
+    counted anything: which limits are shadow limits now (as the last task to ask
+    declared them), the grants its limit would have refused and the most permits
+    held at once over it (the peak it would have had to allow), the grants its rate
+    would have delayed and by how long in all.
     """
     with _operator(ctx) as operator:
         while True:
@@ -661,11 +663,13 @@ def _status_text(rows: list[dict[str, Any]]) -> str:
 
 
 def _shadowed(row: dict[str, Any]) -> bool:
-    return bool(row["shadow_limit_refusals"] or row["shadow_rate_refusals"])
+    return bool(row["shadow"] or row["shadow_limit_refusals"] or row["shadow_rate_refusals"])
 
 
 def _shadow_text(row: dict[str, Any]) -> str:
-    """What ``row``'s shadow limits would have done, had they been enforced."""
+    """Which of ``row``'s limits are shadow limits now, and what they would have done,
+    had they been enforced."""
+    declared = ", ".join(row["shadow"]) if row["shadow"] else "none now"
     said = []
     if row["shadow_limit_refusals"]:
         said.append(
@@ -677,7 +681,9 @@ def _shadow_text(row: dict[str, Any]) -> str:
             f"the rate would have delayed {_grants(row['shadow_rate_refusals'])} "
             f"by {row['shadow_delay']:.1f}s in all"
         )
-    return f"{row['name'].strip()}: shadow: " + "; ".join(said)
+    return f"{row['name'].strip()}: shadow ({declared}): " + (
+        "; ".join(said) or "nothing counted yet"
+    )
 
 
 def _grants(count: int) -> str:
@@ -769,6 +775,8 @@ def _family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
         "shadow_delay": round(sum(row["shadow_delay"] for row in members), 3),
         # the permits of one member at once: members' peaks need not coincide
         "shadow_peak": max((row["shadow_peak"] for row in members), default=0),
+        # the shadow limits any member's tasks declare
+        "shadow": sorted({kind for row in members for kind in row["shadow"]}),
         "busiest": busiest[:BUSIEST],
     }
 

@@ -215,6 +215,10 @@ class SemaphoreStatus:
     shadow_rate_refusals: int = 0
     shadow_delay: float = 0.0
     shadow_peak: int = 0
+    #: The limits its tasks declare as shadow limits ("limit", "rate"), as the last
+    #: task to ask recorded them: what the counts above count from now on (empty:
+    #: every limit is enforced now, and the counts are from before).
+    shadow: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -504,6 +508,7 @@ class StatusReply(NamedTuple):
     shadow_rate_refusals: int
     shadow_wait_ms: int
     shadow_peak: int
+    recorded_shadow: str  # meta.shadow: '', 'l', 'r' or 'lr'
 
 
 @reply_shape
@@ -1040,6 +1045,7 @@ class SemaphoreSpec:
             shadow_rate_refusals=status.shadow_rate_refusals,
             shadow_delay=status.shadow_wait_ms / 1000,
             shadow_peak=status.shadow_peak,
+            shadow=frozenset(SHADOW_CODES[c] for c in status.recorded_shadow if c in SHADOW_CODES),
         )
 
     def expected_types(self) -> Iterable[tuple[str, str]]:

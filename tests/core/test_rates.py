@@ -240,6 +240,26 @@ def test_a_shadow_limit_records_the_peak_it_would_have_had_to_allow(
         permit.release()
 
 
+def test_status_shows_the_shadow_limits_the_last_task_to_ask_declared(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """meta.shadow, the last acquirer's declaration: during a rollout from shadow to
+    enforced it says which way the semaphore's tasks now go; the counts stay."""
+    shadowed = make_semaphore(1, rate="10/s", shadow=["limit", "rate"])
+    assert shadowed.status().shadow == frozenset(), "nobody asked yet"
+    granted(shadowed.attempt("a")).release()
+    assert shadowed.status().shadow == {"limit", "rate"}
+    half = make_semaphore(1, name=shadowed.name, rate="10/s", shadow=["rate"])
+    granted(half.attempt("b")).release()
+    assert shadowed.status().shadow == {"rate"}
+    enforced = make_semaphore(1, name=shadowed.name, rate="10/s")
+    time.sleep(0.3)  # both grants spent the rate's slots (a shadow rate's schedule moves on)
+    granted(enforced.attempt("c")).release()
+    status = enforced.status()
+    assert status.shadow == frozenset()
+    assert status.shadow_rate_refusals >= 1, "the counts from before stay"
+
+
 def test_a_shadow_rate_beside_an_enforced_limit(make_semaphore: MakeSemaphore) -> None:
     sem = make_semaphore(1, rate="2/s", shadow=["rate"])
     first = granted(sem.attempt("a"))

@@ -611,9 +611,9 @@ def test_status_shows_a_rate_alone_and_a_pause_after_rate_limited(redis_url):
 
 
 def test_status_shows_what_shadow_limits_would_have_done(redis_url):
-    """Shadow limits count and never refuse: status says how many grants the limit
-    would have refused, the peak held over it, and the rate's delays; a semaphore
-    whose shadow limits never counted anything shows no such line."""
+    """Shadow limits count and never refuse: status says which limits are shadow
+    limits now, how many grants the limit would have refused, the peak held over it,
+    and the rate's delays; a semaphore without shadow limits shows no such line."""
     tried = Semaphore(redis_url, "tried", 1, rate="1/m", shadow=["limit", "rate"])
     permits = [tried.attempt(f"t{i}") for i in range(3)]
     assert all(isinstance(p, Permit) for p in permits)
@@ -626,15 +626,21 @@ def test_status_shows_what_shadow_limits_would_have_done(redis_url):
     assert row["shadow_rate_refusals"] == 2
     assert row["shadow_delay"] == pytest.approx(60 + 120, abs=1)
     assert (rows["quiet"]["shadow_limit_refusals"], rows["quiet"]["shadow_peak"]) == (0, 0)
-    last = run(redis_url, "status").stdout.splitlines()[-1]
+    assert (row["shadow"], rows["quiet"]["shadow"]) == (["limit", "rate"], ["limit"])
+    plain = Semaphore(redis_url, "plain", 5)
+    assert isinstance(plain.attempt("p"), Permit)
+    lines = run(redis_url, "status").stdout.splitlines()
+    shadows = {line.split(":")[0]: line for line in lines if ": shadow (" in line}
+    assert set(shadows) == {"tried", "quiet"}, lines
     assert re.fullmatch(
-        r"tried: shadow: the limit would have refused 2 grants \(peak 3 held at once\); "
-        r"the rate would have delayed 2 grants by 1(79|80)\.\ds in all",
-        last,
-    ), last
-    assert "quiet: shadow" not in run(redis_url, "status").stdout
+        r"tried: shadow \(limit, rate\): the limit would have refused 2 grants \(peak 3 held "
+        r"at once\); the rate would have delayed 2 grants by 1(79|80)\.\ds in all",
+        shadows["tried"],
+    ), lines
+    assert shadows["quiet"] == "quiet: shadow (limit): nothing counted yet", lines
     tried.close()
     quiet.close()
+    plain.close()
 
 
 def test_set_rate_before_first_use_of_a_declared_semaphore(redis_url):

@@ -133,7 +133,7 @@ def test_a_place_shows_only_the_limits_that_bind_it() -> None:
 def test_waiter_states_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p", b"",
                                               b"w2", b"6", b"9000", b"", b"", b""], 1, 0,
-             3, [b"t9", b"800"], 1, 0, b"", b"", 0, 0, 0, 0, 0, 0, [], 0, 0, 0, 0]  # fmt: skip
+             3, [b"t9", b"800"], 1, 0, b"", b"", 0, 0, 0, 0, 0, 0, [], 0, 0, 0, 0, b""]  # fmt: skip
     status = spec().parse_status(reply)
     assert (status.declared_limit, status.override, status.effective_limit) == (3, None, 5)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
@@ -156,7 +156,7 @@ def test_fair_keys_in_status() -> None:
                b"c", b"7", b"9000", b"", b"", b""]  # fmt: skip
     fair = [b"acme|eu", b"3", b"6", b"zed", b"1", b"0"]
     reply = [1000, b"3", b"", 5, 0, 0, 3, [], waiters, 0, 0, 0, [], 0, 0,
-             b"", b"", 0, 0, 0, 2, 8, 2, fair, 0, 0, 0, 0]  # fmt: skip
+             b"", b"", 0, 0, 0, 2, 8, 2, fair, 0, 0, 0, 0, b""]  # fmt: skip
     status = spec().parse_status(reply)
     assert [w.fair_key for w in status.waiters] == ["acme|eu", None, None]
     assert (status.fair_keys_waiting, status.fair_grants, status.fair_keys_read) == (2, 8, 2)
@@ -164,7 +164,7 @@ def test_fair_keys_in_status() -> None:
         FairKeyInfo("acme|eu", 3, 6, 0.75),
         FairKeyInfo("zed", 1, 0, 0.0),
     ]
-    no_grants = [*reply[:-7], 0, 1, [b"zed", b"1", b"0"], 0, 0, 0, 0]
+    no_grants = [*reply[:-8], 0, 1, [b"zed", b"1", b"0"], 0, 0, 0, 0, b""]
     assert spec().parse_status(no_grants).fair_keys == [FairKeyInfo("zed", 1, 0, 0.0)]
 
 
@@ -217,8 +217,10 @@ def test_a_wake_up_admits_tickets_up_to_its_bound() -> None:
 
 def test_a_rate_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 0, [], [], 0, 0, 0, [], 0, 0,
-             b"50000|1", b"600000|2", 0, 1040, 3000, 0, 0, 0, [], 3, 2, 1500, 4]  # fmt: skip
+             b"50000|1", b"600000|2", 0, 1040, 3000, 0, 0, 0, [], 3, 2, 1500, 4, b"r"]  # fmt: skip
     status = spec().parse_status(reply)
+    assert status.shadow == {"rate"}
+    assert spec().parse_status([*reply[:-1], b"lx"]).shadow == {"limit"}  # x: a later version's
     assert status.rate == RateLimit(20, 1.0)
     assert (status.shadow_limit_refusals, status.shadow_rate_refusals) == (3, 2)
     assert (status.shadow_delay, status.shadow_peak) == (1.5, 4)

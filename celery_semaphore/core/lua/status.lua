@@ -31,7 +31,8 @@
 -- this minute and the minute before, ...} of the ``fair top`` with the most waiting
 -- among those read (ties: more grants first, then by key); then what its shadow limits
 -- counted (see acquire.lua's ARGV[14]): m_shadow_limit, m_shadow_rate, m_shadow_wait_ms
--- and m_shadow_peak (0 where absent). The records are read by
+-- and m_shadow_peak (0 where absent), and the shadow limits recorded (meta.shadow, the
+-- last acquirer's declaration: '', 'l', 'r' or 'lr'). The fair key records are read by
 -- HSCAN of meta, at most FAIR_SCAN_CALLS calls of FAIR_SCAN_COUNT: a line of more
 -- fair keys than that reads a sample (fewer records read than n_fair_keys). With no
 -- fair key (n_fair_keys 0) none of this reads anything more, and a waiter's fair key
@@ -45,7 +46,7 @@ if ARGV[4] ~= '' then declared_rate = ARGV[4] end
 local fair_top = tonumber(ARGV[5])
 local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed', 'rate',
   'rate_override', 'tat', 'rate_pause', 'n_fair_keys', 'fair_grants', 'm_shadow_limit',
-  'm_shadow_rate', 'm_shadow_wait_ms', 'm_shadow_peak'})
+  'm_shadow_rate', 'm_shadow_wait_ms', 'm_shadow_peak', 'shadow'})
 local n_fair_keys = math.max(0, tonumber(m.n_fair_keys) or 0)
 
 local rate, room, next_us = effective_rate(m), rate_room(m)
@@ -139,5 +140,5 @@ return {
   math.max(0, (tonumber(m.rate_pause) or 0) > now_ms and tonumber(m.rate_pause) or 0),
   n_fair_keys, fair_grants, fair_read, listed_fair,
   tonumber(m.m_shadow_limit) or 0, tonumber(m.m_shadow_rate) or 0,
-  tonumber(m.m_shadow_wait_ms) or 0, tonumber(m.m_shadow_peak) or 0,
+  tonumber(m.m_shadow_wait_ms) or 0, tonumber(m.m_shadow_peak) or 0, m.shadow or '',
 }
