@@ -260,6 +260,12 @@ class Grant:
 SHADOW_CODES = {"l": "limit", "r": "rate"}
 
 
+def shadow_kinds(codes: str) -> frozenset[str]:
+    """The scripts' shadow codes ('', 'l', 'r', 'lr') as kinds; a code this version does
+    not know (a later one's) is left out."""
+    return frozenset(SHADOW_CODES[code] for code in codes if code in SHADOW_CODES)
+
+
 WAITER_STATES = {"p": "parked", "h": "handed over", "w": "waiting in place", "": "asking"}
 GRANT_PREFIX = "g|"  # a wake-up message that grants a waiter in place its permit
 
@@ -583,7 +589,7 @@ def _grant(granted: Granted) -> Grant:
         granted.fencing_token,
         granted.expires_ms / 1000,
         granted.waited_ms / 1000,
-        frozenset(SHADOW_CODES[code] for code in granted.shadow),
+        shadow_kinds(granted.shadow),
         granted.shadow_wait_ms / 1000,
     )
 
@@ -1045,7 +1051,7 @@ class SemaphoreSpec:
             shadow_rate_refusals=status.shadow_rate_refusals,
             shadow_delay=status.shadow_wait_ms / 1000,
             shadow_peak=status.shadow_peak,
-            shadow=frozenset(SHADOW_CODES[c] for c in status.recorded_shadow if c in SHADOW_CODES),
+            shadow=shadow_kinds(status.recorded_shadow),
         )
 
     def expected_types(self) -> Iterable[tuple[str, str]]:

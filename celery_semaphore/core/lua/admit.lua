@@ -215,16 +215,14 @@ local function finish_gate(s, g)
       redis.call('PEXPIRE', hinfo, ttl)
     end
     if #s.meta_writes > 0 then write_meta(s.m, s.meta_writes) end
-    if s.room ~= math.huge and not shadows(s.m, 'r') then  -- a rate that binds
-      out = dispatch(s.m, g.declared, g.cfg)
-    end
+    if rate_binds(s.m, s.room) then out = dispatch(s.m, g.declared, g.cfg) end
     return out
   end
   note_touch(s.meta_writes, g.idle_ms, s.waiting > 0)
   write_meta(s.m, s.meta_writes)
   if freeing then
     out = after_free(s.m, g.declared, g.channel, g.cfg)
-  elseif s.granted and s.room ~= math.huge and not shadows(s.m, 'r') then
+  elseif s.granted and rate_binds(s.m, s.room) then
     out = dispatch(s.m, g.declared, g.cfg)  -- the next slots' waiters (see dispatch())
   end
   touch(g.idle_ms, s.waiting == 0, true)

@@ -895,6 +895,12 @@ local function line_room(m)
   return rate_room(m)
 end
 
+-- Whether a rate binds the line, given the ``room`` rate_room() gave (a caller that
+-- has it already: no second rate_room()).
+local function rate_binds(m, room)
+  return room ~= math.huge and not shadows(m, 'r')
+end
+
 -- µs from now until the rate allows a grant to the waiter at ``position`` (1: the
 -- head of the line), given rate_room()'s ``room`` and ``next_us``: 0 for the first
 -- ``room``, then one interval apart.

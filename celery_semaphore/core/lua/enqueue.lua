@@ -78,7 +78,7 @@ if room ~= math.huge then
 end
 local n_holders, limit = redis.call('ZCARD', holders), effective_limit(m, declared)
 local reply = {ticket, ahead + 1, n_holders, limit, m.draining == '1' and 1 or 0, slot}
-local binding, bound_rate = line_limit(m, declared), room ~= math.huge and not shadows(m, 'r')
+local binding, bound_rate = line_limit(m, declared), rate_binds(m, room)
 local far = may_park and (m.draining == '1'
   or (bound_rate and slot ~= '' and tonumber(slot) > tonumber(ARGV[12]))
   or ahead >= math.max(0, binding - n_holders) + binding)
