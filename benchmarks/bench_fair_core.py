@@ -47,7 +47,7 @@ from typing import Any
 
 import redis
 
-from celery_semaphore import Permit, Semaphore
+from celery_semaphore import Ask, Permit, Semaphore
 from celery_semaphore.core import epochs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
@@ -116,7 +116,7 @@ class Line:
                 for holder, key in waiters[start : start + POPULATE_CHUNK]:
                     args = spec.acquire_args(
                         holder, None, queue=True, wait_lease=LONG_LEASE,
-                        lease_timeout=LONG_LEASE, info="", fair_key=key,
+                        lease_timeout=LONG_LEASE, info="", ask=Ask(fair_key=key),
                     )  # fmt: skip
                     script(keys=keys, args=[*args, epoch], client=pipe)
                 pipe.execute()

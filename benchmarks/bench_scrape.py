@@ -52,7 +52,7 @@ from typing import Any
 
 import redis
 
-from celery_semaphore import Permit, Semaphore
+from celery_semaphore import Ask, Permit, Semaphore
 from celery_semaphore.core import epochs
 from celery_semaphore.core.discovery import open_semaphore, semaphore_names
 from celery_semaphore.core.keys import semaphore_keys
@@ -107,12 +107,12 @@ def populate(client: redis.Redis, settings: Settings) -> list[Semaphore]:
         for w in range(per):
             key = f"k{w % FAIR_KEYS}" if s % 4 == 0 else None
             if w % 4 == 3:
-                args = spec.enqueue_args(f"sent-{w}", LONG, "", fair_key=key)
+                args = spec.enqueue_args(f"sent-{w}", LONG, "", Ask(fair_key=key))
                 calls.append(("enqueue", [*args, epoch]))
             else:
                 args = spec.acquire_args(
                     f"w-{w}", None, queue=True, wait_lease=LONG, lease_timeout=LONG, info="",
-                    fair_key=key,
+                    ask=Ask(fair_key=key),
                 )  # fmt: skip
                 calls.append(("acquire", [*args, epoch]))
         for i in range(LAPSED_PER_SEMAPHORE):

@@ -19,6 +19,7 @@ except PackageNotFoundError:  # imported from a checkout that was never installe
 
 if TYPE_CHECKING:
     from .core import (
+        Ask,
         AsyncPermit,
         AsyncPermitSet,
         AsyncSemaphore,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from .wiring import install
 
 __all__ = [
+    "Ask",
     "AsyncPermit",
     "AsyncPermitSet",
     "AsyncSemaphore",

@@ -238,7 +238,7 @@ class Admission:
             return None
         for gate in self.gates:
             result = self._sem(gate).attempt(
-                self.request.id, queue=False, info=self.info, **gate.asks(),
+                self.request.id, queue=False, info=self.info, ask=gate.ask,
             )  # fmt: skip
             if isinstance(result, Place):
                 self.exit(unused=True)
@@ -258,7 +258,7 @@ class Admission:
             return True
         result = self._sem(gate).attempt(
             self.request.id, place.ticket, wait_lease=seconds, info=self.info,
-            **gate.asks(),
+            ask=gate.ask,
         )  # fmt: skip
         if isinstance(result, Place):
             return False
@@ -272,7 +272,7 @@ class Admission:
             handover, self.state.handover = self.state.handover[1], None
         result = self._sem(gate).attempt(
             self.request.id, ticket, wait_lease=PLACE_GRACE, info=self.info, handover=handover,
-            **gate.asks(),
+            ask=gate.ask,
         )  # fmt: skip
         if isinstance(result, Place):
             self.state.tickets[gate.name] = result.ticket
@@ -281,7 +281,7 @@ class Admission:
     def _wait_for_turn(self, gate: Gate, place: Place, seconds: float) -> Permit | Place:
         return self._sem(gate).wait_for_turn(
             seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE,
-            info=self.info, **gate.asks(), refused=place,
+            info=self.info, ask=gate.ask, refused=place,
         )  # fmt: skip
 
     def _granted(self, gate: Gate, permit: Permit) -> None:
@@ -406,7 +406,7 @@ def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry
         admission._send(signals.rate_limited, gate, retry_after=seconds)
         result = semaphore.attempt(
             request.id, tickets.get(gate.name), wait_lease=seconds + PLACE_GRACE,
-            info=admission.info, **gate.asks(),
+            info=admission.info, ask=gate.ask,
         )  # fmt: skip
         if isinstance(result, Place):
             place = place or result

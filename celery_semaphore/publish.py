@@ -130,7 +130,7 @@ def places_of(
                 headers["id"],
                 wait_lease=PLACE_AT_PUBLISH,
                 info=task.name,
-                **gate.asks(),
+                ask=gate.ask,
             )
             for gate in gates
         }
@@ -330,7 +330,7 @@ class ParkingProducer:
                 wait_lease=PLACE_AT_PUBLISH,
                 info=task.name,
                 due=config.max_wait_time,
-                **gate.asks(),
+                ask=gate.ask,
             )
         except (TypeError, ValueError):
             del headers[WAIT_HEADER]

@@ -117,7 +117,7 @@ class Waits:
         try:
             payload = encode_signature(self.task.app, signature, self.config.park_max_bytes)
             parked = semaphore_of(self.task.app, gate, self.config).park(
-                self.request.id, payload, place.ticket, info=self.info, due=due, **gate.asks()
+                self.request.id, payload, place.ticket, info=self.info, due=due, ask=gate.ask
             )
         except (ValueError, TypeError, SemaphoreError) as error:
             self.state.waits -= 1

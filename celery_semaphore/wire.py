@@ -38,12 +38,14 @@ import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from celery.canvas import Signature
 from kombu.serialization import dumps, loads, prepare_accept_content
 from kombu.utils import json as kombu_json
 
+from .core.ask import Ask
 from .core.rates import RateLimit
 
 WAIT_HEADER = "celery_semaphore"
@@ -110,13 +112,11 @@ class Gate:
     fair_key: str | None = None
     fair_weight: int = 1
 
-    def asks(self) -> dict[str, Any]:
-        """What the request asks of the gate's semaphore, as keyword arguments of
-        ``Semaphore.attempt()`` and the like."""
-        return {
-            "weight": self.weight, "rate_weight": self.rate_weight, "priority": self.priority,
-            "fair_key": self.fair_key, "fair_weight": self.fair_weight,
-        }  # fmt: skip
+    @cached_property
+    def ask(self) -> Ask:
+        """What the request asks of the gate's semaphore (``Semaphore.attempt(ask=...)``
+        and the like)."""
+        return Ask(self.weight, self.rate_weight, self.priority, self.fair_key, self.fair_weight)
 
     def encode(self) -> list[Any]:
         """[name, limit], then family, rate, shadow, "<weight>|<rate weight>" and

@@ -5,6 +5,7 @@
 - ``_async/semaphore_set.py``: `AsyncSemaphoreSet`, several semaphores taken in one
   step (all or none); ``_sync/semaphore_set.py``: `SemaphoreSet`, generated likewise;
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
+- ``ask.py``: what a contender asks for (`Ask`: weight, priority, fair key, ...);
 - ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
 - ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
 - ``listeners.py``: pub/sub connections kept between waits in place;
@@ -18,6 +19,7 @@ from ._async.semaphore import AsyncPermit, AsyncSemaphore
 from ._async.semaphore_set import AsyncPermitSet, AsyncSemaphoreSet
 from ._sync.semaphore import Permit, Semaphore
 from ._sync.semaphore_set import PermitSet, SemaphoreSet
+from .ask import Ask
 from .errors import (
     SemaphoreBackendError,
     SemaphoreConnectionError,
@@ -41,6 +43,7 @@ from .protocol import (
 from .rates import RateLimit
 
 __all__ = [
+    "Ask",
     "AsyncPermit",
     "AsyncPermitSet",
     "AsyncSemaphore",

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 from redis.crc import key_slot
 
 from . import validation
+from .ask import PLAIN, Ask
 from .errors import StaleHandover
 from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
 from .rates import RateLimit, parse_rate
@@ -692,17 +693,11 @@ class SemaphoreSpec:
         info: str,
         handover: int | None = None,
         in_place: bool = False,
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask = PLAIN,
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
-        weight_arg = self.weight_arg(
-            weight, rate_weight, fair_key=fair_key, fair_weight=fair_weight, priority=priority
-        )
+        weight_arg = self.weight_arg(ask)
         validation.check_ticket(handover, "handover")
         validation.check_info(info)
         wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
@@ -725,22 +720,15 @@ class SemaphoreSpec:
             weight_arg,
         ]
 
-    def weight_arg(
-        self,
-        weight: int,
-        rate_weight: int | None,
-        *,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
-    ) -> str:
+    def weight_arg(self, ask: Ask) -> str:
         """The scripts' weight text, "<permits>|<grants>" ('' for 1|1), checked against
         this semaphore's limit and burst: a weight that could never be granted is an
         error; then "|<priority>" and "|<fair weight>|<fair key>" where they are given
         (see "The order of the line" in lua/common.lua). ``fair_weight`` None: the
         semaphore's ``fair_weights`` say."""
+        weight, rate_weight, priority = ask.weight, ask.rate_weight, ask.priority
         if (
-            fair_key is None
+            ask.fair_key is None
             and weight.__class__ is int
             and weight == 1
             and (rate_weight is None or (rate_weight.__class__ is int and rate_weight == 1))
@@ -756,12 +744,12 @@ class SemaphoreSpec:
             None if self.rate is None else self.rate.burst,
         )
         priority = validation.check_priority(priority)
-        if fair_key is not None:
-            key = validation.check_fair_key(fair_key)
-            if fair_weight is None:
+        if ask.fair_key is not None:
+            key = validation.check_fair_key(ask.fair_key)
+            if ask.fair_weight is None:
                 share = validation.fair_weight_of(self.fair_weights, key)
             else:
-                share = validation.check_fair_weight(fair_weight, key)
+                share = validation.check_fair_weight(ask.fair_weight, key)
             return f"{permits}|{grants}|{priority}|{share}|{key}"
         if priority:
             return f"{permits}|{grants}|{priority}"
@@ -776,25 +764,16 @@ class SemaphoreSpec:
         park_lease: float,
         info: str,
         due: float | None,
-        weight: int | None = None,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
     ) -> list[Any]:
+        """``ask`` None keeps what the waiter's refused attempt recorded."""
         validation.check_holder(holder)
         validation.check_ticket(ticket)
         validation.check_info(info)
         if not isinstance(payload, str):
             raise TypeError(f"payload must be a str, got {type(payload).__name__}")
         park_ms, due_ms = self._parking(park_lease, due)
-        weight_arg = ""  # keeps the one its refused attempt recorded
-        if weight is not None or fair_key is not None or priority:
-            permits = 1 if weight is None else weight
-            weight_arg = self.weight_arg(
-                permits, rate_weight, fair_key=fair_key, fair_weight=fair_weight, priority=priority
-            )
-            weight_arg = weight_arg or "1|1"
+        weight_arg = "" if ask is None else (self.weight_arg(ask) or "1|1")
         return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
                 self.dispatch, due_ms, self.keys.channel, weight_arg]  # fmt: skip
 
@@ -805,22 +784,11 @@ class SemaphoreSpec:
                 *(validation.check_holder(h) for h in drop)]  # fmt: skip
 
     def enqueue_args(
-        self,
-        holder: str,
-        wait_lease: float | None,
-        info: str,
-        weight: int = 1,
-        rate_weight: int | None = None,
-        *,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        self, holder: str, wait_lease: float | None, info: str, ask: Ask = PLAIN
     ) -> list[Any]:
         validation.check_holder(holder)
         validation.check_info(info)
-        weight_arg = self.weight_arg(
-            weight, rate_weight, fair_key=fair_key, fair_weight=fair_weight, priority=priority
-        )
+        weight_arg = self.weight_arg(ask)
         seconds = self.waiter_lease if wait_lease is None else wait_lease
         wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
         return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
@@ -1112,9 +1080,7 @@ def joint_acquire_args(
             spec.family,
             spec.rate_arg,
             spec.shadow_arg,
-            spec.weight_arg(
-                weight, rate_weight, priority=priority, fair_key=key, fair_weight=fair_weight
-            ),
+            spec.weight_arg(Ask(weight, rate_weight, priority, key, fair_weight)),
         ]
     return args
 

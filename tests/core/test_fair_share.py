@@ -442,3 +442,28 @@ def test_a_weights_function_that_fails_for_a_key_is_an_error_naming_the_key(
     assert fair_records(sem)["w|ok"] == "1|1|0|2|good"
     assert line(sem) == ["ok"]
     gate.release()
+
+
+@pytest.mark.parametrize("way", ["attempt", "try_acquire", "wait_for_turn"])
+def test_a_per_call_fair_weight_gives_its_key_that_many_turns(
+    make_semaphore: MakeSemaphore, way: str
+) -> None:
+    """``fair_weight=`` on the call weighs the key where the semaphore's ``fair_weights``
+    say nothing: every way of asking passes it (it was dropped by all but one)."""
+    sem = make_semaphore(1, waiter_lease=LONG)
+    gate = granted(sem.attempt("gate"))
+    a, b = names("a", 40), names("b", 40)
+    for holder_a, holder_b in zip(a, b, strict=True):
+        for holder, key, weight in ((holder_a, "A", 3), (holder_b, "B", 1)):
+            if way == "attempt":
+                result = sem.attempt(holder, wait_lease=LONG, fair_key=key, fair_weight=weight)
+            elif way == "try_acquire":
+                result = sem.try_acquire(holder, fair_key=key, fair_weight=weight)
+            else:
+                result = sem.wait_for_turn(
+                    0, holder, wait_lease=LONG, fair_key=key, fair_weight=weight
+                )
+            assert result is None or isinstance(result, Place), result
+    order = serve(sem, gate, count=24)
+    from_a = sum(h.startswith("a") for h in order)
+    assert from_a == 18, order

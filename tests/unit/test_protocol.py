@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import FairKeyInfo, Handover, Place, Places, RateLimit, StaleHandover
+from celery_semaphore import Ask, FairKeyInfo, Handover, Place, Places, RateLimit, StaleHandover
 from celery_semaphore.core import epochs
 from celery_semaphore.core.protocol import (
     WAITER_STATES,
@@ -256,7 +256,7 @@ def test_shadow_limits_in_the_scripts_form() -> None:
 def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() -> None:
     def weight_of(sem: SemaphoreSpec, **kw: object) -> str:
         args = sem.acquire_args("h", None, queue=True, wait_lease=None, lease_timeout=None,
-                                info="", **kw)  # type: ignore[arg-type]  # fmt: skip
+                                info="", ask=Ask(**kw))  # type: ignore[arg-type]  # fmt: skip
         return str(args[14])
 
     limited = SemaphoreSpec(
@@ -278,7 +278,8 @@ def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() 
     with pytest.raises(ValueError, match=r"rate_weight must be an int from 1"):
         weight_of(limited, rate_weight=0)
     assert limited.park_args("h", None, "p", park_lease=1, info="", due=None)[-1] == ""
-    assert limited.park_args("h", None, "p", park_lease=1, info="", due=None, weight=1)[-1] == "1|1"
+    plain = limited.park_args("h", None, "p", park_lease=1, info="", due=None, ask=Ask())
+    assert plain[-1] == "1|1"
     assert limited.renew_args([("h", None, 3), ("g", 7, None)], 1000)[4:] == [
         "h",
         "",
@@ -289,3 +290,21 @@ def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() 
     ]
     with pytest.raises(ValueError, match="holder must not contain NUL"):
         limited.release_args("h\0", None)
+
+
+def test_an_ask_is_given_once_as_a_value_or_as_keywords_with_errors_naming_the_call() -> None:
+    from celery_semaphore.core.ask import AskFields, ask_of
+
+    assert ask_of(None, {}, "attempt") == Ask()
+    assert ask_of(None, {"fair_key": "A", "fair_weight": 3}, "attempt") == Ask(
+        fair_key="A", fair_weight=3
+    )
+    assert ask_of(Ask(weight=2), {}, "acquire") == Ask(weight=2)
+    with pytest.raises(TypeError, match=r"acquire\(\) takes ask= or weight, not both"):
+        ask_of(Ask(), {"weight": 2}, "acquire")
+    with pytest.raises(TypeError, match=r"attempt\(\) got unexpected keyword arguments wieght"):
+        ask_of(None, {"wieght": 2}, "attempt")
+    with pytest.raises(TypeError, match=r"park\(ask=...\) must be an Ask, got dict"):
+        ask_of({"weight": 2}, {}, "park")  # type: ignore[arg-type]
+    assert set(AskFields.__annotations__) == {f for f in Ask.__dataclass_fields__}
+    assert Ask(weight=3).starts == 3 and Ask(weight=3, rate_weight=1).starts == 1

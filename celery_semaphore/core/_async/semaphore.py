@@ -24,12 +24,13 @@ import contextvars
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
 
 from celery_semaphore.core import epochs, parked_index, protocol, validation
+from celery_semaphore.core.ask import Ask, AskFields, ask_of
 from celery_semaphore.core.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
@@ -47,6 +48,9 @@ from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, Semap
 from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.scripts import registered
 from celery_semaphore.core.validation import FairWeights
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -319,11 +323,8 @@ class AsyncSemaphore:
         info: str = "",
         handover: int | None = None,
         in_place: bool = False,
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> AsyncPermit | Place:
         """Take a permit if one is free and nobody earlier waits; else a `Place`.
 
@@ -348,8 +349,10 @@ class AsyncSemaphore:
         ``fair_weights`` give a key more turns); with both, priority orders the key's
         own turns. ``fair_weight``: the key's weight here (default: what the semaphore's
         ``fair_weights`` give it). These only place a new ticket: a ticket presented
-        again keeps its place.
+        again keeps its place. Give these five as keywords or as one
+        ``ask=``[Ask][celery_semaphore.Ask] (every call below takes either).
         """
+        ask = ask_of(ask, asked, "attempt")
         holder = protocol.new_holder_id() if holder is None else holder
         args = self._spec.acquire_args(
             holder,
@@ -360,10 +363,7 @@ class AsyncSemaphore:
             info=info,
             handover=handover,
             in_place=in_place,
-            weight=weight,
-            rate_weight=rate_weight,
-            fair_key=fair_key,
-            priority=priority,
+            ask=ask,
         )
         result, handovers = self._spec.parse_acquire(await self._call("acquire", args))
         await self._hand_over(handovers)
@@ -372,7 +372,7 @@ class AsyncSemaphore:
         return AsyncPermit(
             self, holder, result.fencing_token, result.expires_at, result.waited,
             shadow_refused=result.shadow_refused, shadow_wait=result.shadow_wait,
-            weight=weight, rate_weight=weight if rate_weight is None else rate_weight,
+            weight=ask.weight, rate_weight=ask.starts,
         )  # fmt: skip
 
     async def park(
@@ -384,11 +384,8 @@ class AsyncSemaphore:
         park_lease: float = 604800.0,
         info: str = "",
         due: float | None = None,
-        weight: int | None = None,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> Parked:
         """Keep ``holder``'s place in line without asking: ``payload`` is handed to
         ``on_handover`` when the waiter is due (possibly at once: a permit may have
@@ -402,8 +399,7 @@ class AsyncSemaphore:
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
-            weight=weight, rate_weight=rate_weight,
-            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
+            ask=ask_of(ask, asked, "park") if ask is not None or asked else None,
         )  # fmt: skip
         await self._list_parked()
         parked, handovers = self._spec.parse_park(await self._call("park", args))
@@ -450,11 +446,8 @@ class AsyncSemaphore:
         *,
         wait_lease: float | None = None,
         info: str = "",
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> Place:
         """Take a place in line for ``holder`` without asking for a permit.
 
@@ -464,16 +457,7 @@ class AsyncSemaphore:
         limit, so a producer can tell a near turn from a far one. ``weight``,
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
-        args = self._spec.enqueue_args(
-            holder,
-            wait_lease,
-            info,
-            weight,
-            rate_weight,
-            fair_key=fair_key,
-            fair_weight=fair_weight,
-            priority=priority,
-        )
+        args = self._spec.enqueue_args(holder, wait_lease, info, ask_of(ask, asked, "take_place"))
         return self._spec.parse_enqueue(await self._call("enqueue", args))
 
     async def take_place_or_park(
@@ -486,11 +470,8 @@ class AsyncSemaphore:
         park_lease: float = 604800.0,
         info: str = "",
         due: float | None = None,
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> tuple[Place, bool]:
         """`take_place()`, and in the same call `park()` if the turn of that place is
         far: the semaphore drains, or the rate's slot for it is more than ``window`` s
@@ -502,8 +483,7 @@ class AsyncSemaphore:
         names the ticket it is about to be given). The place holds ``wait_lease`` s if
         it did not park, ``park_lease`` s if it did."""
         args = self._spec.enqueue_args(
-            holder, wait_lease, info, weight, rate_weight,
-            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
+            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park")
         ) + self._spec.park_when_far_args(
             payload, window=window, park_lease=park_lease, due=due
         )  # fmt: skip
@@ -519,11 +499,8 @@ class AsyncSemaphore:
         holder: str | None = None,
         ticket: int | None = None,
         *,
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> AsyncPermit | None:
         """A permit if one can be granted now, else None.
 
@@ -535,15 +512,8 @@ class AsyncSemaphore:
         blocks the line until its lease runs out.
         """
         queue = holder is not None or ticket is not None
-        result = await self.attempt(
-            holder,
-            ticket,
-            queue=queue,
-            weight=weight,
-            rate_weight=rate_weight,
-            fair_key=fair_key,
-            priority=priority,
-        )
+        ask = ask_of(ask, asked, "try_acquire")
+        result = await self.attempt(holder, ticket, queue=queue, ask=ask)
         return result if isinstance(result, AsyncPermit) else None
 
     async def acquire(
@@ -553,11 +523,8 @@ class AsyncSemaphore:
         ticket: int | None = None,
         *,
         info: str = "",
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> AsyncPermit:
         """Wait in FIFO order for a permit (``weight`` of them: see `attempt()`);
         `SemaphoreTimeout` after ``timeout`` s.
@@ -575,14 +542,7 @@ class AsyncSemaphore:
         started = time.monotonic()
         try:
             result = await self.wait_for_turn(
-                timeout,
-                holder,
-                ticket,
-                info=info,
-                weight=weight,
-                rate_weight=rate_weight,
-                fair_key=fair_key,
-                priority=priority,
+                timeout, holder, ticket, info=info, ask=ask_of(ask, asked, "acquire")
             )
         except BaseException:
             # Else the place would block the line until its waiter lease runs out.
@@ -607,12 +567,9 @@ class AsyncSemaphore:
         *,
         wait_lease: float | None = None,
         info: str = "",
-        weight: int = 1,
-        rate_weight: int | None = None,
-        fair_key: str | None = None,
-        fair_weight: int | None = None,
-        priority: int = 0,
         refused: Place | None = None,
+        ask: Ask | None = None,
+        **asked: Unpack[AskFields],
     ) -> AsyncPermit | Place:
         """Like `acquire()`, but on timeout return the `Place`, still in line.
 
@@ -630,6 +587,7 @@ class AsyncSemaphore:
         """
         if timeout is not None:
             validation.check_seconds(timeout, "timeout", allow_zero=True)
+        ask = ask_of(ask, asked, "wait_for_turn")
         started = time.monotonic()
         result: AsyncPermit | Place
         if refused is not None:
@@ -640,16 +598,7 @@ class AsyncSemaphore:
                 )
             result = refused
         else:
-            result = await self.attempt(
-                holder,
-                ticket,
-                wait_lease=wait_lease,
-                info=info,
-                weight=weight,
-                rate_weight=rate_weight,
-                fair_key=fair_key,
-                priority=priority,
-            )
+            result = await self.attempt(holder, ticket, wait_lease=wait_lease, info=info, ask=ask)
         if isinstance(result, AsyncPermit) or timeout == 0:
             return result
         place: Place = result
@@ -665,15 +614,11 @@ class AsyncSemaphore:
                     if remaining is not None and remaining <= 0:
                         # The last ask clears the mark (or finds a permit granted meanwhile).
                         return await self.attempt(
-                            holder, ticket, wait_lease=wait_lease, info=info,
-                            weight=weight, rate_weight=rate_weight,
-                            fair_key=fair_key, fair_weight=fair_weight, priority=priority,
-                        )  # fmt: skip
+                            holder, ticket, wait_lease=wait_lease, info=info, ask=ask
+                        )
                     result = await self.attempt(
-                        holder, ticket, wait_lease=wait_lease, info=info, in_place=True,
-                        weight=weight, rate_weight=rate_weight,
-                        fair_key=fair_key, fair_weight=fair_weight, priority=priority,
-                    )  # fmt: skip
+                        holder, ticket, wait_lease=wait_lease, info=info, in_place=True, ask=ask
+                    )
                     if isinstance(result, AsyncPermit):
                         return result
                     place = result
@@ -691,7 +636,7 @@ class AsyncSemaphore:
                 if grant is not None:
                     return AsyncPermit(
                         self, holder, grant.fencing_token, grant.expires_at, grant.waited,
-                        weight=weight, rate_weight=weight if rate_weight is None else rate_weight,
+                        weight=ask.weight, rate_weight=ask.starts,
                     )  # fmt: skip
         except BaseException:
             interrupted = True
