@@ -61,7 +61,6 @@ from typing import Any
 
 from .core import validation
 from .core.rates import RateLimit, parse_rate
-from .state import state_of
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 WAIT_MODES = ("handover", "countdown")
@@ -266,10 +265,35 @@ def _check_names(app: Any) -> None:
                 raise ValueError(f"unknown Celery setting {key}; {hint}known: {', '.join(known)}")
 
 
+@dataclass
+class _Cached:
+    """The settings read for one app: its own, and each task's with its options."""
+
+    app: SemaphoreConfig | None = None
+    tasks: dict[str, SemaphoreConfig] = field(default_factory=dict)
+
+
+#: Where an app keeps its cached settings (in ``app.__dict__``, beside the plugin's
+#: runtime state, which `celery_semaphore.state.reset` forgets with them).
+CACHE_ATTRIBUTE = "semaphore_settings"
+
+
+def _cached(app: Any) -> _Cached:
+    cached: _Cached | None = app.__dict__.get(CACHE_ATTRIBUTE)
+    if cached is None:
+        cached = app.__dict__.setdefault(CACHE_ATTRIBUTE, _Cached())
+    return cached
+
+
+def forget_config(app: Any) -> None:
+    """Drop ``app``'s cached settings: the next use reads ``app.conf`` again."""
+    app.__dict__.pop(CACHE_ATTRIBUTE, None)
+
+
 def get_config(app: Any) -> SemaphoreConfig:
     """The app's settings, validated once and cached (errors name the setting)."""
-    state = state_of(app)
-    config = state.config
+    cached = _cached(app)
+    config = cached.app
     if config is None:
         _check_names(app)
         values: dict[str, Any] = {}
@@ -283,7 +307,7 @@ def get_config(app: Any) -> SemaphoreConfig:
         except (TypeError, ValueError) as error:
             raise type(error)(f"Celery setting {PREFIX}{error}") from None
         check_backoff(app, config, f"Celery setting {PREFIX}")
-        state.config = config
+        cached.app = config
     return config
 
 
@@ -302,7 +326,7 @@ def uses_handover(app: Any) -> bool:
 
 def task_config(task: Any) -> SemaphoreConfig:
     """The app's settings with the task's ``semaphore_*`` options applied (cached per task)."""
-    configs = state_of(task.app).task_configs
+    configs = _cached(task.app).tasks
     config = configs.get(task.name)
     if config is None:
         options = getattr(type(task), "semaphore_options", None) or {}

@@ -25,13 +25,14 @@ import threading
 from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from weakref import WeakSet
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .config import SemaphoreConfig, forget_config
 from .core import Semaphore
 from .core.connection import SyncClient, connect
 from .core.protocol import PAUSE_MARGIN
@@ -39,9 +40,6 @@ from .core.rates import RateLimit
 from .durability import ParkingSafety
 from .handover import publisher
 from .room_at_publish import RoomAtPublish
-
-if TYPE_CHECKING:
-    from .config import SemaphoreConfig
 
 ATTRIBUTE = "semaphore_state"
 QUICK_TIMEOUT = 0.25
@@ -167,8 +165,6 @@ class SharedFlag:
 @dataclass
 class AppState:
     semaphores: Semaphores
-    config: SemaphoreConfig | None = None
-    task_configs: dict[str, SemaphoreConfig] = field(default_factory=dict)
     publish_paused_until: float = 0.0
     #: The room this process last saw in each line it published to: new tasks skip
     #: their place while it lasts (`celery_semaphore.room_at_publish`).
@@ -216,6 +212,7 @@ def reset(app: Any) -> None:
     For tests that change an app's settings or point it at another Redis
     between runs. Harmless on an app the plugin never saw.
     """
+    forget_config(app)
     state: AppState | None = app.__dict__.pop(ATTRIBUTE, None)
     if state is not None:
         state.semaphores.close()

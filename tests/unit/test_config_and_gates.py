@@ -16,7 +16,6 @@ from celery_semaphore import LimitedTask
 from celery_semaphore.config import SemaphoreConfig, get_config, task_config
 from celery_semaphore.gates import queue_of, request_gates, task_gates
 from celery_semaphore.publish import published_queue
-from celery_semaphore.state import state_of
 from celery_semaphore.wire import GATES_HEADER, Gate, base_queue, encode_gates, recorded_gates
 
 
@@ -54,7 +53,6 @@ def test_app_settings_read_once_and_reset(app: Celery) -> None:
     config = get_config(app)
     assert config.max_block == 0.5
     assert get_config(app) is config  # cached on the app, in one object
-    assert state_of(app).config is config
     app.conf.semaphore_max_block = 0.25
     assert get_config(app).max_block == 0.5
     celery_semaphore.reset(app)

@@ -182,6 +182,26 @@ def test_the_package_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
+def test_the_settings_do_not_depend_on_the_runtime_state() -> None:
+    """config.py (settings read once, cached per app) imports nothing that holds
+    clients, semaphores or other runtime state; state.py may use the settings."""
+    graph = package_imports()
+    runtime = {"celery_semaphore.state", "celery_semaphore.durability", "celery_semaphore.handover"}
+    assert graph["celery_semaphore.config"] & runtime == set()
+    source = (ROOT / "celery_semaphore" / "config.py").read_text(encoding="utf-8")
+    assert "state" not in imported_modules_text(source), "not under TYPE_CHECKING either"
+
+
+def imported_modules_text(source: str) -> str:
+    """The text of every import statement of ``source``."""
+    tree = ast.parse(source)
+    return "\n".join(
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    )
+
+
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
