@@ -9,7 +9,7 @@ only once, when it starts (`index_parked()`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -24,6 +24,9 @@ from .scripts import forget_way, registered
 
 #: Script calls sent in one pipeline by `read_counts()`.
 COUNTS_BATCH = 500
+#: The meta field the scripts count parked (not yet handed over) tasks in
+#: (common.lua's COUNTED).
+PARKED_COUNT = "n_parked"
 
 
 def semaphore_names(
@@ -99,6 +102,27 @@ def read_counts(
         raise translate(error, url or "redis") from error
     counts = (parse_counts(n, fields, r) for n, r in zip(names, replies, strict=True))
     return [c for c in counts if c.declared_limit is not None]
+
+
+def parked_counts(
+    client: SyncClient, namespace: str, names: Iterable[str], url: str = ""
+) -> dict[str, int]:
+    """How many tasks each semaphore of ``names`` keeps parked (not yet handed over);
+    a semaphore whose meta key holds another type (another program's key) is left
+    out, so one bad name cannot hide the others."""
+    counts = {}
+    for name in names:
+        meta = semaphore_keys(namespace, name, cluster=is_cluster(client)).meta
+        try:
+            count = client.hget(meta, PARKED_COUNT)
+        except redis.ResponseError as error:
+            if "WRONGTYPE" not in str(error):
+                raise translate(error, url or "redis") from error
+            continue
+        except redis.RedisError as error:
+            raise translate(error, url or "redis") from error
+        counts[name] = int(count or 0)
+    return counts
 
 
 def _pipelined(client: SyncClient, script: Any, calls: list[dict[str, Any]]) -> list[Any]:

@@ -33,19 +33,15 @@ from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
 from celery_semaphore.core import Permit, epochs, parked_index
 from celery_semaphore.core.connection import mask_url
-from celery_semaphore.core.discovery import index_parked
-from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.keys import semaphore_keys, watch_channel
+from celery_semaphore.core.discovery import index_parked, parked_counts
+from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreError
+from celery_semaphore.core.keys import watch_channel
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
 from celery_semaphore.wire import Gate, recorded_gates
 from celery_semaphore.worker.dead_children import killed
 
 logger = logging.getLogger(__name__)
-
-#: The field of a semaphore's meta hash the scripts keep the number of parked
-#: (not yet handed over) tasks in (common.lua); status() reads it too.
-PARKED_COUNT = "n_parked"
 
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
 WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again
@@ -354,9 +350,10 @@ class Heartbeat:
         for name in sorted(set(names) | self._parked_in):
             try:
                 semaphore_of(self.app, Gate(name, 1), config).dispatch(drop)
-            except SemaphoreError as error:
+            except SemaphoreConnectionError:
+                raise  # Redis away: every other call would fail too; the next beat looks again
+            except SemaphoreError as error:  # this semaphore only: the others are looked after
                 logger.warning("could not hand over parked tasks of %s: %s", name, error)
-                return
         self._parked_in = self._with_parked_tasks(client, set(names))
         self._dropped.update(drop)
         parked_index.forget_idle(client, config.namespace, now_ms, entries, url)
@@ -366,9 +363,9 @@ class Heartbeat:
         parked messages: the hash also keeps tasks waiting in place and arrived
         hand-overs, which a loss does not lose (their messages are with a worker or in
         the broker)."""
-        namespace = get_config(self.app).namespace
-        counts = {n: client.hget(semaphore_keys(namespace, n).meta, PARKED_COUNT) for n in names}
-        return {name for name, count in counts.items() if count and int(count) > 0}
+        config = get_config(self.app)
+        counts = parked_counts(client, config.namespace, sorted(names), mask_url(config.redis_url))
+        return {name for name, count in counts.items() if count > 0}
 
     def _missing_now(self, gate: Gate, request: Any, key: Key, max_block: float) -> None:
         """A request seen holding holds nothing now: lost once that lasts."""

@@ -328,6 +328,43 @@ def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
     elsewhere.close()
 
 
+def test_a_semaphore_whose_hand_over_fails_does_not_stop_the_others(
+    app: Celery, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each semaphore in the parked index is looked after on its own: one whose
+    dispatch fails (here its meta key was overwritten with a string) gets a WARNING
+    naming it, and the semaphores listed after it are still handed over."""
+    from celery_semaphore.wire import encode_signature
+
+    @app.task(name="hb.plain", shared=False)
+    def plain() -> None: ...
+
+    heartbeat = Heartbeat(app, list, interval=LEASE / 4)
+    client = state_of(app).semaphores.client(redis_url)
+    made = [
+        Semaphore(redis_url, name, 1, lease_timeout=LEASE, on_handover=list)
+        for name in ("a-broken", "b-parked")  # looked after in this order
+    ]
+    for sem in made:
+        assert isinstance(sem.attempt("holder"), Permit)
+        place = sem.attempt("parked")
+        assert isinstance(place, Place)
+        sem.park("parked", encode_signature(app, plain.s(), 10**6), place.ticket)
+    broken, parked = made
+    client.delete(broken.keys.meta)
+    client.set(broken.keys.meta, "not a hash")
+    time.sleep(LEASE * 1.5)  # the holders' leases run out; nobody calls
+
+    with caplog.at_level(logging.WARNING):
+        heartbeat.look_after_parked()
+    waiters = parked.status().waiters
+    assert [(w.holder, w.state) for w in waiters] == [("parked", "handed over")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("could not hand over parked tasks of a-broken" in m for m in warnings), warnings
+    for sem in made:
+        sem.close()
+
+
 def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
     app: Celery, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
