@@ -10,8 +10,10 @@ One owner for each format; every reader and writer goes through this module:
   versioned: a payload can wait in Redis for as long as a backlog lasts, across
   an upgrade of the workers.
 
-It imports nothing of the package, so it cannot take part in an import cycle
-(``tests/unit/test_layout.py`` keeps the package's import graph free of cycles).
+Of the package it imports only two value types of the core (`RateLimit`, `Ask`),
+which import nothing of the Celery side, so it cannot take part in an import cycle
+(``tests/unit/test_layout.py`` keeps the package's import graph free of cycles, and
+this module's imports to those two).
 
 The ``celery_semaphore`` header (`WAIT_HEADER`)::
 

@@ -202,6 +202,16 @@ def imported_modules_text(source: str) -> str:
     )
 
 
+def test_the_wire_module_imports_only_the_value_types_its_docstring_names() -> None:
+    graph = package_imports()
+    assert graph["celery_semaphore.wire"] == {
+        "celery_semaphore.core.ask",
+        "celery_semaphore.core.rates",
+    }
+    core_values = graph["celery_semaphore.core.ask"] | graph["celery_semaphore.core.rates"]
+    assert all(m.startswith("celery_semaphore.core") for m in core_values), core_values
+
+
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
@@ -218,3 +228,22 @@ def test_only_the_wire_module_spells_the_wire_formats() -> None:
         if path.name != "wire.py"
     }
     assert {f: s for f, s in offending.items() if s} == {}
+
+
+def test_no_lua_file_of_the_package_is_over_700_lines() -> None:
+    """A Lua file that long holds several concerns: split it by section, as the prelude
+    is (scripts.COMMON)."""
+    lua = sorted((ROOT / "celery_semaphore").rglob("*.lua"))
+    assert len(lua) >= 20
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text("utf-8").splitlines()) for p in lua}
+    assert {path: n for path, n in lengths.items() if n > 700} == {}
+
+
+def test_every_part_of_the_prelude_is_joined_once() -> None:
+    """Each lua/common_*.lua is in scripts.COMMON, once: a part left out would ship
+    unused, and the helpers it defines would be missing from every script."""
+    from celery_semaphore.core import scripts
+
+    on_disk = sorted(p.stem for p in (CORE / "lua").glob("common_*.lua"))
+    assert sorted(scripts.COMMON) == on_disk
+    assert len(on_disk) > 1
