@@ -44,12 +44,12 @@ from .core import (
     SemaphoreTimeout,
     StaleHandover,
 )
+from .formats import GATES_HEADER, Gate, WaitState, decode_gates
 from .gates import joint_of, semaphore_of, task_gates, urgency
 from .limits import RateLimited
 from .retry import WAITS_MARK, Waits
 from .state import state_of
 from .waiting import PLACE_GRACE, Countdown, GiveUp, Park, binding
-from .wire import GATES_HEADER, Gate, WaitState, decode_gates
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ limit has admitted the request. `request_gates()` is the
 one decision; both the publisher (places in line at publish) and the worker's
 main process (when the message arrives) call it, naming the queue the same
 way (`queue_of()`). The worker stores the result in the request's
-headers (``celery_semaphore.wire.GATES_HEADER``), so the child, the heartbeat and the
+headers (``celery_semaphore.formats.GATES_HEADER``), so the child, the heartbeat and the
 release-by-id paths all agree on the same names.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 from .config import SemaphoreConfig, get_config
 from .core import Semaphore, SemaphoreSet, validation
+from .formats import Gate
 from .limits import Declared
 from .state import state_of
-from .wire import Gate
 
 QUEUE_PREFIX = "queue:"
 

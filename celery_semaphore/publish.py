@@ -41,10 +41,10 @@ from .core import Place, Semaphore
 from .core.discovery import read_counts
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
+from .formats import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import AppState, installed_apps, state_of
 from .waiting import among_next_round
-from .wire import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class ParkingProducer:
 
     A parked message stays beside its place in line, in the semaphore's Redis,
     until its turn comes; the process that frees a permit then publishes it to
-    the queue's handover queue (`celery_semaphore.handover`). Without this, each task of a
+    the queue's handover queue (`celery_semaphore.parked_tasks`). Without this, each task of a
     long backlog would reach a worker only to be refused and parked there, and
     the next owners of freed permits would wait behind that flood. Everything
     but ``publish`` is the wrapped producer's.

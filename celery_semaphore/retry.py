@@ -27,10 +27,7 @@ from celery.exceptions import Retry
 from . import signals
 from .config import SemaphoreConfig
 from .core import Place, SemaphoreError, SemaphoreTimeout, WaitingForPermit
-from .gates import semaphore_of
-from .state import state_of
-from .waiting import Decision, GiveUp, Park, WaitInPlace, decide, estimate_turn
-from .wire import (
+from .formats import (
     GATES_HEADER,
     QUEUE_HEADER,
     WAIT_HEADER,
@@ -41,6 +38,9 @@ from .wire import (
     handover_queue,
     is_handover_queue,
 )
+from .gates import semaphore_of
+from .state import state_of
+from .waiting import Decision, GiveUp, Park, WaitInPlace, decide, estimate_turn
 from .worker import pool_occupancy
 
 logger = logging.getLogger(__name__)

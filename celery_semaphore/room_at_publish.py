@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from .core import Place
 from .core.protocol import SemaphoreCounts
-from .wire import Gate
+from .formats import Gate
 
 #: The fewest free permits (with nobody waiting) for which new tasks skip their place.
 MIN_FREE = 8

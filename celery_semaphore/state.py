@@ -38,7 +38,7 @@ from .core.connection import SyncClient, connect
 from .core.protocol import PAUSE_MARGIN
 from .core.rates import RateLimit
 from .durability import ParkingSafety
-from .handover import publisher
+from .parked_tasks import publisher
 from .room_at_publish import RoomAtPublish
 
 ATTRIBUTE = "semaphore_state"
@@ -61,7 +61,7 @@ class Semaphores:
     ``MOST_SEMAPHORES`` used), in this process.
 
     With an app, each semaphore publishes the parked tasks it hands over
-    (`celery_semaphore.handover`), whatever the wait mode: a task of its own
+    (`celery_semaphore.parked_tasks`), whatever the wait mode: a task of its own
     may park in a countdown-mode app (``semaphore_wait_mode`` per task), and
     another task's release must hand it over. redis-py connection pools notice a fork
     and reconnect in the child.

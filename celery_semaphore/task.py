@@ -11,11 +11,11 @@ from celery import Task
 
 from .admission import admitted_call
 from .config import APP_WIDE, PREFIX, SemaphoreConfig, task_config
+from .formats import PARK_MARK
 from .limits import Concurrency, Declared, Rate, declared
 from .patching import PATCHED
 from .publish import ParkingProducer, drop_unsent, is_new
 from .retry import home_queue, with_waits_added
-from .wire import PARK_MARK
 from .wiring import install
 
 TASK_OPTIONS = sorted(f.name for f in fields(SemaphoreConfig) if f.name not in APP_WIDE)

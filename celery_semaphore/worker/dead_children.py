@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from celery_semaphore.wire import recorded_gates
+from celery_semaphore.formats import recorded_gates
 from celery_semaphore.worker.release import release_by_id
 
 logger = logging.getLogger(__name__)

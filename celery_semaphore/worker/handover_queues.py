@@ -1,7 +1,7 @@
 """Consumer step: where any task waits in handover mode, consume each queue's handover queue too.
 
 A task handed over when its turn comes is published to its queue's handover
-queue (``wire.handover_queue()``) rather than to ``<queue>``: behind a backlog
+queue (``formats.handover_queue()``) rather than to ``<queue>``: behind a backlog
 of thousands of new messages in ``<queue>``, the next owner of a freed permit
 would arrive seconds late. The workers that consume ``<queue>`` consume its
 handover queue as well (added here when the consumer starts, and again after a
@@ -15,7 +15,7 @@ from typing import Any
 from celery import bootsteps
 
 from celery_semaphore.config import uses_handover
-from celery_semaphore.wire import handover_queue, is_handover_queue
+from celery_semaphore.formats import handover_queue, is_handover_queue
 
 
 class HandoverQueues(bootsteps.StartStopStep):  # type: ignore[misc]

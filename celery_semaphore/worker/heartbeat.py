@@ -36,9 +36,9 @@ from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import index_parked, parked_counts
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreError
 from celery_semaphore.core.keys import watch_channel
+from celery_semaphore.formats import Gate, recorded_gates
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
-from celery_semaphore.wire import Gate, recorded_gates
 from celery_semaphore.worker.dead_children import killed
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_semaphore.formats import GATES_HEADER, QUEUE_HEADER, base_queue, encode_gates
 from celery_semaphore.gates import queue_of, request_gates
-from celery_semaphore.wire import GATES_HEADER, QUEUE_HEADER, base_queue, encode_gates
 
 
 def consumed_queue(consumer: Any, delivery_info: dict[str, Any]) -> str | None:

@@ -19,8 +19,8 @@ from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.core.validation import MAX_LIMIT
+from celery_semaphore.formats import Gate, WaitState, recorded_gates
 from celery_semaphore.gates import QUEUE_PREFIX, semaphore_of
-from celery_semaphore.wire import Gate, WaitState, recorded_gates
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from cluster_tools import Clusters, eta_countdowns
 from test_brokers_canvas import AMQP, rabbitmq_vhost
 
 from celery_semaphore import Handover, Permit, Semaphore
-from celery_semaphore.handover import publish
+from celery_semaphore.parked_tasks import publish
 from devkit.redis_servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.slow

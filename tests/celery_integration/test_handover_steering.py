@@ -23,7 +23,7 @@ from cluster_tools import Clusters
 from test_handover import BEAT, PARKING, block, states, wait_parked
 
 from celery_semaphore import Handover, Semaphore
-from celery_semaphore.handover import publisher
+from celery_semaphore.parked_tasks import publisher
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Place, Semaphore, signals
 from celery_semaphore.core import epochs, parked_index
 from celery_semaphore.core.keys import watch_channel
+from celery_semaphore.formats import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.signals import permit_lost
 from celery_semaphore.state import state_of
-from celery_semaphore.wire import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.worker.dead_children import DeadChildren, reaped_by_signal
 from celery_semaphore.worker.heartbeat import Heartbeat
 from devkit.redis_servers import RedisServer
@@ -296,7 +296,7 @@ def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
     calls) is handed over by the next beat, found in the parked index: the beats
     send no SCAN (the first look scans once, for tasks parked before the index).
     Once it is gone, its semaphore leaves the index."""
-    from celery_semaphore.wire import encode_signature
+    from celery_semaphore.formats import encode_signature
 
     @app.task(name="hb.plain", shared=False)
     def plain() -> None: ...
@@ -334,7 +334,7 @@ def test_a_semaphore_whose_hand_over_fails_does_not_stop_the_others(
     """Each semaphore in the parked index is looked after on its own: one whose
     dispatch fails (here its meta key was overwritten with a string) gets a WARNING
     naming it, and the semaphores listed after it are still handed over."""
-    from celery_semaphore.wire import encode_signature
+    from celery_semaphore.formats import encode_signature
 
     @app.task(name="hb.plain", shared=False)
     def plain() -> None: ...

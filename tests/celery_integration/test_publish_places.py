@@ -19,8 +19,8 @@ from outcomes import script_calls
 import celery_semaphore
 import celery_semaphore.publish
 from celery_semaphore import Semaphore
+from celery_semaphore.formats import ParkedMessage, decode_payload
 from celery_semaphore.state import installed_apps
-from celery_semaphore.wire import ParkedMessage, decode_payload
 
 
 @pytest.fixture

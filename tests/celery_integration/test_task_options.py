@@ -25,9 +25,9 @@ from celery_semaphore import (
     SemaphoreTimeout,
     per_key,
 )
+from celery_semaphore.formats import Gate
 from celery_semaphore.gates import request_gates
 from celery_semaphore.state import installed_apps
-from celery_semaphore.wire import Gate
 
 Make = Callable[..., Celery]
 
@@ -519,9 +519,9 @@ def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
     from celery_semaphore.admission import Admission, _on_redis_error
     from celery_semaphore.config import task_config
     from celery_semaphore.core import SemaphoreConnectionError
+    from celery_semaphore.formats import WAIT_HEADER, Gate, WaitState
     from celery_semaphore.retry import Waits
     from celery_semaphore.state import state_of
-    from celery_semaphore.wire import WAIT_HEADER, Gate, WaitState
 
     task = limited(make_app(), "budget", semaphore="b", limit=1, semaphore_max_waits=3)
     state_of(task.app).redis_answered.set()  # an outage, not a Redis never reached
@@ -555,8 +555,8 @@ def test_a_refreshed_place_that_finds_its_turn_keeps_the_permit(
 
     from celery_semaphore.admission import Admission, admit
     from celery_semaphore.config import task_config
+    from celery_semaphore.formats import Gate, WaitState
     from celery_semaphore.retry import Waits
-    from celery_semaphore.wire import Gate, WaitState
 
     task = limited(make_app(), "refresh", semaphore="b", limit=1, semaphore_wait_mode="countdown",
                    semaphore_max_block=0.0, semaphore_backoff_base=10.0,
@@ -685,8 +685,8 @@ def test_in_a_busy_worker_only_a_task_that_would_park_waits_in_place_briefly(
     from celery.app.task import Context
 
     from celery_semaphore.config import task_config
+    from celery_semaphore.formats import WaitState
     from celery_semaphore.retry import Waits
-    from celery_semaphore.wire import WaitState
     from celery_semaphore.worker import pool_occupancy
 
     table = pool_occupancy.PoolOccupancy(2)

@@ -8,9 +8,9 @@ import pytest
 
 from celery_semaphore import Place
 from celery_semaphore.config import SemaphoreConfig
+from celery_semaphore.formats import QUEUE_HEADER, WAIT_HEADER, WaitState
 from celery_semaphore.retry import home_queue, with_waits_added
 from celery_semaphore.waiting import countdown, estimate_turn, should_wait_in_place
-from celery_semaphore.wire import QUEUE_HEADER, WAIT_HEADER, WaitState
 
 
 def place(position: int, *, hold: float | None = 0.4, pace: float | None = None,

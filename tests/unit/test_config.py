@@ -356,8 +356,8 @@ def test_parked_tasks_are_handed_over_at_most_a_tenth_of_a_second_ahead(
 
 def test_a_place_at_publish_is_near_within_the_handover_window_shadow_limits_or_not() -> None:
     from celery_semaphore.core.rates import parse_rate
+    from celery_semaphore.formats import Gate
     from celery_semaphore.publish import window_of
-    from celery_semaphore.wire import Gate
 
     config = SemaphoreConfig(max_block=1.0)
     assert window_of(Gate("plain", 5), config) == 0.1

@@ -14,9 +14,9 @@ from kombu import Exchange, Queue
 import celery_semaphore
 from celery_semaphore import LimitedTask
 from celery_semaphore.config import SemaphoreConfig, get_config, task_config
+from celery_semaphore.formats import GATES_HEADER, Gate, base_queue, encode_gates, recorded_gates
 from celery_semaphore.gates import queue_of, request_gates, task_gates
 from celery_semaphore.publish import published_queue
-from celery_semaphore.wire import GATES_HEADER, Gate, base_queue, encode_gates, recorded_gates
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from celery.app.task import Context
 from kombu import Exchange, Queue
 
 from celery_semaphore import LimitedTask, per_key
+from celery_semaphore.formats import GATES_HEADER, Gate, decode_gates, encode_gates, recorded_gates
 from celery_semaphore.gates import queue_gate, queue_of, request_gates, task_gates
 from celery_semaphore.publish import published_queue
-from celery_semaphore.wire import GATES_HEADER, Gate, decode_gates, encode_gates, recorded_gates
 
 MakeApp = Callable[..., Celery]
 

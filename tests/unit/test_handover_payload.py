@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 import celery_semaphore
-from celery_semaphore.wire import (
+from celery_semaphore.formats import (
     WAIT_HEADER,
     ParkedMessage,
     PayloadVersionError,

@@ -186,7 +186,11 @@ def test_the_settings_do_not_depend_on_the_runtime_state() -> None:
     """config.py (settings read once, cached per app) imports nothing that holds
     clients, semaphores or other runtime state; state.py may use the settings."""
     graph = package_imports()
-    runtime = {"celery_semaphore.state", "celery_semaphore.durability", "celery_semaphore.handover"}
+    runtime = {
+        "celery_semaphore.state",
+        "celery_semaphore.durability",
+        "celery_semaphore.parked_tasks",
+    }
     assert graph["celery_semaphore.config"] & runtime == set()
     source = (ROOT / "celery_semaphore" / "config.py").read_text(encoding="utf-8")
     assert "state" not in imported_modules_text(source), "not under TYPE_CHECKING either"
@@ -204,7 +208,7 @@ def imported_modules_text(source: str) -> str:
 
 def test_the_wire_module_imports_only_the_value_types_its_docstring_names() -> None:
     graph = package_imports()
-    assert graph["celery_semaphore.wire"] == {
+    assert graph["celery_semaphore.formats"] == {
         "celery_semaphore.core.ask",
         "celery_semaphore.core.rates",
     }
@@ -218,14 +222,14 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_only_the_wire_module_spells_the_wire_formats() -> None:
-    """Header names and the hand-over queue suffix are written once, in wire.py."""
+    """Header names and the hand-over queue suffix are written once, in formats.py."""
     spellings = ("celery_semaphore_gates", "celery_semaphore_queue", "celery_semaphore_may_park",
                  "semaphore-handover", "WAIT_HEADER =")  # fmt: skip
     package = ROOT / "celery_semaphore"
     offending = {
         str(path.relative_to(ROOT)): [s for s in spellings if s in path.read_text("utf-8")]
         for path in package.rglob("*.py")
-        if path.name != "wire.py"
+        if path.name != "formats.py"
     }
     assert {f: s for f, s in offending.items() if s} == {}
 

@@ -15,10 +15,10 @@ from kombu.serialization import loads
 import celery_semaphore
 from celery_semaphore import LimitedTask, Place
 from celery_semaphore.core import Handover
-from celery_semaphore.handover import publish
+from celery_semaphore.formats import ParkedMessage, decode_payload, encode_message
+from celery_semaphore.parked_tasks import publish
 from celery_semaphore.publish import TICKET_MARK, around_ticket, turn_is_near
 from celery_semaphore.task import may_park
-from celery_semaphore.wire import ParkedMessage, decode_payload, encode_message
 
 
 @pytest.fixture

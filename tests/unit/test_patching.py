@@ -10,9 +10,9 @@ from celery import Celery
 from celery.app.task import Context
 
 from celery_semaphore import LimitedTask
+from celery_semaphore.formats import WAIT_HEADER
 from celery_semaphore.patching import PATCHED, admit_every_task
 from celery_semaphore.retry import WAITS_MARK
-from celery_semaphore.wire import WAIT_HEADER
 
 MakeApp = Callable[..., Celery]
 

@@ -38,12 +38,12 @@ from celery_semaphore.core.errors import (
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
 )
-from celery_semaphore.core.handover_calls import (
+from celery_semaphore.core.listeners import LISTENERS
+from celery_semaphore.core.on_handover import (
     OnHandover,
     call_on_handover,
     check_on_handover,
 )
-from celery_semaphore.core.listeners import LISTENERS
 from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.scripts import registered

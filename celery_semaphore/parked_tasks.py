@@ -3,7 +3,7 @@
 A task refused a permit away from the head of the line does not go back to the
 broker as a countdown retry: it parks (`celery_semaphore.retry`), keeping what
 Celery needs to publish it again (the retry's signature, serialized with the
-app's ``task_serializer``: `celery_semaphore.wire`) in the semaphore's Redis,
+app's ``task_serializer``: `celery_semaphore.formats`) in the semaphore's Redis,
 and the execution ends as a Celery retry that publishes nothing. When permits
 free up, the script that frees them selects the parked tasks now due, in
 ticket order, and the calling process publishes them here (`publisher()`).
@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .core import Handover
-from .wire import ParkedMessage, decode_payload, handover_queue, with_handover
+from .formats import ParkedMessage, decode_payload, handover_queue, with_handover
 
 logger = logging.getLogger(__name__)
 
