@@ -37,7 +37,7 @@ import redis
 from celery_semaphore import Semaphore
 from celery_semaphore.core import epochs, functions
 from celery_semaphore.core.held_connection import HeldConnection
-from celery_semaphore.core.protocol import Place
+from celery_semaphore.core.results import Place
 from celery_semaphore.core.scripts import library_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .core.discovery import read_counts, semaphore_names
-from .core.protocol import text
+from .core.replies import text
 
 #: Upper bounds (seconds) of the wait and hold histograms; the Lua scripts use the same.
 BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)

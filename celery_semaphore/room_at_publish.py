@@ -44,7 +44,7 @@ import weakref
 from dataclasses import dataclass
 
 from .core import Place
-from .core.protocol import SemaphoreCounts
+from .core.results import SemaphoreCounts
 from .formats import Gate
 
 #: The fewest free permits (with nobody waiting) for which new tasks skip their place.

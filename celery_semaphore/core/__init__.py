@@ -6,7 +6,10 @@
   step (all or none); ``_sync/semaphore_set.py``: `SemaphoreSet`, generated likewise;
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
 - ``ask.py``: what a contender asks for (`Ask`: weight, priority, fair key, ...);
-- ``protocol.py``: script arguments and replies; ``keys.py``: key names and hash tags;
+- ``protocol.py``: a semaphore's settings and its scripts' arguments;
+  ``replies.py``: replies read into ``results.py``'s values; ``wakeups.py``: sleeping
+  until a wake-up; ``joint.py``: several semaphores in one step;
+- ``keys.py``: key names and hash tags;
 - ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
 - ``listeners.py``: pub/sub connections kept between waits in place;
 - ``rates.py``: rates ("20/s") and their scripts' form;
@@ -30,7 +33,8 @@ from .errors import (
     UnknownSemaphore,
     WaitingForPermit,
 )
-from .protocol import (
+from .rates import RateLimit
+from .results import (
     FairKeyInfo,
     Handover,
     HolderInfo,
@@ -40,7 +44,6 @@ from .protocol import (
     SemaphoreStatus,
     WaiterInfo,
 )
-from .rates import RateLimit
 
 __all__ = [
     "Ask",

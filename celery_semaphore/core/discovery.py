@@ -19,7 +19,9 @@ from ._sync.semaphore import Semaphore
 from .connection import SyncClient, is_cluster, translate
 from .errors import UnknownSemaphore
 from .keys import name_from_meta_key, semaphore_keys
-from .protocol import SemaphoreCounts, counts_args, parse_counts, text
+from .protocol import counts_args
+from .replies import parse_counts, text
+from .results import SemaphoreCounts
 from .scripts import forget_way, registered
 
 #: Script calls sent in one pipeline by `read_counts()`.

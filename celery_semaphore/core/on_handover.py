@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .protocol import Handover
+from .results import Handover
 
 OnHandover = Callable[[list[Handover]], Any]
 

@@ -45,7 +45,7 @@ import redis
 
 from .connection import SyncClient, translate
 from .keys import semaphore_keys
-from .protocol import text
+from .replies import text
 from .scripts import registered
 
 #: Seconds between two listings of one semaphore by one process (and client).

@@ -16,7 +16,7 @@ from outcomes import granted, refused
 
 from celery_semaphore import Handover, Semaphore
 from celery_semaphore.core.discovery import open_semaphore, read_counts
-from celery_semaphore.core.protocol import SemaphoreCounts
+from celery_semaphore.core.results import SemaphoreCounts
 from devkit.redis_servers import RedisClusterServers, RedisServer
 
 NAMESPACE = "celery_semaphore"

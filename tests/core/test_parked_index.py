@@ -15,7 +15,7 @@ from outcomes import granted, refused
 
 from celery_semaphore.core import parked_index
 from celery_semaphore.core.discovery import index_parked
-from celery_semaphore.core.protocol import Handover
+from celery_semaphore.core.results import Handover
 
 MakeSemaphore = Callable[..., Any]
 

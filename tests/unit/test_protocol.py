@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from celery_semaphore import Ask, FairKeyInfo, Handover, Place, Places, RateLimit, StaleHandover
-from celery_semaphore.core import epochs
-from celery_semaphore.core.protocol import (
+from celery_semaphore.core import epochs, wakeups
+from celery_semaphore.core.joint import parse_joint_acquire
+from celery_semaphore.core.protocol import SemaphoreSpec
+from celery_semaphore.core.rates import parse_rate
+from celery_semaphore.core.replies import (
     WAITER_STATES,
-    Grant,
     HandoverRow,
     Refused,
-    SemaphoreSpec,
-    parse_joint_acquire,
     read,
     read_all,
 )
-from celery_semaphore.core.rates import parse_rate
+from celery_semaphore.core.results import Grant
 
 OPTIONS = dict(
     lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0
@@ -170,14 +170,14 @@ def test_fair_keys_in_status() -> None:
 
 def test_a_grant_message_admits_its_waiter_only() -> None:
     message = {"data": b"g|task-1|77|5000|120"}
-    grant = spec().grant_in(message, "task-1")
+    grant = wakeups.grant_in(message, "task-1")
     assert grant is not None
     assert (grant.fencing_token, grant.expires_at, grant.waited) == (77, 5.0, 0.12)
-    assert spec().grant_in(message, "task-2") is None
-    assert not spec().admits(message, 5), "a grant to another wakes nobody else"
-    assert spec().grant_in({"data": b"12"}, "task-1") is None
-    assert spec().admits({"data": b"12"}, 5) and not spec().admits({"data": b"12"}, 13)
-    holder_with_bars = spec().grant_in({"data": "g|a|b|3|1000|0"}, "a|b")
+    assert wakeups.grant_in(message, "task-2") is None
+    assert not wakeups.admits(message, 5), "a grant to another wakes nobody else"
+    assert wakeups.grant_in({"data": b"12"}, "task-1") is None
+    assert wakeups.admits({"data": b"12"}, 5) and not wakeups.admits({"data": b"12"}, 13)
+    holder_with_bars = wakeups.grant_in({"data": "g|a|b|3|1000|0"}, "a|b")
     assert holder_with_bars is not None and holder_with_bars.fencing_token == 3
 
 
@@ -203,16 +203,16 @@ def test_bad_arguments_name_the_argument() -> None:
 
 def test_pause_never_sleeps_past_the_earliest_lease_end() -> None:
     place = Place(1, 1, 3, 3, False, 0.05)
-    assert spec().pause(place, None) == pytest.approx(0.052)
-    assert spec().pause(Place(1, 1, 3, 3, False, None), 0.5) == 0.5
-    assert spec().pause(Place(1, 1, 3, 3, False, None), None) == 2.0
+    assert wakeups.pause(spec(), place, None) == pytest.approx(0.052)
+    assert wakeups.pause(spec(), Place(1, 1, 3, 3, False, None), 0.5) == 0.5
+    assert wakeups.pause(spec(), Place(1, 1, 3, 3, False, None), None) == 2.0
 
 
 def test_a_wake_up_admits_tickets_up_to_its_bound() -> None:
-    assert SemaphoreSpec.admits({"data": b"10"}, 10)
-    assert not SemaphoreSpec.admits({"data": b"10"}, 11)
-    assert SemaphoreSpec.admits({"data": b"inf"}, 10**9)
-    assert SemaphoreSpec.admits({"data": b"garbage"}, 5)  # unreadable: try anyway
+    assert wakeups.admits({"data": b"10"}, 10)
+    assert not wakeups.admits({"data": b"10"}, 11)
+    assert wakeups.admits({"data": b"inf"}, 10**9)
+    assert wakeups.admits({"data": b"garbage"}, 5)  # unreadable: try anyway
 
 
 def test_a_rate_in_status() -> None:

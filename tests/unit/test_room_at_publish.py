@@ -8,8 +8,8 @@ import time
 import pytest
 
 from celery_semaphore.core import Place
-from celery_semaphore.core.protocol import SemaphoreCounts
 from celery_semaphore.core.rates import parse_rate
+from celery_semaphore.core.results import SemaphoreCounts
 from celery_semaphore.formats import Gate
 from celery_semaphore.room_at_publish import MIN_FREE, WINDOW, RoomAtPublish
 

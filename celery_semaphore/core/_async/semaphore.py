@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import redis.asyncio
 
-from celery_semaphore.core import epochs, parked_index, protocol, validation
+from celery_semaphore.core import epochs, parked_index, protocol, validation, wakeups
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
 from celery_semaphore.core.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.errors import (
@@ -44,8 +44,9 @@ from celery_semaphore.core.on_handover import (
     call_on_handover_async,
     check_on_handover_async,
 )
-from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.rates import RateLimit, parse_rate
+from celery_semaphore.core.replies import text
+from celery_semaphore.core.results import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import registered
 from celery_semaphore.core.validation import FairWeights
 
@@ -307,7 +308,7 @@ class AsyncSemaphore:
     async def _wrong_type(self, specs: Sequence[protocol.SemaphoreSpec]) -> Exception:
         for spec in specs:
             for key, expected in spec.expected_types():
-                actual = protocol.text(await self.client.type(key))
+                actual = text(await self.client.type(key))
                 if actual not in ("none", expected):
                     return SemaphoreKeyTypeError(key, actual, expected)
         return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
@@ -651,7 +652,7 @@ class AsyncSemaphore:
     ) -> Grant | None:
         """Until a wake-up that may admit ``place`` (None), a grant of the permit to
         ``holder`` (the Grant), or the pause runs out (None)."""
-        deadline = time.monotonic() + self._spec.pause(place, remaining)
+        deadline = time.monotonic() + wakeups.pause(self._spec, place, remaining)
         while (left := deadline - time.monotonic()) > 0:
             try:
                 message = await pubsub.get_message(timeout=left)
@@ -659,8 +660,8 @@ class AsyncSemaphore:
                 raise translate(error, self.url) from error
             if message is None:
                 continue
-            grant = self._spec.grant_in(message, holder)
-            if grant is not None or self._spec.admits(message, place.ticket):
+            grant = wakeups.grant_in(message, holder)
+            if grant is not None or wakeups.admits(message, place.ticket):
                 return grant
         return None
 

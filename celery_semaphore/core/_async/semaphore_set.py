@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.core import protocol, validation
+from celery_semaphore.core import joint, protocol, validation, wakeups
 from celery_semaphore.core._async.semaphore import (
     RECONNECT_FIRST,
     RECONNECT_MOST,
@@ -48,7 +48,7 @@ from celery_semaphore.core._async.semaphore import (
 )
 from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
-from celery_semaphore.core.protocol import Places
+from celery_semaphore.core.results import Places
 from celery_semaphore.core.scripts import on_demand
 
 
@@ -121,7 +121,7 @@ class AsyncSemaphoreSet:
 
     def __init__(self, semaphores: Sequence[AsyncSemaphore]) -> None:
         self.semaphores = tuple(semaphores)
-        problem = protocol.joint_problem(
+        problem = joint.joint_problem(
             [(sem.client, sem.url, sem._spec) for sem in self.semaphores],
             cluster=bool(self.semaphores) and is_cluster(self.semaphores[0].client),
         )
@@ -189,7 +189,7 @@ class AsyncSemaphoreSet:
         over or it was served already.
         """
         holder = protocol.new_holder_id() if holder is None else holder
-        args = protocol.joint_acquire_args(
+        args = joint.joint_acquire_args(
             self._specs,
             holder,
             ticket,
@@ -205,7 +205,7 @@ class AsyncSemaphoreSet:
             handover=handover,
         )
         reply = await self._first._call("acquire_all", args, specs=self._specs)
-        result, handovers = protocol.parse_joint_acquire(self._specs, reply)
+        result, handovers = joint.parse_joint_acquire(self._specs, reply)
         for sem, due in zip(self.semaphores, handovers, strict=True):
             await sem._hand_over(due)
         if isinstance(result, Places):
@@ -384,14 +384,14 @@ class AsyncSemaphoreSet:
         """Until a wake-up that may admit its ticket, or the shortest pause among the
         semaphores that refused it runs out."""
         refusing = places.refused_by or range(len(self._specs))
-        pause = min(self._specs[i].pause(places.places[i], remaining) for i in refusing)
+        pause = min(wakeups.pause(self._specs[i], places.places[i], remaining) for i in refusing)
         deadline = time.monotonic() + pause
         while (left := deadline - time.monotonic()) > 0:
             try:
                 message = await pubsub.get_message(timeout=left)
             except redis.RedisError as error:
                 raise translate(error, self._first.url) from error
-            if message is not None and protocol.SemaphoreSpec.admits(message, places.ticket):
+            if message is not None and wakeups.admits(message, places.ticket):
                 return
 
     async def release(self, holder: str) -> bool:

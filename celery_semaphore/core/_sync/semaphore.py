@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from celery_semaphore.core import epochs, parked_index, protocol, validation
+from celery_semaphore.core import epochs, parked_index, protocol, validation, wakeups
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
 from celery_semaphore.core.connection import SyncClient, connect, is_cluster, translate
 from celery_semaphore.core.errors import (
@@ -44,8 +44,9 @@ from celery_semaphore.core.on_handover import (
     call_on_handover,
     check_on_handover,
 )
-from celery_semaphore.core.protocol import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.rates import RateLimit, parse_rate
+from celery_semaphore.core.replies import text
+from celery_semaphore.core.results import Grant, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.scripts import registered
 from celery_semaphore.core.validation import FairWeights
 
@@ -303,7 +304,7 @@ class Semaphore:
     def _wrong_type(self, specs: Sequence[protocol.SemaphoreSpec]) -> Exception:
         for spec in specs:
             for key, expected in spec.expected_types():
-                actual = protocol.text(self.client.type(key))
+                actual = text(self.client.type(key))
                 if actual not in ("none", expected):
                     return SemaphoreKeyTypeError(key, actual, expected)
         return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
@@ -643,7 +644,7 @@ class Semaphore:
     ) -> Grant | None:
         """Until a wake-up that may admit ``place`` (None), a grant of the permit to
         ``holder`` (the Grant), or the pause runs out (None)."""
-        deadline = time.monotonic() + self._spec.pause(place, remaining)
+        deadline = time.monotonic() + wakeups.pause(self._spec, place, remaining)
         while (left := deadline - time.monotonic()) > 0:
             try:
                 message = pubsub.get_message(timeout=left)
@@ -651,8 +652,8 @@ class Semaphore:
                 raise translate(error, self.url) from error
             if message is None:
                 continue
-            grant = self._spec.grant_in(message, holder)
-            if grant is not None or self._spec.admits(message, place.ticket):
+            grant = wakeups.grant_in(message, holder)
+            if grant is not None or wakeups.admits(message, place.ticket):
                 return grant
         return None
 

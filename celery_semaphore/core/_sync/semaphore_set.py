@@ -36,7 +36,7 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.core import protocol, validation
+from celery_semaphore.core import joint, protocol, validation, wakeups
 from celery_semaphore.core._sync.semaphore import (
     RECONNECT_FIRST,
     RECONNECT_MOST,
@@ -49,7 +49,7 @@ from celery_semaphore.core._sync.semaphore import (
 )
 from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
-from celery_semaphore.core.protocol import Places
+from celery_semaphore.core.results import Places
 from celery_semaphore.core.scripts import on_demand
 
 
@@ -122,7 +122,7 @@ class SemaphoreSet:
 
     def __init__(self, semaphores: Sequence[Semaphore]) -> None:
         self.semaphores = tuple(semaphores)
-        problem = protocol.joint_problem(
+        problem = joint.joint_problem(
             [(sem.client, sem.url, sem._spec) for sem in self.semaphores],
             cluster=bool(self.semaphores) and is_cluster(self.semaphores[0].client),
         )
@@ -190,7 +190,7 @@ class SemaphoreSet:
         over or it was served already.
         """
         holder = protocol.new_holder_id() if holder is None else holder
-        args = protocol.joint_acquire_args(
+        args = joint.joint_acquire_args(
             self._specs,
             holder,
             ticket,
@@ -206,7 +206,7 @@ class SemaphoreSet:
             handover=handover,
         )
         reply = self._first._call("acquire_all", args, specs=self._specs)
-        result, handovers = protocol.parse_joint_acquire(self._specs, reply)
+        result, handovers = joint.parse_joint_acquire(self._specs, reply)
         for sem, due in zip(self.semaphores, handovers, strict=True):
             sem._hand_over(due)
         if isinstance(result, Places):
@@ -385,14 +385,14 @@ class SemaphoreSet:
         """Until a wake-up that may admit its ticket, or the shortest pause among the
         semaphores that refused it runs out."""
         refusing = places.refused_by or range(len(self._specs))
-        pause = min(self._specs[i].pause(places.places[i], remaining) for i in refusing)
+        pause = min(wakeups.pause(self._specs[i], places.places[i], remaining) for i in refusing)
         deadline = time.monotonic() + pause
         while (left := deadline - time.monotonic()) > 0:
             try:
                 message = pubsub.get_message(timeout=left)
             except redis.RedisError as error:
                 raise translate(error, self._first.url) from error
-            if message is not None and protocol.SemaphoreSpec.admits(message, places.ticket):
+            if message is not None and wakeups.admits(message, places.ticket):
                 return
 
     def release(self, holder: str) -> bool:
