@@ -16,7 +16,7 @@ from types import TracebackType
 
 import redis
 
-from example_project.demo.report import IN_PLACE, LINE_EVERY, LineSample
+from example_project.demo.records import IN_PLACE, LINE_EVERY, LineSample
 
 
 class LineSampler:

@@ -23,7 +23,7 @@ import redis
 from devkit.processes import Child, Processes, worker_command
 from devkit.redis_servers import RedisServer
 from example_project.demo.line import LineSampler
-from example_project.demo.report import (
+from example_project.demo.records import (
     FULL,
     PARTNER_SEMAPHORE,
     QUICK,
@@ -31,8 +31,8 @@ from example_project.demo.report import (
     Plan,
     Run,
     Submitted,
-    report,
 )
+from example_project.demo.report import report
 from example_project.demo.terminal import Progress, paint, say
 from example_project.demo.timeline import write_svg
 

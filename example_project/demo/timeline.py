@@ -12,7 +12,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from devkit.measures import steps
-from example_project.demo.report import (
+from example_project.demo.records import (
     LINE_EVERY,
     LINE_PARTS,
     PARTNER_SEMAPHORE,

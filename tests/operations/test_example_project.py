@@ -30,16 +30,8 @@ import pytest
 import yaml
 
 from example_project.demo import terminal
-from example_project.demo.report import (
-    LINE_PARTS,
-    Idle,
-    LineSample,
-    Run,
-    Verdict,
-    idle_permits,
-    report_idle,
-    report_line,
-)
+from example_project.demo.records import LINE_PARTS, Idle, LineSample, Run, idle_permits
+from example_project.demo.report import Verdict, report_idle, report_line
 from example_project.demo.timeline import write_svg
 
 ROOT = Path(__file__).resolve().parents[2]
