@@ -1,7 +1,7 @@
 """Write the synchronous semaphore from the asyncio one, or check that it is up to date.
 
-``celery_semaphore/core/_async/`` (``semaphore.py``, ``semaphore_set.py``) is the one
-source of both APIs. This script turns each file into its twin in
+``celery_semaphore/core/_async/`` (``semaphore.py``, ``semaphore_set.py``, ``permit.py``,
+``listening.py``) is the one source of both APIs. This script turns each file into its twin in
 ``celery_semaphore/core/_sync/`` by renaming tokens (``async def`` -> ``def``,
 ``await x`` -> ``x``, ``AsyncSemaphore`` -> ``Semaphore``, ...) and formatting the
 result with ruff, so the two cannot drift apart:
@@ -24,8 +24,8 @@ CORE = Path(__file__).resolve().parent.parent / "celery_semaphore" / "core"
 SOURCE = CORE / "_async" / "semaphore.py"
 TARGET = CORE / "_sync" / "semaphore.py"
 FORMAT_AS = TARGET  # ruff picks the project's settings by this path
-SET_SOURCE = CORE / "_async" / "semaphore_set.py"
-SET_TARGET = CORE / "_sync" / "semaphore_set.py"
+#: The other modules of ``_async/`` generated the same way (each formatted as its twin).
+OTHERS = ("semaphore_set.py", "permit.py", "listening.py")
 HEADER = (
     "# Generated from celery_semaphore/core/_async/{name} by scripts/unasync.py:\n"
     "# do not edit; edit the asyncio source and run the script.\n"
@@ -41,7 +41,7 @@ RENAMES = [
     (r"\bAsyncPermit\b", "Permit"),
     (r"\bAsyncSemaphoreSet\b", "SemaphoreSet"),
     (r"\bAsyncPermitSet\b", "PermitSet"),
-    (r"\bcore\._async\.semaphore\b", "core._sync.semaphore"),
+    (r"\bcore\._async\.", "core._sync."),
     (r"\bAsyncClient\b", "SyncClient"),
     (r"\bconnect_async\b", "connect"),
     (r"\bcall_on_handover_async\b", "call_on_handover"),
@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     args = parser.parse_args(argv)
     failed = generate(SOURCE, TARGET, FORMAT_AS, check=args.check)
-    return failed | generate(SET_SOURCE, SET_TARGET, SET_TARGET, check=args.check)
+    for name in OTHERS:
+        target = CORE / "_sync" / name
+        failed |= generate(CORE / "_async" / name, target, target, check=args.check)
+    return failed
 
 
 def generate(source: Path, target: Path, format_as: Path, *, check: bool) -> int:

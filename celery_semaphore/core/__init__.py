@@ -2,6 +2,8 @@
 
 - ``_async/semaphore.py``: `AsyncSemaphore`, the hand-written source;
   ``_sync/semaphore.py``: `Semaphore`, generated from it (``scripts/unasync.py``);
+- ``_async/permit.py``: `AsyncPermit`; ``_async/listening.py``: a waiter's pub/sub
+  connection (each generated into ``_sync/`` likewise);
 - ``_async/semaphore_set.py``: `AsyncSemaphoreSet`, several semaphores taken in one
   step (all or none); ``_sync/semaphore_set.py``: `SemaphoreSet`, generated likewise;
 - ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
@@ -18,9 +20,11 @@
 Nothing here imports Celery or click (a test in ``tests/unit`` keeps it so).
 """
 
-from ._async.semaphore import AsyncPermit, AsyncSemaphore
+from ._async.permit import AsyncPermit
+from ._async.semaphore import AsyncSemaphore
 from ._async.semaphore_set import AsyncPermitSet, AsyncSemaphoreSet
-from ._sync.semaphore import Permit, Semaphore
+from ._sync.permit import Permit
+from ._sync.semaphore import Semaphore
 from ._sync.semaphore_set import PermitSet, SemaphoreSet
 from .ask import Ask
 from .errors import (

@@ -251,3 +251,16 @@ def test_every_part_of_the_prelude_is_joined_once() -> None:
     on_disk = sorted(p.stem for p in (CORE / "lua").glob("common_*.lua"))
     assert sorted(scripts.COMMON) == on_disk
     assert len(on_disk) > 1
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    """A module holds one concern: none of the package over 800 lines, no example
+    module over 500 (the Lua files have their own bound, below)."""
+    bounds = [(ROOT / "celery_semaphore", 800), (ROOT / "example_project", 500)]
+    too_long = [
+        f"{path.relative_to(ROOT)}: {lines} lines (at most {most})"
+        for folder, most in bounds
+        for path in sorted(folder.rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > most
+    ]
+    assert too_long == []

@@ -30,6 +30,15 @@ import redis
 import redis.asyncio
 
 from celery_semaphore.core import epochs, parked_index, protocol, validation, wakeups
+from celery_semaphore.core._async.listening import (
+    RECONNECT_FIRST,
+    RECONNECT_MOST,
+    close_quietly,
+    listen,
+    reconnectable,
+    unlisten,
+)
+from celery_semaphore.core._async.permit import AsyncPermit
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
 from celery_semaphore.core.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.errors import (
@@ -38,7 +47,6 @@ from celery_semaphore.core.errors import (
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
 )
-from celery_semaphore.core.listeners import LISTENERS
 from celery_semaphore.core.on_handover import (
     OnHandover,
     call_on_handover_async,
@@ -52,86 +60,6 @@ from celery_semaphore.core.validation import FairWeights
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
-RECONNECT_MOST = 1.0
-#: How long a wait reads a kept pub/sub connection for the confirmation of the
-#: UNSUBSCRIBE the last wait sent (`listen`) before it makes a new one.
-UNSUBSCRIBE_TIMEOUT = 0.5
-
-
-def reconnectable(error: SemaphoreConnectionError) -> bool:
-    """Whether Redis may come back by itself (restart, failover): not a refused login."""
-    return not isinstance(error.__cause__, redis.AuthenticationError)
-
-
-class AsyncPermit:
-    """A granted permit. Use as a context manager to release on exit.
-
-    ``fencing_token`` is strictly increasing per semaphore: pass it to the
-    protected resource so it can reject writes from a holder whose lease ran out.
-    ``shadow_refused``: the semaphore's shadow limits ("limit", "rate") that would
-    have refused this grant, had they been enforced; ``shadow_wait``: how long the
-    shadow rate would have made it wait (seconds).
-    """
-
-    def __init__(
-        self,
-        semaphore: AsyncSemaphore,
-        holder: str,
-        fencing_token: int,
-        expires_at: float,
-        waited: float = 0.0,
-        *,
-        shadow_refused: frozenset[str] = frozenset(),
-        shadow_wait: float = 0.0,
-        weight: int = 1,
-        rate_weight: int = 1,
-    ) -> None:
-        self.semaphore = semaphore
-        self.holder = holder
-        self.fencing_token = fencing_token
-        self.expires_at = expires_at
-        self.waited = waited
-        self.shadow_refused = shadow_refused
-        self.shadow_wait = shadow_wait
-        #: The permits it holds, and the rate's grants its grant spent.
-        self.weight = weight
-        self.rate_weight = rate_weight
-
-    async def release(self) -> bool:
-        """Give the permit back; False if it was already released or lost."""
-        return await self.semaphore._release(self.holder, self.fencing_token)
-
-    async def give_back_unused(self) -> bool:
-        """Give the permit back before using it (another limit refused what it was
-        for): under a rate, its grants are given back too, as if never made."""
-        return await self.semaphore._release(
-            self.holder, self.fencing_token, unused=self.rate_weight
-        )
-
-    async def renew(self, lease_timeout: float | None = None) -> bool:
-        """Extend the lease from now; False once the permit is lost (never resurrects it)."""
-        held = [(self.holder, self.fencing_token, self.weight)]
-        lost = await self.semaphore._renew(held, lease_timeout, [self])
-        return self.holder not in lost
-
-    async def __aenter__(self) -> AsyncPermit:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.release()
-
-    def __repr__(self) -> str:
-        return (
-            f"AsyncPermit(semaphore={self.semaphore.name!r}, holder={self.holder!r}, "
-            f"fencing_token={self.fencing_token})"
-        )
 
 
 class AsyncSemaphore:
@@ -799,47 +727,3 @@ class AsyncSemaphore:
 
 def _int(value: str | None) -> int | None:
     return None if value is None else int(value)
-
-
-async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
-    """A pub/sub object subscribed to ``channels``: one an earlier wait of this process
-    left (`core.listeners`), once Redis has confirmed its UNSUBSCRIBE, else a new one."""
-    pubsub = LISTENERS.take(client)
-    if pubsub is not None:
-        try:
-            deadline = time.monotonic() + UNSUBSCRIBE_TIMEOUT
-            while pubsub.subscribed and (left := deadline - time.monotonic()) > 0:
-                await pubsub.get_message(timeout=left)  # stale until the confirmation
-            if not pubsub.subscribed:
-                await pubsub.subscribe(*channels)
-                return pubsub
-        except redis.RedisError:  # its connection broke while it idled
-            pass
-        await close_quietly(pubsub)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
-    try:
-        await pubsub.subscribe(*channels)
-    except redis.RedisError as error:
-        await close_quietly(pubsub)
-        raise translate(error, url) from error
-    return pubsub
-
-
-async def unlisten(client: AsyncClient, pubsub: Any, *, keep: bool) -> None:
-    """The wait is over. With ``keep`` (it ended normally, so the connection is between
-    replies): send UNSUBSCRIBE and leave ``pubsub`` for the next wait, which reads the
-    confirmation (no round trip between a grant and the task); else close it."""
-    if pubsub is None:
-        return
-    if keep and not is_cluster(client):  # a cluster's pub/sub holds its client
-        with contextlib.suppress(redis.RedisError):
-            await pubsub.unsubscribe()
-            if LISTENERS.give(client, pubsub):
-                return
-    await close_quietly(pubsub)
-
-
-async def close_quietly(pubsub: Any) -> None:
-    if pubsub is not None:
-        with contextlib.suppress(Exception):
-            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]

@@ -36,16 +36,16 @@ from typing import Any
 import redis
 
 from celery_semaphore.core import joint, protocol, validation, wakeups
-from celery_semaphore.core._async.semaphore import (
+from celery_semaphore.core._async.listening import (
     RECONNECT_FIRST,
     RECONNECT_MOST,
-    AsyncPermit,
-    AsyncSemaphore,
     close_quietly,
     listen,
     reconnectable,
     unlisten,
 )
+from celery_semaphore.core._async.permit import AsyncPermit
+from celery_semaphore.core._async.semaphore import AsyncSemaphore
 from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
 from celery_semaphore.core.results import Places

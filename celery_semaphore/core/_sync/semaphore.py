@@ -30,6 +30,15 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from celery_semaphore.core import epochs, parked_index, protocol, validation, wakeups
+from celery_semaphore.core._sync.listening import (
+    RECONNECT_FIRST,
+    RECONNECT_MOST,
+    close_quietly,
+    listen,
+    reconnectable,
+    unlisten,
+)
+from celery_semaphore.core._sync.permit import Permit
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
 from celery_semaphore.core.connection import SyncClient, connect, is_cluster, translate
 from celery_semaphore.core.errors import (
@@ -38,7 +47,6 @@ from celery_semaphore.core.errors import (
     SemaphoreKeyTypeError,
     SemaphoreTimeout,
 )
-from celery_semaphore.core.listeners import LISTENERS
 from celery_semaphore.core.on_handover import (
     OnHandover,
     call_on_handover,
@@ -52,84 +60,6 @@ from celery_semaphore.core.validation import FairWeights
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
-RECONNECT_MOST = 1.0
-#: How long a wait reads a kept pub/sub connection for the confirmation of the
-#: UNSUBSCRIBE the last wait sent (`listen`) before it makes a new one.
-UNSUBSCRIBE_TIMEOUT = 0.5
-
-
-def reconnectable(error: SemaphoreConnectionError) -> bool:
-    """Whether Redis may come back by itself (restart, failover): not a refused login."""
-    return not isinstance(error.__cause__, redis.AuthenticationError)
-
-
-class Permit:
-    """A granted permit. Use as a context manager to release on exit.
-
-    ``fencing_token`` is strictly increasing per semaphore: pass it to the
-    protected resource so it can reject writes from a holder whose lease ran out.
-    ``shadow_refused``: the semaphore's shadow limits ("limit", "rate") that would
-    have refused this grant, had they been enforced; ``shadow_wait``: how long the
-    shadow rate would have made it wait (seconds).
-    """
-
-    def __init__(
-        self,
-        semaphore: Semaphore,
-        holder: str,
-        fencing_token: int,
-        expires_at: float,
-        waited: float = 0.0,
-        *,
-        shadow_refused: frozenset[str] = frozenset(),
-        shadow_wait: float = 0.0,
-        weight: int = 1,
-        rate_weight: int = 1,
-    ) -> None:
-        self.semaphore = semaphore
-        self.holder = holder
-        self.fencing_token = fencing_token
-        self.expires_at = expires_at
-        self.waited = waited
-        self.shadow_refused = shadow_refused
-        self.shadow_wait = shadow_wait
-        #: The permits it holds, and the rate's grants its grant spent.
-        self.weight = weight
-        self.rate_weight = rate_weight
-
-    def release(self) -> bool:
-        """Give the permit back; False if it was already released or lost."""
-        return self.semaphore._release(self.holder, self.fencing_token)
-
-    def give_back_unused(self) -> bool:
-        """Give the permit back before using it (another limit refused what it was
-        for): under a rate, its grants are given back too, as if never made."""
-        return self.semaphore._release(self.holder, self.fencing_token, unused=self.rate_weight)
-
-    def renew(self, lease_timeout: float | None = None) -> bool:
-        """Extend the lease from now; False once the permit is lost (never resurrects it)."""
-        held = [(self.holder, self.fencing_token, self.weight)]
-        lost = self.semaphore._renew(held, lease_timeout, [self])
-        return self.holder not in lost
-
-    def __enter__(self) -> Permit:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        return (
-            f"Permit(semaphore={self.semaphore.name!r}, holder={self.holder!r}, "
-            f"fencing_token={self.fencing_token})"
-        )
 
 
 class Semaphore:
@@ -789,47 +719,3 @@ class Semaphore:
 
 def _int(value: str | None) -> int | None:
     return None if value is None else int(value)
-
-
-def listen(client: SyncClient, url: str, channels: Sequence[str]) -> Any:
-    """A pub/sub object subscribed to ``channels``: one an earlier wait of this process
-    left (`core.listeners`), once Redis has confirmed its UNSUBSCRIBE, else a new one."""
-    pubsub = LISTENERS.take(client)
-    if pubsub is not None:
-        try:
-            deadline = time.monotonic() + UNSUBSCRIBE_TIMEOUT
-            while pubsub.subscribed and (left := deadline - time.monotonic()) > 0:
-                pubsub.get_message(timeout=left)  # stale until the confirmation
-            if not pubsub.subscribed:
-                pubsub.subscribe(*channels)
-                return pubsub
-        except redis.RedisError:  # its connection broke while it idled
-            pass
-        close_quietly(pubsub)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
-    try:
-        pubsub.subscribe(*channels)
-    except redis.RedisError as error:
-        close_quietly(pubsub)
-        raise translate(error, url) from error
-    return pubsub
-
-
-def unlisten(client: SyncClient, pubsub: Any, *, keep: bool) -> None:
-    """The wait is over. With ``keep`` (it ended normally, so the connection is between
-    replies): send UNSUBSCRIBE and leave ``pubsub`` for the next wait, which reads the
-    confirmation (no round trip between a grant and the task); else close it."""
-    if pubsub is None:
-        return
-    if keep and not is_cluster(client):  # a cluster's pub/sub holds its client
-        with contextlib.suppress(redis.RedisError):
-            pubsub.unsubscribe()
-            if LISTENERS.give(client, pubsub):
-                return
-    close_quietly(pubsub)
-
-
-def close_quietly(pubsub: Any) -> None:
-    if pubsub is not None:
-        with contextlib.suppress(Exception):
-            pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]

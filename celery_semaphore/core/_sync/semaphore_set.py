@@ -37,16 +37,16 @@ from typing import Any
 import redis
 
 from celery_semaphore.core import joint, protocol, validation, wakeups
-from celery_semaphore.core._sync.semaphore import (
+from celery_semaphore.core._sync.listening import (
     RECONNECT_FIRST,
     RECONNECT_MOST,
-    Permit,
-    Semaphore,
     close_quietly,
     listen,
     reconnectable,
     unlisten,
 )
+from celery_semaphore.core._sync.permit import Permit
+from celery_semaphore.core._sync.semaphore import Semaphore
 from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
 from celery_semaphore.core.results import Places

@@ -1,0 +1,78 @@
+"""A granted permit (`AsyncPermit`): what a holder releases, renews or gives back unused."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery_semaphore.core._async.semaphore import AsyncSemaphore
+
+
+class AsyncPermit:
+    """A granted permit. Use as a context manager to release on exit.
+
+    ``fencing_token`` is strictly increasing per semaphore: pass it to the
+    protected resource so it can reject writes from a holder whose lease ran out.
+    ``shadow_refused``: the semaphore's shadow limits ("limit", "rate") that would
+    have refused this grant, had they been enforced; ``shadow_wait``: how long the
+    shadow rate would have made it wait (seconds).
+    """
+
+    def __init__(
+        self,
+        semaphore: AsyncSemaphore,
+        holder: str,
+        fencing_token: int,
+        expires_at: float,
+        waited: float = 0.0,
+        *,
+        shadow_refused: frozenset[str] = frozenset(),
+        shadow_wait: float = 0.0,
+        weight: int = 1,
+        rate_weight: int = 1,
+    ) -> None:
+        self.semaphore = semaphore
+        self.holder = holder
+        self.fencing_token = fencing_token
+        self.expires_at = expires_at
+        self.waited = waited
+        self.shadow_refused = shadow_refused
+        self.shadow_wait = shadow_wait
+        #: The permits it holds, and the rate's grants its grant spent.
+        self.weight = weight
+        self.rate_weight = rate_weight
+
+    async def release(self) -> bool:
+        """Give the permit back; False if it was already released or lost."""
+        return await self.semaphore._release(self.holder, self.fencing_token)
+
+    async def give_back_unused(self) -> bool:
+        """Give the permit back before using it (another limit refused what it was
+        for): under a rate, its grants are given back too, as if never made."""
+        return await self.semaphore._release(
+            self.holder, self.fencing_token, unused=self.rate_weight
+        )
+
+    async def renew(self, lease_timeout: float | None = None) -> bool:
+        """Extend the lease from now; False once the permit is lost (never resurrects it)."""
+        held = [(self.holder, self.fencing_token, self.weight)]
+        lost = await self.semaphore._renew(held, lease_timeout, [self])
+        return self.holder not in lost
+
+    async def __aenter__(self) -> AsyncPermit:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncPermit(semaphore={self.semaphore.name!r}, holder={self.holder!r}, "
+            f"fencing_token={self.fencing_token})"
+        )
