@@ -19,6 +19,7 @@ retry by `celery_semaphore.retry`::
 
 from __future__ import annotations
 
+import abc
 import functools
 import json
 import logging
@@ -41,6 +42,7 @@ from .core import (
     SemaphoreBackendError,
     SemaphoreConnectionError,
     SemaphoreError,
+    SemaphoreSet,
     SemaphoreTimeout,
     StaleHandover,
 )
@@ -86,11 +88,14 @@ def _info_text(task_name: str, hostname: str | None, pid: int) -> str:
     return json.dumps({"task": task_name, "worker": hostname, "pid": pid})
 
 
-class Admission:
+class Admission(abc.ABC):
     """Taking (and later giving back) the permits of one execution of a task.
 
     It keeps the request's places in line (the tickets of its `WaitState`) and
-    the permits it holds; it decides nothing about waiting.
+    the permits it holds; it decides nothing about waiting. Two ways to take the
+    permits, one class each: `JointAdmission` (two or more gates that one script
+    call reaches: all in one step or none) and `EachAdmission` (one gate, or gates
+    one call cannot reach together: one after the other). `Admission.of()` picks.
     """
 
     def __init__(
@@ -103,186 +108,36 @@ class Admission:
         self.state = state
         self.info = _info(task, request)
         self.permits: dict[Gate, Permit] = {}
-        #: Its gates' semaphores as one set, where it has two or more that one
-        #: script call reaches (else None: one by one).
-        self.joint = joint_of(task.app, gates, config)
 
-    def _sem(self, gate: Gate) -> Semaphore:
-        return semaphore_of(self.task.app, gate, self.config)
+    @staticmethod
+    def of(
+        task: Any, request: Any, gates: list[Gate], config: SemaphoreConfig, state: WaitState
+    ) -> Admission:
+        """The admission of these gates: joint where one script call reaches them all."""
+        joint = joint_of(task.app, gates, config)
+        if joint is not None:
+            return JointAdmission(task, request, gates, config, state, joint=joint)
+        return EachAdmission(task, request, gates, config, state)
 
+    @abc.abstractmethod
     def enter(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
         """Take every gate's permit not held yet: None once all are held, else the
         refusal (holding nothing then). A refused gate where ``in_place_for(place)``
         gives seconds is waited for in place, holding nothing.
         Raises `StaleHandover` (holding nothing) for a stale copy of a handed-over task."""
-        if self.joint is not None:
-            return self._enter_joint(in_place_for)
-        return self._enter_each(in_place_for)
 
-    def _enter_joint(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
-        """Every gate in one step: the gate that binds (`waiting.binding`) is the one
-        it waits for, in place or not; its one ticket stands in every refusing line."""
-        if all(gate in self.permits for gate in self.gates):
-            return None
-        try:
-            result = self._joint_attempt(PLACE_GRACE)
-            if isinstance(result, Places):
-                refused = self._binding(result)
-                seconds = in_place_for(refused.place)
-                if seconds is None:
-                    return refused
-                result = self._joint_wait(seconds, result)
-                if isinstance(result, Places):
-                    return self._binding(result)
-            self._granted_all(result)
-        except BaseException:
-            self.exit(unused=True)
-            raise
-        return None
-
-    def _joint_attempt(self, wait_lease: float, *, queue: bool = True) -> PermitSet | Places:
-        assert self.joint is not None
-        handover = None
-        if self.state.handover is not None:
-            names = [gate.name for gate in self.gates]
-            name, token = self.state.handover
-            if name in names:
-                handover, self.state.handover = (names.index(name), token), None
-        result = self.joint.attempt(
-            self.request.id, self._joint_ticket(), queue=queue, wait_lease=wait_lease,
-            info=self.info, handover=handover, weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates], **self._order(),
-        )  # fmt: skip
-        self._keep_ticket(result)
-        return result
-
-    def _joint_wait(self, seconds: float, refused: Places) -> PermitSet | Places:
-        assert self.joint is not None
-        result = self.joint.wait_for_turn(
-            seconds, self.request.id, self._joint_ticket(),
-            wait_lease=seconds + PLACE_GRACE, info=self.info,
-            weights=[g.weight for g in self.gates],
-            rate_weights=[g.rate_weight for g in self.gates], **self._order(), refused=refused,
-        )  # fmt: skip
-        self._keep_ticket(result)
-        return result
-
-    def _joint_ticket(self) -> int | None:
-        """The ticket the set presents: its place in a fair line (at its account's turn),
-        else the earliest of its places."""
-        tickets = self.state.tickets
-        for gate in self.gates:
-            if gate.fair_key is not None:
-                return tickets.get(gate.name) or None
-        return min((t for t in (tickets.get(g.name) for g in self.gates) if t), default=None)
-
-    def _order(self) -> dict[str, Any]:
-        """The set's priority and fair key (of at most one gate: `gates.joint_of`)."""
-        fair = [g for g in self.gates if g.fair_key is not None]
-        return {
-            "priority": self.gates[0].priority,
-            "fair_keys": [g.fair_key for g in self.gates] if fair else None,
-            "fair_weight": fair[0].fair_weight if fair else None,
-        }
-
-    def _keep_ticket(self, result: PermitSet | Places) -> None:
-        if isinstance(result, Places) and result.ticket:
-            for gate in self.gates:
-                self.state.tickets[gate.name] = result.ticket
-
-    def _binding(self, places: Places) -> Refused:
-        index = binding(places.places, places.refused_by)
-        return Refused(self.gates[index], places.places[index])
-
-    def _granted_all(self, permits: PermitSet) -> None:
-        for gate, permit in zip(self.gates, permits, strict=True):
-            self._granted(gate, permit)
-
-    def _enter_each(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
-        """`enter()` one gate after the other: a refusal gives back what was taken;
-        after a wait in place, the earlier gates' permits are taken again (their
-        tickets keep their places)."""
-        try:
-            for index, gate in enumerate(self.gates):
-                if gate in self.permits:
-                    continue
-                result = self._attempt(gate)
-                if isinstance(result, Permit):
-                    self._granted(gate, result)
-                    continue
-                self.exit(unused=True)
-                seconds = in_place_for(result)
-                if seconds is not None:
-                    result = self._wait_for_turn(gate, result, seconds)
-                if isinstance(result, Place):
-                    return Refused(gate, result)
-                self._granted(gate, result)
-                for earlier in self.gates[:index]:
-                    again = self._attempt(earlier)
-                    if isinstance(again, Place):
-                        self.exit(unused=True)
-                        return Refused(earlier, again)
-                    self._granted(earlier, again)
-        except BaseException:
-            self.exit(unused=True)
-            raise
-        return None
-
+    @abc.abstractmethod
     def take_now(self) -> Refused | None:
         """Every gate's permit now, without a place in line (eager execution)."""
-        if self.joint is not None:
-            joint = self._joint_attempt(PLACE_GRACE, queue=False)
-            if isinstance(joint, Places):
-                return self._binding(joint)
-            self._granted_all(joint)
-            return None
-        for gate in self.gates:
-            result = self._sem(gate).attempt(
-                self.request.id, queue=False, info=self.info, ask=gate.ask,
-            )  # fmt: skip
-            if isinstance(result, Place):
-                self.exit(unused=True)
-                return Refused(gate, result)
-            self._granted(gate, result)
-        return None
 
+    @abc.abstractmethod
     def refresh(self, gate: Gate, place: Place, seconds: float) -> bool:
         """Keep the place at ``gate`` for ``seconds``; True if that found the turn
         come (the permit is then held, and `enter()` takes the other gates; with a
         joint set, every gate's: the places are kept in every refusing line)."""
-        if self.joint is not None:
-            joint = self._joint_attempt(seconds)
-            if isinstance(joint, Places):
-                return False
-            self._granted_all(joint)
-            return True
-        result = self._sem(gate).attempt(
-            self.request.id, place.ticket, wait_lease=seconds, info=self.info,
-            ask=gate.ask,
-        )  # fmt: skip
-        if isinstance(result, Place):
-            return False
-        self._granted(gate, result)
-        return True
 
-    def _attempt(self, gate: Gate) -> Permit | Place:
-        ticket = self.state.tickets.get(gate.name)
-        handover = None
-        if self.state.handover is not None and self.state.handover[0] == gate.name:
-            handover, self.state.handover = self.state.handover[1], None
-        result = self._sem(gate).attempt(
-            self.request.id, ticket, wait_lease=PLACE_GRACE, info=self.info, handover=handover,
-            ask=gate.ask,
-        )  # fmt: skip
-        if isinstance(result, Place):
-            self.state.tickets[gate.name] = result.ticket
-        return result
-
-    def _wait_for_turn(self, gate: Gate, place: Place, seconds: float) -> Permit | Place:
-        return self._sem(gate).wait_for_turn(
-            seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE,
-            info=self.info, ask=gate.ask, refused=place,
-        )  # fmt: skip
+    def _sem(self, gate: Gate) -> Semaphore:
+        return semaphore_of(self.task.app, gate, self.config)
 
     def _granted(self, gate: Gate, permit: Permit) -> None:
         self.permits[gate] = permit
@@ -337,6 +192,189 @@ class Admission:
         )
 
 
+class JointAdmission(Admission):
+    """Every gate in one script call (`celery_semaphore.core.SemaphoreSet`): it never
+    holds one permit while waiting for another, and waits with one ticket in every
+    line that refused it; the gate that binds (`waiting.binding`) is the one it waits
+    for, in place or not."""
+
+    def __init__(
+        self,
+        task: Any,
+        request: Any,
+        gates: list[Gate],
+        config: SemaphoreConfig,
+        state: WaitState,
+        *,
+        joint: SemaphoreSet,
+    ) -> None:
+        super().__init__(task, request, gates, config, state)
+        self.joint = joint
+
+    def enter(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
+        if all(gate in self.permits for gate in self.gates):
+            return None
+        try:
+            result = self._attempt(PLACE_GRACE)
+            if isinstance(result, Places):
+                refused = self._binding(result)
+                seconds = in_place_for(refused.place)
+                if seconds is None:
+                    return refused
+                result = self._wait(seconds, result)
+                if isinstance(result, Places):
+                    return self._binding(result)
+            self._granted_all(result)
+        except BaseException:
+            self.exit(unused=True)
+            raise
+        return None
+
+    def take_now(self) -> Refused | None:
+        joint = self._attempt(PLACE_GRACE, queue=False)
+        if isinstance(joint, Places):
+            return self._binding(joint)
+        self._granted_all(joint)
+        return None
+
+    def refresh(self, gate: Gate, place: Place, seconds: float) -> bool:
+        joint = self._attempt(seconds)
+        if isinstance(joint, Places):
+            return False
+        self._granted_all(joint)
+        return True
+
+    def _attempt(self, wait_lease: float, *, queue: bool = True) -> PermitSet | Places:
+        handover = None
+        if self.state.handover is not None:
+            names = [gate.name for gate in self.gates]
+            name, token = self.state.handover
+            if name in names:
+                handover, self.state.handover = (names.index(name), token), None
+        result = self.joint.attempt(
+            self.request.id, self._ticket(), queue=queue, wait_lease=wait_lease,
+            info=self.info, handover=handover, weights=[g.weight for g in self.gates],
+            rate_weights=[g.rate_weight for g in self.gates], **self._order(),
+        )  # fmt: skip
+        self._keep_ticket(result)
+        return result
+
+    def _wait(self, seconds: float, refused: Places) -> PermitSet | Places:
+        result = self.joint.wait_for_turn(
+            seconds, self.request.id, self._ticket(),
+            wait_lease=seconds + PLACE_GRACE, info=self.info,
+            weights=[g.weight for g in self.gates],
+            rate_weights=[g.rate_weight for g in self.gates], **self._order(), refused=refused,
+        )  # fmt: skip
+        self._keep_ticket(result)
+        return result
+
+    def _ticket(self) -> int | None:
+        """The ticket the set presents: its place in a fair line (at its account's turn),
+        else the earliest of its places."""
+        tickets = self.state.tickets
+        for gate in self.gates:
+            if gate.fair_key is not None:
+                return tickets.get(gate.name) or None
+        return min((t for t in (tickets.get(g.name) for g in self.gates) if t), default=None)
+
+    def _order(self) -> dict[str, Any]:
+        """The set's priority and fair key (of at most one gate: `gates.joint_of`)."""
+        fair = [g for g in self.gates if g.fair_key is not None]
+        return {
+            "priority": self.gates[0].priority,
+            "fair_keys": [g.fair_key for g in self.gates] if fair else None,
+            "fair_weight": fair[0].fair_weight if fair else None,
+        }
+
+    def _keep_ticket(self, result: PermitSet | Places) -> None:
+        if isinstance(result, Places) and result.ticket:
+            for gate in self.gates:
+                self.state.tickets[gate.name] = result.ticket
+
+    def _binding(self, places: Places) -> Refused:
+        index = binding(places.places, places.refused_by)
+        return Refused(self.gates[index], places.places[index])
+
+    def _granted_all(self, permits: PermitSet) -> None:
+        for gate, permit in zip(self.gates, permits, strict=True):
+            self._granted(gate, permit)
+
+
+class EachAdmission(Admission):
+    """One gate after the other (one gate, or gates one script call cannot reach
+    together: a Redis Cluster, the gates in different slots): a refusal gives back
+    what was taken; after a wait in place, the earlier gates' permits are taken again
+    (their tickets keep their places)."""
+
+    def enter(self, in_place_for: Callable[[Place], float | None]) -> Refused | None:
+        try:
+            for index, gate in enumerate(self.gates):
+                if gate in self.permits:
+                    continue
+                result = self._attempt(gate)
+                if isinstance(result, Permit):
+                    self._granted(gate, result)
+                    continue
+                self.exit(unused=True)
+                seconds = in_place_for(result)
+                if seconds is not None:
+                    result = self._wait(gate, result, seconds)
+                if isinstance(result, Place):
+                    return Refused(gate, result)
+                self._granted(gate, result)
+                for earlier in self.gates[:index]:
+                    again = self._attempt(earlier)
+                    if isinstance(again, Place):
+                        self.exit(unused=True)
+                        return Refused(earlier, again)
+                    self._granted(earlier, again)
+        except BaseException:
+            self.exit(unused=True)
+            raise
+        return None
+
+    def take_now(self) -> Refused | None:
+        for gate in self.gates:
+            result = self._sem(gate).attempt(
+                self.request.id, queue=False, info=self.info, ask=gate.ask,
+            )  # fmt: skip
+            if isinstance(result, Place):
+                self.exit(unused=True)
+                return Refused(gate, result)
+            self._granted(gate, result)
+        return None
+
+    def refresh(self, gate: Gate, place: Place, seconds: float) -> bool:
+        result = self._sem(gate).attempt(
+            self.request.id, place.ticket, wait_lease=seconds, info=self.info,
+            ask=gate.ask,
+        )  # fmt: skip
+        if isinstance(result, Place):
+            return False
+        self._granted(gate, result)
+        return True
+
+    def _attempt(self, gate: Gate) -> Permit | Place:
+        ticket = self.state.tickets.get(gate.name)
+        handover = None
+        if self.state.handover is not None and self.state.handover[0] == gate.name:
+            handover, self.state.handover = self.state.handover[1], None
+        result = self._sem(gate).attempt(
+            self.request.id, ticket, wait_lease=PLACE_GRACE, info=self.info, handover=handover,
+            ask=gate.ask,
+        )  # fmt: skip
+        if isinstance(result, Place):
+            self.state.tickets[gate.name] = result.ticket
+        return result
+
+    def _wait(self, gate: Gate, place: Place, seconds: float) -> Permit | Place:
+        return self._sem(gate).wait_for_turn(
+            seconds, self.request.id, place.ticket, wait_lease=seconds + PLACE_GRACE,
+            info=self.info, ask=gate.ask, refused=place,
+        )  # fmt: skip
+
+
 def admitted_call(
     task: Any, body: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
@@ -348,7 +386,7 @@ def admitted_call(
     if not gates:
         return body(*args, **kwargs)
     state = WaitState.of(request)
-    admission = Admission(task, request, gates, task_config(task), state)
+    admission = Admission.of(task, request, gates, task_config(task), state)
     if request.is_eager:
         return _eager_call(admission, body, args, kwargs)
     waits = Waits(task, request, state, admission.config, admission.info)

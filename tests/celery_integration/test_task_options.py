@@ -529,7 +529,7 @@ def test_max_waits_counts_only_the_waits_since_the_tasks_own_last_retry(
     request = Context(id="t-1", retries=4, headers={}, hostname="h", delivery_info={},
                       args=(), kwargs={}, **{WAIT_HEADER: state})  # fmt: skip
     wait_state = WaitState.of(request)
-    admission = Admission(task, request, [Gate("b", 1)], task_config(task), wait_state)
+    admission = Admission.of(task, request, [Gate("b", 1)], task_config(task), wait_state)
     waits = Waits(task, request, wait_state, admission.config, admission.info)
     unreachable = SemaphoreConnectionError("redis://nowhere", "refused")
     if gives_up:
@@ -566,7 +566,7 @@ def test_a_refreshed_place_that_finds_its_turn_keeps_the_permit(
     request = Context(id="t-1", retries=0, headers={}, hostname="h", delivery_info={},
                       args=(), kwargs={})  # fmt: skip
     state = WaitState()
-    admission = Admission(task, request, [Gate(g, 1) for g in gates], task_config(task), state)
+    admission = Admission.of(task, request, [Gate(g, 1) for g in gates], task_config(task), state)
     waits = Waits(task, request, state, admission.config, admission.info)
     decide = waits.decide
 
