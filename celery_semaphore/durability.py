@@ -32,14 +32,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import redis
-from redis.cluster import RedisCluster
-
 from .core.connection import mask_url
+from .core.errors import SemaphoreConnectionError
+from .core.server import Persistence, read_persistence
 
 if TYPE_CHECKING:
     from .config import SemaphoreConfig
@@ -51,13 +49,6 @@ OPT_IN = "semaphore_park_without_persistence"
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 SOCKET_SCHEMES = ("unix", "redis+socket", "socket")
 TCP_SCHEMES = ("redis", "rediss")
-#: Errors that say nothing about the Redis's persistence: it cannot answer now.
-UNREACHABLE = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.ClusterError,
-    redis.exceptions.RedisClusterException,
-)
 
 
 def server_of(url: str) -> tuple[str, ...] | None:
@@ -94,47 +85,6 @@ def is_the_brokers_server(app: Any, redis_url: str) -> bool:
     server = server_of(redis_url)
     urls = broker_urls(app)
     return server is not None and bool(urls) and all(server_of(url) == server for url in urls)
-
-
-@dataclass(frozen=True)
-class Persistence:
-    """What ``CONFIG GET appendonly`` said: ``every_write`` True (``yes`` on every
-    node asked), False (``no`` somewhere), None (refused: ``detail`` says why)."""
-
-    every_write: bool | None
-    detail: str
-
-
-def read_persistence(client: Any) -> Persistence:
-    """Ask ``client``'s Redis (every primary of a Cluster) whether it appends every
-    write to its AOF. Raises one of `UNREACHABLE` when it cannot answer now:
-    nothing is known then."""
-    try:
-        if isinstance(client, RedisCluster):
-            reply = client.config_get("appendonly", target_nodes=RedisCluster.PRIMARIES)
-        else:
-            reply = client.config_get("appendonly")
-    except UNREACHABLE:
-        raise
-    except redis.RedisError as error:
-        return Persistence(None, f"CONFIG GET appendonly failed: {error}")
-    per_node = isinstance(reply, dict) and all(isinstance(v, dict) for v in reply.values())
-    values = [_appendonly(node) for node in (reply.values() if per_node and reply else [reply])]
-    if any(value is None for value in values):
-        return Persistence(None, f"CONFIG GET appendonly answered {reply!r}")
-    if all(value == "yes" for value in values):
-        return Persistence(True, "appendonly yes")
-    return Persistence(False, "appendonly no")
-
-
-def _appendonly(reply: Any) -> str | None:
-    """The ``appendonly`` value of one server's CONFIG GET reply."""
-    if not isinstance(reply, dict):
-        return None
-    value = reply.get("appendonly", reply.get(b"appendonly"))
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    return value.lower() if isinstance(value, str) else None
 
 
 class ParkingSafety:
@@ -185,8 +135,8 @@ class ParkingSafety:
         if cached is not None and now - cached[0] < self.recheck:
             return cached[1]
         try:
-            persistence = read_persistence(client)
-        except UNREACHABLE:
+            persistence = read_persistence(client, url)
+        except SemaphoreConnectionError:
             return None
         with self._lock:
             self._readings[url] = (now, persistence)

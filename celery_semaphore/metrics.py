@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .core.discovery import read_counts, semaphore_names
-from .core.replies import text
+from .core.discovery import last_data_loss, read_counts, semaphore_names
 
 #: Upper bounds (seconds) of the wait and hold histograms; the Lua scripts use the same.
 BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -178,17 +177,7 @@ class SemaphoreCollector:
 
     def read_data_loss(self) -> tuple[float, float, float]:
         """The `DATA_LOSS` gauges' values, from the epoch hash(es) of the namespace."""
-        lost, pause, restored = 0.0, 0.0, 0.0
-        for key in self.client.scan_iter(match=f"{self.namespace}:epoch*", _type="hash"):
-            lost_ms, resumes_ms, count = (
-                float(text(v or 0))
-                for v in self.client.hmget(key, "lost_ms", "resumes_ms", "restored")
-            )
-            if lost_ms:
-                lost = max(lost, lost_ms / 1000)
-                pause = max(pause, (resumes_ms - lost_ms) / 1000)
-                restored += max(count, 0.0)
-        return lost, pause, restored
+        return last_data_loss(self.client, self.namespace, self.url)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (  # noqa: PLC0415 (the optional extra)

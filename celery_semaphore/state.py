@@ -28,13 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakSet
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from .config import SemaphoreConfig, forget_config
 from .core import Semaphore
-from .core.connection import SyncClient, connect
+from .core.connection import SyncClient, connect, connect_quick
 from .core.protocol import PAUSE_MARGIN
 from .core.rates import RateLimit
 from .durability import ParkingSafety
@@ -48,12 +44,7 @@ installed_apps: WeakSet[Any] = WeakSet()
 
 
 def _client(url: str, quick: bool) -> SyncClient:
-    if quick and url.startswith(("redis://", "rediss://", "unix://")):
-        return redis.Redis.from_url(
-            url, socket_timeout=QUICK_TIMEOUT, socket_connect_timeout=QUICK_TIMEOUT,
-            retry=Retry(NoBackoff(), 0),
-        )  # fmt: skip
-    return connect(url)[0]
+    return connect_quick(url, QUICK_TIMEOUT) if quick else connect(url)[0]
 
 
 class Semaphores:

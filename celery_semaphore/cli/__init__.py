@@ -10,9 +10,8 @@ The modules, one concern each:
 - `celery_semaphore.cli.show`: the commands that look (``status``, ``holders``,
   ``waiters``); `celery_semaphore.cli.steer`: those that change a semaphore.
 - `celery_semaphore.cli.operator`: `Operator`, the app's semaphores as the
-  commands see them (in Redis and declared by the app, by name or family).
-- `celery_semaphore.cli.redis_calls`: the CLI's own Redis calls, outside the
-  semaphore's API.
+  commands see them (in Redis and declared by the app, by name or family); it
+  reads and steers them only through `celery_semaphore.core`.
 - `celery_semaphore.cli.rows`: the rows printed (``--json`` as they are);
   `celery_semaphore.cli.render`: the tables and text made of them.
 - `celery_semaphore.cli.params`: the click types of numbers and rates;

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from celery_semaphore.config import get_config
-from celery_semaphore.core import Semaphore
+from celery_semaphore.core import Semaphore, discovery
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.core.discovery import open_semaphore, semaphore_names
 from celery_semaphore.core.errors import UnknownSemaphore
@@ -21,7 +21,7 @@ from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import RateLimit
 from celery_semaphore.gates import QUEUE_PREFIX
 
-from . import redis_calls, rows
+from . import rows
 from .errors import prog
 
 
@@ -128,7 +128,7 @@ class Operator:
         function, see `celery_semaphore.per_key`; the ``family`` field each member's
         tasks record in its meta hash), with their members' names, sorted."""
         names = self.names()
-        recorded = redis_calls.recorded_families(self.client, self.namespace, names, self.url)
+        recorded = discovery.recorded_families(self.client, self.namespace, names, self.url)
         families: dict[str, list[str]] = {}
         for name, family in zip(names, recorded, strict=True):
             if family:
@@ -157,7 +157,7 @@ class Operator:
         """After a change of ``name`` that may admit tasks (a resume, a raised limit,
         a release): every worker's heartbeat listening on the watch channel beats at
         once, and hands over the parked tasks now due. What happened, for the output."""
-        heard = redis_calls.wake_workers(self.client, self.namespace, name, self.url)
+        heard = discovery.wake_workers(self.client, self.namespace, name, self.url)
         if not heard:
             return (
                 "no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
@@ -184,7 +184,7 @@ class Operator:
     def recorded_rate(self, sem: Semaphore) -> RateLimit | None:
         """The rate ``sem``'s tasks declare, as the last of them to ask recorded it
         (None: none, or not used yet); `SemaphoreStatus` shows only the effective one."""
-        return redis_calls.recorded_rate(self.client, sem.keys.meta, self.url)
+        return discovery.recorded_rate(self.client, sem.keys.meta, self.url)
 
     def unknown(self, name: str) -> str:
         """One line on a name neither in Redis nor declared: the closest known names."""

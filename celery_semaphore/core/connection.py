@@ -20,6 +20,8 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .errors import SemaphoreBackendError, SemaphoreConnectionError
 from .packing import packs_faster
@@ -121,6 +123,18 @@ def connect(target: Any, url: str = "") -> tuple[SyncClient, str]:
     client = redis.Redis.from_url(target)
     packs_faster(client.connection_pool)
     return client, mask_url(target)
+
+
+def connect_quick(url: str, timeout: float) -> SyncClient:
+    """A client of a single Redis (``redis://``, ``rediss://``, ``unix://``) that gives
+    up after ``timeout`` s and never retries: for callers that must never stall
+    (publishing). Other URLs (Cluster, Sentinel) get the ordinary client."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )  # fmt: skip
+    return connect(url)[0]
 
 
 def connect_async(target: Any, url: str = "") -> tuple[AsyncClient, str]:

@@ -1,5 +1,5 @@
 """Finding the semaphores that exist in Redis and reading them, for operators (CLI,
-metrics).
+metrics), and telling the workers to look again (`wake_workers()`).
 
 Listing uses SCAN over the ``meta`` keys: fine for an operator's command or a
 metrics scrape, never used on a task's path. A worker's heartbeat finds the
@@ -18,8 +18,9 @@ from . import epochs, functions, parked_index
 from ._sync.semaphore import Semaphore
 from .connection import SyncClient, is_cluster, translate
 from .errors import UnknownSemaphore
-from .keys import name_from_meta_key, semaphore_keys
+from .keys import name_from_meta_key, semaphore_keys, watch_channel
 from .protocol import counts_args
+from .rates import RateLimit
 from .replies import parse_counts, text
 from .results import SemaphoreCounts
 from .scripts import forget_way, registered
@@ -125,6 +126,60 @@ def parked_counts(
             raise translate(error, url or "redis") from error
         counts[name] = int(count or 0)
     return counts
+
+
+def recorded_families(
+    client: SyncClient, namespace: str, names: Sequence[str], url: str
+) -> list[str | None]:
+    """The per-key family each of ``names`` belongs to, as its tasks recorded it
+    (the ``family`` field of its meta hash; None: none), in one round trip."""
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hget(semaphore_keys(namespace, name).meta, "family")
+            recorded = pipe.execute()
+    except redis.RedisError as error:
+        raise translate(error, url) from error
+    return [text(family) if family else None for family in recorded]
+
+
+def recorded_rate(client: SyncClient, meta: str, url: str) -> RateLimit | None:
+    """The rate the tasks of the semaphore whose meta hash is ``meta`` declare, as
+    the last of them to ask recorded it (the ``rate`` field; None: none, or not
+    used yet)."""
+    try:
+        recorded = client.hget(meta, "rate")
+    except redis.RedisError as error:
+        raise translate(error, url) from error
+    return RateLimit.decode(text(recorded or ""))
+
+
+def wake_workers(client: SyncClient, namespace: str, name: str, url: str) -> int:
+    """Tell every worker's heartbeat to beat now for ``name`` (the watch channel);
+    how many heard it."""
+    try:
+        return int(client.publish(watch_channel(namespace), name))
+    except redis.RedisError as error:
+        raise translate(error, url) from error
+
+
+def last_data_loss(client: SyncClient, namespace: str, url: str = "") -> tuple[float, float, float]:
+    """When a client last noticed that the Redis of ``namespace``'s semaphores lost its
+    data (0: never), the longest pause that followed, and how many permits were written
+    back: read from the epoch hash(es) (one per Cluster slot in use)."""
+    lost, pause, restored = 0.0, 0.0, 0.0
+    try:
+        for key in client.scan_iter(match=f"{namespace}:epoch*", _type="hash"):
+            lost_ms, resumes_ms, count = (
+                float(text(v or 0)) for v in client.hmget(key, "lost_ms", "resumes_ms", "restored")
+            )
+            if lost_ms:
+                lost = max(lost, lost_ms / 1000)
+                pause = max(pause, (resumes_ms - lost_ms) / 1000)
+                restored += max(count, 0.0)
+    except redis.RedisError as error:
+        raise translate(error, url or "redis") from error
+    return lost, pause, restored
 
 
 def _pipelined(client: SyncClient, script: Any, calls: list[dict[str, Any]]) -> list[Any]:

@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 import click
-import redis
 from celery import __version__ as celery_version
 from celery import bootsteps
 from celery.worker import state as worker_state
@@ -15,7 +14,8 @@ from celery.worker import state as worker_state
 from celery_semaphore import metrics
 from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
 from celery_semaphore.core.connection import connect, mask_url
-from celery_semaphore.durability import UNREACHABLE
+from celery_semaphore.core.errors import SemaphoreError
+from celery_semaphore.core.server import eviction_policy, ping
 from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
@@ -90,12 +90,8 @@ def warn_if_evicting(client: Any, url: str) -> None:
     """A Redis that may evict keys can drop a semaphore's holders: then more tasks run
     than the limit. Every key of a semaphore has an expiry, so a ``volatile-*``
     policy can take them as surely as an ``allkeys-*`` one."""
-    try:
-        maxmemory = int(client.config_get("maxmemory").get("maxmemory") or 0)
-        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-    except Exception:  # CONFIG may be disabled (managed Redis): nothing to say
-        return
-    if maxmemory and policy != "noeviction":
+    policy = eviction_policy(client)
+    if policy is not None and policy != "noeviction":
         logger.warning(
             "celery-semaphore: the Redis at %s may evict keys when it reaches maxmemory "
             "(maxmemory-policy %s): an evicted holder set lets more tasks run than the "
@@ -114,8 +110,8 @@ def check_reachable(app: Any, config: Any) -> None:
     `celery_semaphore.admission`): say so now, once."""
     state = state_of(app)
     try:
-        state.semaphores.client(config.redis_url).ping()
-    except (*UNREACHABLE, redis.RedisError) as error:
+        ping(state.semaphores.client(config.redis_url), mask_url(config.redis_url))
+    except SemaphoreError as error:
         logger.error(
             "celery-semaphore: the semaphores' Redis at %s does not answer (%s): until it "
             "does, limited tasks fail with SemaphoreConnectionError; once it has answered, "

@@ -14,11 +14,11 @@ import redis
 from celery import Celery
 
 from celery_semaphore.config import SemaphoreConfig
+from celery_semaphore.core.server import read_persistence
 from celery_semaphore.durability import (
     RECHECK_EVERY,
     ParkingSafety,
     is_the_brokers_server,
-    read_persistence,
     server_of,
 )
 

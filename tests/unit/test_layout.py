@@ -58,6 +58,16 @@ def test_no_module_of_the_core_imports_celery_click_kombu_or_billiard() -> None:
     assert {f: m for f, m in offending.items() if m} == {}
 
 
+def test_only_the_core_talks_to_redis() -> None:
+    """The Celery side, the CLI, the metrics and the worker reach Redis only through
+    `celery_semaphore.core` (the seam where another store plugs in): none of their
+    modules imports redis."""
+    outside = [p for p in (ROOT / "celery_semaphore").rglob("*.py") if CORE not in p.parents]
+    assert len(outside) >= 20
+    offending = sorted(str(p.relative_to(ROOT)) for p in outside if "redis" in imported_modules(p))
+    assert offending == []
+
+
 def test_the_core_imports_nothing_from_the_celery_side() -> None:
     celery_side = {"admission", "config", "gates", "publish", "state", "task", "wiring", "worker"}
     for path in CORE.rglob("*.py"):
