@@ -183,6 +183,7 @@ class Heartbeat:
                 continue
             for gate in recorded_gates(request):
                 by_gate[gate].append(request)
+                self.parked.learn(gate.name, request.task)
         live = set()
         restored = 0
         for gate, requests in by_gate.items():

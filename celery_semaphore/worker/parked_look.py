@@ -5,7 +5,8 @@ In every semaphore that has parked tasks (found in the parked index,
 came while nobody called (a lease ran out), publishes again those whose publisher
 died before publishing (past ``semaphore_handover_deadline``), and drops revoked
 ones from the line. Each semaphore is looked after on its own: one that fails does
-not stop the others.
+not stop the others, and with the hand-over settings of the tasks that use it
+(`ParkedLook.config_for`), as their own releases hand over.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from celery_semaphore.config import get_config
+from celery_semaphore.config import SemaphoreConfig, get_config, task_config
 from celery_semaphore.core import parked_index
 from celery_semaphore.core.connection import mask_url
 from celery_semaphore.core.discovery import index_parked, parked_counts
@@ -35,6 +36,38 @@ class ParkedLook:
         self.revoked = revoked
         self.parked_in: set[str] = set()
         self._dropped: set[str] = set()
+        self._configs: dict[str, SemaphoreConfig] | None = None  # by semaphore name
+
+    def learn(self, name: str, task: Any) -> None:
+        """``task`` uses semaphore ``name`` (a running request's gate: per-key names are
+        known no other way): hand its parked tasks over with ``task``'s settings."""
+        configs = self._declared_configs()
+        if name not in configs:
+            configs[name] = task_config(task)
+
+    def config_for(self, name: str) -> SemaphoreConfig:
+        """The settings semaphore ``name``'s parked tasks are handed over with: those of
+        the task that declares it by name, or was seen running on it (per-task
+        ``semaphore_handover_deadline`` and ``semaphore_max_block``); of several that
+        disagree, the shortest deadline (a copy handed over again too soon is dropped
+        by its token; one handed over too late waits); else the app's."""
+        return self._declared_configs().get(name) or get_config(self.app)
+
+    def _declared_configs(self) -> dict[str, SemaphoreConfig]:
+        if self._configs is None:
+            configs: dict[str, SemaphoreConfig] = {}
+            for task in list(self.app.tasks.values()):
+                limits = getattr(type(task), "declared_limits", None) or []
+                names = [limit.name for limit in limits if isinstance(limit.name, str)]
+                if not names:
+                    continue
+                config = task_config(task)
+                for name in names:
+                    known = configs.get(name)
+                    if known is None or config.handover_deadline < known.handover_deadline:
+                        configs[name] = config
+            self._configs = configs
+        return self._configs
 
     def look(self) -> None:
         """One dispatch call per semaphore in the parked index (the first look also
@@ -52,7 +85,7 @@ class ParkedLook:
         # those parked in at the last look too: the first call after a loss notices it
         for name in sorted(set(names) | self.parked_in):
             try:
-                semaphore_of(self.app, Gate(name, 1), config).dispatch(drop)
+                semaphore_of(self.app, Gate(name, 1), self.config_for(name)).dispatch(drop)
             except SemaphoreConnectionError:
                 raise  # Redis away: every other call would fail too; the next beat looks again
             except SemaphoreError as error:  # this semaphore only: the others are looked after

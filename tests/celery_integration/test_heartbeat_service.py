@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 
 import celery_semaphore
-from celery_semaphore import LimitedTask, Permit, Place, Semaphore, signals
+from celery_semaphore import LimitedTask, Permit, Place, Semaphore, per_key, signals
 from celery_semaphore.core import epochs, parked_index
 from celery_semaphore.core.keys import watch_channel
 from celery_semaphore.formats import GATES_HEADER, Gate, encode_gates
@@ -363,6 +363,62 @@ def test_a_semaphore_whose_hand_over_fails_does_not_stop_the_others(
     assert any("could not hand over parked tasks of a-broken" in m for m in warnings), warnings
     for sem in made:
         sem.close()
+
+
+def test_parked_tasks_are_handed_over_with_the_settings_of_their_task(
+    app: Celery, redis_url: str
+) -> None:
+    """A task's own ``semaphore_handover_deadline`` holds when the heartbeat hands its
+    parked tasks over, as when its own release does: the copy is handed over again
+    after the task's deadline (2 s), not the app's (300 s)."""
+    from celery_semaphore.formats import encode_signature
+
+    app.conf.semaphore_handover_deadline = 300.0
+
+    @app.task(
+        base=LimitedTask, semaphore="hb-own-deadline", limit=1, name="hb.own", shared=False,
+        semaphore_handover_deadline=2.0,
+    )  # fmt: skip
+    def own() -> None: ...
+
+    heartbeat = Heartbeat(app, list, interval=LEASE / 4)
+    sem = Semaphore(redis_url, "hb-own-deadline", 1, lease_timeout=LEASE, on_handover=list)
+    assert isinstance(sem.attempt("holder"), Permit)
+    place = sem.attempt("parked")
+    assert isinstance(place, Place)
+    sem.park("parked", encode_signature(app, own.s(), 10**6), place.ticket)
+    time.sleep(LEASE * 1.5)  # the holder's lease runs out; nobody calls
+
+    heartbeat.look_after_parked()
+    assert [(w.holder, w.state) for w in sem.status().waiters] == [("parked", "handed over")]
+    again_at = sem.client.zscore(sem.keys.handed, "parked") / 1000
+    seconds, micros = sem.client.time()
+    assert 1.0 < again_at - (seconds + micros / 1e6) <= 2.0
+    sem.close()
+
+
+def test_a_per_key_semaphore_takes_the_settings_of_the_task_seen_running_on_it(
+    app: Celery, redis_url: str
+) -> None:
+    """A key function's semaphore names are known only from the requests that run: a
+    beat that renews one learns whose settings its parked tasks are handed over with."""
+    app.conf.semaphore_handover_deadline = 300.0
+
+    @app.task(
+        base=LimitedTask, limit=1, name="hb.per_key", shared=False,
+        semaphore=per_key("customers", lambda customer, **_: f"customer-{customer}"),
+        semaphore_handover_deadline=2.0,
+    )  # fmt: skip
+    def per_customer(customer: str) -> None: ...
+
+    gates = encode_gates([Gate("customer-7", 1, "customers")])
+    task = app.tasks[per_customer.name]  # the task itself, as a worker's request has it
+    request = Running("t-1", task, time.time(), request_dict={GATES_HEADER: gates})
+    heartbeat = Heartbeat(app, lambda: [request], interval=60)
+    assert heartbeat.parked.config_for("customer-7").handover_deadline == 300.0
+    heartbeat.beat()
+    assert heartbeat.parked.config_for("customer-7").handover_deadline == 2.0
+    assert heartbeat.parked.config_for("customer-8").handover_deadline == 300.0
 
 
 def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
