@@ -2,11 +2,12 @@
 imported, and how they are called: as functions of one Redis Functions library
 (``FCALL``) where the server has Functions, else as scripts (``EVALSHA``).
 
-Each script of a semaphore is ``common.lua`` followed by the script's own file,
-so the helpers (clock, reclaim, wake-up) are written once (``acquire`` and
-``acquire_all`` have ``admit.lua`` in between: how one semaphore weighs a
-contender); the scripts of ``lua/parked_index/`` touch the namespace's parked index
-alone and stand by themselves.
+Each script of a semaphore is the prelude (the ``common_*.lua`` files, joined in
+the order of `COMMON`) followed by the script's own file, so the helpers (clock,
+reclaim, wake-up) are written once (``acquire`` and ``acquire_all`` have
+``admit.lua`` in between: how one semaphore weighs a contender); the scripts of
+``lua/parked_index/`` touch the namespace's parked index alone and stand by
+themselves.
 
 As scripts, each call runs its whole text: the helpers are defined again on every
 call. As a library (`LIBRARY`), the helpers are defined once, when the library is
@@ -40,12 +41,20 @@ NAMES = (
 #: Registered on a client at their first use (`on_demand()`): only a client that takes
 #: sets of semaphores (`AsyncSemaphoreSet`) needs them.
 ON_DEMAND_NAMES = ("acquire_all",)
-#: The files each script is made of, when more than common.lua and its own.
+#: The prelude of every script of a semaphore, in the order it is joined: each file
+#: defines its ``local`` names before a later one uses them (``common_keys.lua``'s
+#: header says what each key holds). `_OWN`'s "common" is the prelude, for the scripts
+#: (`SOURCES`) and the library (`LIBRARY`) alike.
+COMMON = (
+    "common_keys", "common_meta", "common_weights", "common_order", "common_parked",
+    "common_line", "common_rates", "common_after_free", "common_epoch",
+)  # fmt: skip
+#: The files each script is made of, when more than the prelude and its own.
 PARTS = {name: ("common", "admit", name) for name in ("acquire", "acquire_all")}
 PARKED_INDEX_NAMES = ("register", "read", "forget")
 
-#: What runs between common.lua (and admit.lua) and a script's own part: begin()
-#: (common.lua) sets the call up, and answers the epoch instead where it must.
+#: What runs between the prelude (and admit.lua) and a script's own part: begin()
+#: (common_epoch.lua) sets the call up, and answers the epoch instead where it must.
 _BEGIN = "local epoch_reply = begin()\nif epoch_reply then return epoch_reply end\n"
 
 
@@ -54,7 +63,8 @@ def _read(folder: Any, name: str) -> str:
 
 
 _LUA = files("celery_semaphore.core").joinpath("lua")
-_OWN = {name: _read(_LUA, name) for name in (*NAMES, *ON_DEMAND_NAMES, "common", "admit")}
+_OWN = {name: _read(_LUA, name) for name in (*NAMES, *ON_DEMAND_NAMES, "admit")}
+_OWN["common"] = "\n".join(_read(_LUA, name) for name in COMMON)
 _PARKED_INDEX = {
     f"parked_index/{n}": _read(_LUA.joinpath("parked_index"), n) for n in PARKED_INDEX_NAMES
 }

@@ -1,4 +1,5 @@
-"""The contract of the Lua scripts (celery_semaphore/core/lua/common.lua's header).
+"""The contract of the Lua scripts (the headers of celery_semaphore/core/lua/common_*.lua,
+the prelude of every script).
 
 - One effective-limit rule: the override, else the caller's declared limit, else the
   recorded one. Every script that admits, reports or hands on a permit obeys it.
@@ -25,6 +26,7 @@ import redis
 from outcomes import granted, refused
 
 from celery_semaphore import Handover, Place, Semaphore
+from celery_semaphore.core import scripts
 from celery_semaphore.core.discovery import open_semaphore, read_counts
 from devkit.redis_servers import RedisServer
 
@@ -219,6 +221,30 @@ def code_lines(path: Path) -> Iterator[tuple[str, str]]:
         yield function, line.strip()
 
 
+def test_the_prelude_defines_each_local_before_its_first_use() -> None:
+    """The prelude is several files joined (scripts.COMMON); a top-level ``local`` named
+    above its definition (a file joined too early, a helper moved) compiles to a global:
+    nil, and an error only when that line runs. So no such name occurs earlier."""
+    strings = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+    lines: list[str] = []
+    defined: dict[str, int] = {}
+    for name in scripts.COMMON:
+        for function, line in code_lines(LUA / f"{name}.lua"):
+            local = re.match(r"local (function )?([\w, ]+)", line)
+            if local and (function == "" or (local.group(1) and local.group(2) == function)):
+                for each in local.group(2).split(","):
+                    defined.setdefault(each.strip(), len(lines))
+            lines.append(strings.sub("''", line))
+    assert len(defined) > 100  # the prelude was read
+    early = {
+        name: lines[i]
+        for name, at in defined.items()
+        for i in range(at)
+        if re.search(rf"(?<![.\w]){re.escape(name)}\b", lines[i])
+    }
+    assert early == {}
+
+
 def test_only_effective_limit_reads_the_override_for_a_limit() -> None:
     """Other scripts load the field for it (and configure sets it); status.lua also
     reports its raw value."""
@@ -229,7 +255,7 @@ def test_only_effective_limit_reads_the_override_for_a_limit() -> None:
         if re.search(r"\.override\b|\[ *'override' *\]", line)
     ]
     assert reads == [
-        ("common.lua", "effective_limit",
+        ("common_meta.lua", "effective_limit",
          "return tonumber(m.override) or tonumber(declared) or tonumber(m.limit) or 0"),
         ("status.lua", "", "now_ms, m.limit or '', m.override or '', "
          "effective_limit(m, declared),"),
@@ -245,26 +271,26 @@ def test_meta_is_read_by_load_meta_only_and_its_fields_written_through_helpers()
             if re.search(r"'(HSET|HSETNX|HMSET|HINCRBY|HINCRBYFLOAT)', meta\b", line):
                 writes.append((path.name, function))
     # besides its fields, meta keeps records: the weights of weighted waiters ("Weights"
-    # in common.lua), read only while n_weighted says some are there, and the fair keys'
-    # ("The order of the line"), read only for a contender with a fair key; status.lua
-    # also scans the fair keys' records (scan_records(), bounded), only while
-    # n_fair_keys says some are there
+    # in common_weights.lua), read only while n_weighted says some are there, and the fair
+    # keys' ("The order of the line" in common_order.lua), read only for a contender with a
+    # fair key; status.lua also scans the fair keys' records (scan_records(), bounded),
+    # only while n_fair_keys says some are there
     assert sorted(reads) == [
-        ("common.lua", "load_meta"),
-        ("common.lua", "records_of"),
-        ("common.lua", "scan_records"),
+        ("common_meta.lua", "load_meta"),
+        ("common_meta.lua", "records_of"),
+        ("common_meta.lua", "scan_records"),
     ]
     assert set(writes) == {
-        ("common.lua", "count_weighted"),  # n_weighted
-        ("common.lua", "weigh_waiter"),  # w|<waiter>
-        ("common.lua", "put_fair"),  # f|<key>, n_fair_keys
-        ("common.lua", "count_fair_grant"),  # fair_grants
-        ("common.lua", "set_meta"),
-        ("common.lua", "write_meta"),
-        ("common.lua", "bump"),  # the m_* counters, which no script reads
-        ("common.lua", "count_released"),
-        ("common.lua", "recount"),  # n_parked and n_handed: status.lua reads them
-        ("common.lua", "observe"),
+        ("common_weights.lua", "count_weighted"),  # n_weighted
+        ("common_line.lua", "weigh_waiter"),  # w|<waiter>
+        ("common_order.lua", "put_fair"),  # f|<key>, n_fair_keys
+        ("common_order.lua", "count_fair_grant"),  # fair_grants
+        ("common_meta.lua", "set_meta"),
+        ("common_meta.lua", "write_meta"),
+        ("common_meta.lua", "bump"),  # the m_* counters: counts.lua and status.lua read them
+        ("common_meta.lua", "count_released"),
+        ("common_parked.lua", "recount"),  # n_parked and n_handed: status.lua reads them
+        ("common_meta.lua", "observe"),
     }
 
 

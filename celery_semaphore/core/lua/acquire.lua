@@ -1,6 +1,6 @@
 -- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] holder           id of the contender
 -- ARGV[2] declared limit   the caller's (see effective_limit()); recorded in meta.limit
 -- ARGV[3] lease ms         lease of a granted permit
@@ -10,14 +10,14 @@
 -- ARGV[7] idle ms          every key expires after this long without use
 -- ARGV[8] wake channel     for after_free(), when reclaiming made room
 -- ARGV[9] handover token   the token of the handed-over copy this is, or ''
--- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
+-- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
 -- ARGV[11] in place        '1': the contender, if refused, waits in place (subscribed
 --                          to the wake channel): a release may grant it the permit
 --                          directly (see grant_in_place()); '': it does not
 -- ARGV[12] family          '' or the family of semaphores this one belongs to (recorded
 --                          in meta.family for metrics.py)
 -- ARGV[13] rate            '' or the caller's rate, "<interval µs>|<burst>" (see "Rates"
---                          in common.lua); recorded in meta.rate
+--                          in common_rates.lua); recorded in meta.rate
 -- ARGV[14] shadow          the caller's limits that only count, never refuse: '', 'l'
 --                          (the concurrency limit), 'r' (the rate) or 'lr'. A grant one of
 --                          them would have refused counts in m_shadow_limit / m_shadow_rate
@@ -25,9 +25,9 @@
 --                          most permits held at once over the limit, in m_shadow_peak); the
 --                          rate's schedule moves on as if enforced, so its lateness grows
 --                          while tasks start faster than the rate. A drain still refuses.
---                          Recorded in meta.shadow (see "Shadow limits" in common.lua).
+--                          Recorded in meta.shadow (see "Shadow limits" in common_rates.lua).
 -- ARGV[15] weight          "<permits>|<grants>" the contender asks for at once, or ''
---                          (1|1; see "Weights" in common.lua), and its priority and
+--                          (1|1; see "Weights" in common_weights.lua), and its priority and
 --                          fair key if it has them (see "The order of the line" there)
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, the shadow limits that

@@ -1,6 +1,6 @@
 -- acquire_all.lua: a permit on every one of n semaphores, or on none. Never blocks.
 --
--- KEYS: n groups of the ten of common.lua, one per semaphore (its call_keys), in the
+-- KEYS: n groups of the ten of common_keys.lua, one per semaphore (its call_keys), in the
 -- caller's order; every group's tenth is the same epoch hash (one Redis, one slot).
 -- ARGV[1] holder           id of the contender, the same in every semaphore
 -- ARGV[2] hold back ms     its place in the lines of the semaphores that would admit it,
@@ -10,7 +10,7 @@
 -- ARGV[4] ticket           a ticket presented again, or ''
 -- ARGV[5] handover         "<i>|<token>": the contender is the copy of a parked task
 --                          that semaphore i handed over with that token (see arrival()
---                          in common.lua; a stale copy changes nothing), or ''
+--                          in common_parked.lua; a stale copy changes nothing), or ''
 -- ARGV[5 + 10(i-1) + 1 .. 10] semaphore i: declared limit, lease ms, waiter lease ms
 --                          (0: don't queue), idle ms, wake channel, dispatch, family,
 --                          rate, shadow, weight (each as in acquire.lua)
@@ -30,9 +30,9 @@
 -- in these lines (if one semaphore's weight text has a fair key: of the one presented
 -- and its place in that line); with none, one new ticket, after every semaphore's
 -- meta.ticket, and written to each (at its key's turn in the fair line: see "The order
--- of the line" in common.lua). So two contenders stand in the same order in every line
+-- of the line" in common_order.lua). So two contenders stand in the same order in every line
 -- they share.
--- It is never marked waiting in place (see "Several semaphores at once" in common.lua).
+-- It is never marked waiting in place (see "Several semaphores at once" in common_keys.lua).
 --
 -- Returns {1, G_1, .., G_n} when granted, G_i = {fencing token, lease expiry ms, now ms,
 -- waited ms, shadow limits that would have refused it, ms its slot was ahead by a shadow

@@ -1,4 +1,4 @@
--- admit.lua: how one semaphore weighs a contender, prepended after common.lua to
+-- admit.lua: how one semaphore weighs a contender, prepended after the prelude (common_*.lua) to
 -- acquire.lua (one semaphore) and acquire_all.lua (several: use() first), so both
 -- judge a semaphore alike. See acquire.lua's header for what each step does.
 --

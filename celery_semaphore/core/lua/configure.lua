@@ -1,6 +1,6 @@
 -- configure.lua: set or clear a runtime setting of a live semaphore.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] field     'override' (the runtime limit), 'draining' ('1': admit nobody),
 --                   'rate_override' (the runtime rate, "<interval µs>|<burst>"), or
 --                   'rate_pause' (the rate grants nothing for this many ms from now:
@@ -9,8 +9,8 @@
 -- ARGV[2] value     the new value, or '' to clear the setting
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
--- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
--- ARGV[6] rate       the caller's rate, or '' for none declared (see "Rates" in common.lua)
+-- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
+-- ARGV[6] rate       the caller's rate, or '' for none declared (see "Rates" in common_rates.lua)
 --
 -- Returns {the previous value or '', handovers}. Then after_free() (the caller
 -- declares no limit), so a raised limit or an ended drain admits waiters at once.

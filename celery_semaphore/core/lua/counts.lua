@@ -1,6 +1,6 @@
 -- counts.lua: the figures of one semaphore a metrics scrape exports; changes nothing.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua; a reader: pause 0).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua; a reader: pause 0).
 -- ARGV[1] sent horizon ms   entries of ``sent`` older than this are not counted
 -- ARGV[2 ..]                meta fields to answer with as they are (metrics.py: family
 --                           and the m_* counters)

@@ -1,12 +1,12 @@
--- dispatch.lua: hand over the parked waiters that are due (see common.lua), after
--- dropping the named parked waiters from the line.
+-- dispatch.lua: hand over the parked waiters that are due (see dispatch() in
+-- common_after_free.lua), after dropping the named parked waiters from the line.
 --
 -- For a caller that publishes but frees nothing: the worker heartbeat, which so
 -- notices permits freed by a lease that ran out while nobody called, handed-over
 -- waiters whose publisher died before publishing, and revoked parked tasks. What
 -- follows a reclaim or a drop is after_free() (the caller declares no limit).
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] idle ms
 -- ARGV[2] wake channel
 -- ARGV[3] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>"

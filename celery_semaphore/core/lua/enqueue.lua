@@ -1,6 +1,6 @@
 -- enqueue.lua: take a place in line without asking for a permit (at publish time).
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] holder           id of the future contender (the task id)
 -- ARGV[2] waiter lease ms  how long the place holds while nobody asks
 -- ARGV[3] info             free text stored with the waiter
@@ -9,15 +9,15 @@
 --                          none is (status() then knows the semaphore)
 -- ARGV[6] family           '' or the family recorded with the limit (metrics.py)
 -- ARGV[7] sent horizon ms  how long the task is counted as sent while it has not
---                          reached a worker (see KEYS[9] in common.lua)
+--                          reached a worker (see KEYS[9] in common_keys.lua)
 -- ARGV[8] wake channel     for after_free() (handing over nothing), when reclaiming
 --                          made room
--- ARGV[9] rate             '' or the caller's rate (see "Rates" in common.lua)
+-- ARGV[9] rate             '' or the caller's rate (see "Rates" in common_rates.lua)
 -- ARGV[10] weight          "<permits>|<grants>" it will ask for, or '' (1|1; see
---                          "Weights" in common.lua), with its priority and fair key if
+--                          "Weights" in common_weights.lua), with its priority and fair key if
 --                          it has them (see "The order of the line" there)
 -- ARGV[11] shadow          as acquire.lua's ARGV[14]; recorded in meta.shadow only
---                          where no limit is recorded (see "Shadow limits" in common.lua)
+--                          where no limit is recorded (see "Shadow limits" in common_rates.lua)
 -- Only to park the waiter at once when its turn is far (a publisher that would park the
 -- task's message: one call instead of this and park.lua; all six, or none):
 -- ARGV[12] window µs       far: draining, or the rate's slot further than this, or at

@@ -1,18 +1,18 @@
 -- park.lua: stay in line without asking: leave a payload to be handed over when due.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] holder           id of the waiter (the task id)
 -- ARGV[2] ticket           its ticket, or '' (keeps the one it has, or takes a new one)
 -- ARGV[3] payload          opaque text handed back to whoever publishes it when due
 -- ARGV[4] park lease ms    how long the place holds without being handed over
 -- ARGV[5] info             free text stored with the waiter
 -- ARGV[6] idle ms
--- ARGV[7] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>" (see dispatch() in common.lua)
+-- ARGV[7] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
 -- ARGV[8] due ms           hand it over after this long even if its turn has not
 --                          come (its wait budget runs out then), or 0
 -- ARGV[9] wake channel     for after_free(), when reclaiming made room
 -- ARGV[10] weight          "<permits>|<grants>", or '' to keep the one recorded
---                          (see "Weights" in common.lua)
+--                          (see "Weights" in common_weights.lua)
 --
 -- Returns {ticket, position, {holder, handover token, payload, ...}}: the
 -- waiters now due, possibly this one (a permit freed since it was refused).

@@ -1,18 +1,18 @@
 -- release.lua: give a permit back; without a token, also leave the line.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] holder
 -- ARGV[2] fencing token, or '' to release whatever this holder holds and drop
 --         its place in line (the by-id release of a worker that lost the child)
 -- ARGV[3] idle ms
 -- ARGV[4] wake channel
--- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
+-- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
 -- ARGV[6] declared limit  the caller's: what follows the release (after_free()) stays
 --                        within it (see effective_limit())
 -- ARGV[7] unused    n > 0: the permit is given back unused (its task did not start:
 --                   another of its limits refused it), so the n rate intervals its grant
 --                   spent are given back too (its weight's grants: see "Rates" and
---                   "Weights" in common.lua); '': it was used
+--                   "Weights" in common_weights.lua); '': it was used
 -- ARGV[8] shadow   the caller's shadow limits, as acquire.lua's ARGV[14]: what follows
 --                   the release moves the line by the limits the caller enforces
 --

@@ -1,13 +1,13 @@
 -- renew.lua: compare-and-extend the leases of any number of holders.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] lease ms    new lease, counted from now
 -- ARGV[2] idle ms
 -- ARGV[3] wake channel
--- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>|<rate lead ms>" (common.lua)
+-- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
 -- ARGV[5..] triples: holder, fencing token ('' = any token of this holder), the permits
 --           it holds ('': 1), written back with it after a data loss (see "Weights"
---           in common.lua; a live holder's own record says)
+--           in common_weights.lua; a live holder's own record says)
 --
 -- Returns {new lease expiry ms, {lost holder, ...}, handovers, restored}. A holder whose
 -- lease already ran out is reclaimed first and so reported lost: a renew never
@@ -16,8 +16,9 @@
 -- token (the caller held that permit); a holder id alone may never have held
 -- one (a worker renews its requests by id; it counts real losses itself).
 -- Reads meta only if something was reclaimed.
--- While admissions are paused after a data loss (common.lua), a missing holder is
--- written back instead (its token, or 0 if given none), and counted in ``restored``.
+-- While admissions are paused after a data loss ("Data loss" in common_epoch.lua), a
+-- missing holder is written back instead (its token, or 0 if given none), and counted
+-- in ``restored``.
 
 local lease_ms, idle_ms, channel, cfg = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 

@@ -1,10 +1,10 @@
 -- status.lua: read the state of one semaphore; changes nothing.
 --
--- KEYS: the ten of common.lua; the last ARGV: the epoch (common.lua).
+-- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
 -- ARGV[1] most   at most this many holders and waiters are listed
 -- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
 -- ARGV[3] declared limit   the caller's (see effective_limit())
--- ARGV[4] declared rate    the caller's, or '' for none declared (see "Rates" in common.lua)
+-- ARGV[4] declared rate    the caller's, or '' for none declared (see "Rates" in common_rates.lua)
 -- ARGV[5] fair top         at most this many fair keys are listed (see below)
 --
 -- Returns {now ms, recorded limit or '', override or '', effective limit, draining 0/1,
@@ -14,7 +14,7 @@
 -- {holder, ticket, waiter lease expiry ms, winfo record, parked state, weight text, ...}
 -- in line order}; parked state: 'p' parked, 'h' handed over, 'w' waiting in place,
 -- '' asking itself; weight text: its meta "w|<waiter>" record while fair keys wait
--- (see "The order of the line" in common.lua), else '';
+-- (see "The order of the line" in common_order.lua), else '';
 -- then how many waiters are parked and how many handed over, how many tasks
 -- published with a place have not reached a worker yet (sent, places lapsed or
 -- not), {holder, published ms, ...} of the first ``most`` of them whose place
@@ -22,10 +22,10 @@
 -- and how many of them lapsed among the oldest 10 x ``most`` (a count that
 -- stops there; the newer ones most likely still hold their places), when
 -- admissions resume after a data loss (ms; 0: not paused); then the rate (see
--- "Rates" in common.lua): the effective one, the override (each "<interval µs>|<burst>"
+-- "Rates" in common_rates.lua): the effective one, the override (each "<interval µs>|<burst>"
 -- or ''), how many grants it allows now, when the next one after those is
 -- allowed (ms), and until when a RateLimited pause lasts (ms; 0: none);
--- then the fair keys with waiters in line (see "The order of the line" in common.lua):
+-- then the fair keys with waiters in line (see "The order of the line" in common_order.lua):
 -- how many (n_fair_keys), the grants to fair waiters in this minute and the minute
 -- before (all keys'), how many key records were read, and {key, waiting, grants in
 -- this minute and the minute before, ...} of the ``fair top`` with the most waiting
@@ -86,28 +86,28 @@ end
 
 local fair_grants, fair_read, listed_fair = 0, 0, {}
 if n_fair_keys > 0 then
-  local all = {}
-  for part in string.gmatch(m.fair_grants or '', '([^|]+)') do all[#all + 1] = tonumber(part) end
-  fair_grants = recent_grants(all[1] or 0, all[2] or 0, all[3] or 0)
+  local all = fair_grants_in(m.fair_grants)
+  fair_grants = recent_grants(all.grants, all.minute, all.grants_before)
   local keys, seen = {}, {}
   local found = scan_records('f|*', FAIR_SCAN_CALLS, FAIR_SCAN_COUNT)
   for i = 1, #found, 2 do
     if not seen[found[i]] then  -- HSCAN may return a field twice
       seen[found[i]] = true
-      local f = fair_fields(found[i + 1])
-      keys[#keys + 1] = {string.sub(found[i], 3), f[2], recent_grants(f[4], f[5], f[6])}
+      local fair = fair_in(found[i + 1])
+      keys[#keys + 1] = {key = string.sub(found[i], 3), waiting = fair.waiting,
+        grants = recent_grants(fair.grants, fair.minute, fair.grants_before)}
     end
   end
   fair_read = #keys
   table.sort(keys, function(a, b)
-    if a[2] ~= b[2] then return a[2] > b[2] end
-    if a[3] ~= b[3] then return a[3] > b[3] end
-    return a[1] < b[1]
+    if a.waiting ~= b.waiting then return a.waiting > b.waiting end
+    if a.grants ~= b.grants then return a.grants > b.grants end
+    return a.key < b.key
   end)
   for i = 1, math.min(fair_top, #keys) do
-    listed_fair[#listed_fair + 1] = keys[i][1]
-    listed_fair[#listed_fair + 1] = fmt(keys[i][2])
-    listed_fair[#listed_fair + 1] = fmt(keys[i][3])
+    listed_fair[#listed_fair + 1] = keys[i].key
+    listed_fair[#listed_fair + 1] = fmt(keys[i].waiting)
+    listed_fair[#listed_fair + 1] = fmt(keys[i].grants)
   end
 end
 

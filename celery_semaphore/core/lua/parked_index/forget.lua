@@ -1,7 +1,7 @@
 -- parked_index/forget.lua: take a semaphore off the index of semaphores with parked
 -- waiters, unless a process listed it again since the caller read its score (then
 -- it may have parked a waiter since the caller saw none: its score changed, and is
--- younger than the age). Not prepended with common.lua.
+-- younger than the age). Not prepended with the prelude (common_*.lua).
 --
 -- KEYS[1] index  ZSET  semaphore name -> ms of server time (see register.lua)
 -- ARGV[1] the semaphore's name

@@ -1,6 +1,6 @@
 -- parked_index/read.lua: the index of semaphores with parked waiters, and the time
 -- by the same server's clock (the one its scores were taken by, also on Redis
--- Cluster). Not prepended with common.lua.
+-- Cluster). Not prepended with the prelude (common_*.lua).
 --
 -- KEYS[1] index  ZSET  semaphore name -> ms of server time (see register.lua); read only
 --

@@ -1,6 +1,7 @@
 -- parked_index/register.lua: list a semaphore in its namespace's index of the
 -- semaphores with parked waiters (where every worker's heartbeat looks for them).
--- A script, not a plain ZADD, for the server's clock. Not prepended with common.lua.
+-- A script, not a plain ZADD, for the server's clock. Not prepended with the prelude
+-- (common_*.lua).
 --
 -- KEYS[1] index  ZSET  semaphore name -> when a process last listed it, ms of
 --                      server time (<namespace>:parked-index, the only key touched)
