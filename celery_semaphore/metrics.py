@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from .core.constants import HISTOGRAM_BOUNDS_MS, HISTOGRAMS, histogram_fields
 from .core.discovery import last_data_loss, read_counts, semaphore_names
 
-#: Upper bounds (seconds) of the wait and hold histograms; the Lua scripts use the same.
-BUCKETS = (0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0, 1800.0)
+#: Upper bounds (seconds) of the wait and hold histograms: the scripts' (ms).
+BUCKETS = tuple(bound / 1000 for bound in HISTOGRAM_BOUNDS_MS)
 OUTCOMES = {"m_granted": "granted", "m_refused": "refused", "m_abandoned": "abandoned"}
 
 
@@ -95,8 +96,8 @@ DATA_LOSS = (
 #: Counter fields of the ``meta`` hash, and the buckets and sums of the histograms.
 COUNTERS = (
     *OUTCOMES, *(field for field, _, _ in COUNTED), *FAIR_GRANTS,
-    *(f"m_{kind}_b{i}" for kind in ("wait", "hold") for i in range(len(BUCKETS) + 1)),
-    "m_wait_sum", "m_hold_sum",
+    *(field for kind in HISTOGRAMS for field in histogram_fields(kind)),
+    *(f"m_{kind}_sum" for kind in HISTOGRAMS),
 )  # fmt: skip
 #: The ``meta`` fields a scrape reads of each semaphore besides its counts.
 FIELDS = ("family", "m_shadow_peak", *COUNTERS)

@@ -33,6 +33,7 @@ from importlib.resources import files
 from typing import Any
 
 from . import functions
+from .constants import lua_prelude
 
 NAMES = (
     "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "counts", "configure",
@@ -64,7 +65,7 @@ def _read(folder: Any, name: str) -> str:
 
 _LUA = files("celery_semaphore.core").joinpath("lua")
 _OWN = {name: _read(_LUA, name) for name in (*NAMES, *ON_DEMAND_NAMES, "admit")}
-_OWN["common"] = "\n".join(_read(_LUA, name) for name in COMMON)
+_OWN["common"] = "\n".join([lua_prelude(), *(_read(_LUA, name) for name in COMMON)])
 _PARKED_INDEX = {
     f"parked_index/{n}": _read(_LUA.joinpath("parked_index"), n) for n in PARKED_INDEX_NAMES
 }

@@ -356,3 +356,18 @@ def test_every_script_call_reads_meta_at_most_once(
     assert sum(counts.values()) >= 14
     assert set(counts) <= {0, 1}, counts
     assert [h.holder for h in handed] == ["p"]
+
+
+def test_the_shared_numbers_are_written_once_in_constants_py() -> None:
+    """The histograms' bounds and fields, the priority step and the fair turn come
+    into the Lua from celery_semaphore/core/constants.py: no .lua file defines them."""
+    from celery_semaphore.core import constants, scripts
+
+    lua = LUA.glob("*.lua")
+    for path in lua:
+        text = path.read_text(encoding="utf-8")
+        for name in ("BUCKETS", "HISTOGRAMS", "PRIORITY_STEP", "FAIR_TURN"):
+            assert f"local {name} =" not in text, f"{path.name} defines {name}"
+    for source in scripts.SOURCES.values():
+        if "observe(" in source:
+            assert source.startswith(constants.lua_prelude())

@@ -96,18 +96,10 @@ local function seq_after(last)
   return math.max((tonumber(last) or 0) + 1, now_us)
 end
 
--- Histogram bucket bounds in ms; celery_semaphore/metrics.py has the same in seconds.
-local BUCKETS = {5, 25, 100, 250, 1000, 2500, 10000, 30000, 60000, 300000, 1800000}
-
 -- One observation of ``ms`` in histogram ``kind`` ('wait' or 'hold'): buckets
--- m_<kind>_b<i> are not cumulative; metrics.py adds them up. (The field names are
--- written out: making them on each call cost more than the two HINCRBYs.)
-local HISTOGRAMS = {
-  wait = {[0] = 'm_wait_b0', 'm_wait_b1', 'm_wait_b2', 'm_wait_b3', 'm_wait_b4', 'm_wait_b5',
-    'm_wait_b6', 'm_wait_b7', 'm_wait_b8', 'm_wait_b9', 'm_wait_b10', 'm_wait_b11', sum = 'm_wait_sum'},
-  hold = {[0] = 'm_hold_b0', 'm_hold_b1', 'm_hold_b2', 'm_hold_b3', 'm_hold_b4', 'm_hold_b5',
-    'm_hold_b6', 'm_hold_b7', 'm_hold_b8', 'm_hold_b9', 'm_hold_b10', 'm_hold_b11', sum = 'm_hold_sum'},
-}
+-- m_<kind>_b<i> are not cumulative; metrics.py adds them up. BUCKETS (the bounds, ms)
+-- and HISTOGRAMS (each bucket's field, written out: making the names on each call
+-- cost more than the two HINCRBYs) come from celery_semaphore/core/constants.py.
 local function observe(kind, ms)
   local index = 0
   while index < #BUCKETS and ms > BUCKETS[index + 1] do index = index + 1 end

@@ -27,8 +27,7 @@
 
 -- Fair share ------------------------------------------------------------------------
 
-local FAIR_TURN = 1048576
-local PRIORITY_STEP = 1099511627776
+-- FAIR_TURN and PRIORITY_STEP: from celery_semaphore/core/constants.py.
 local TIE_BITS = 1024
 
 -- A key's record text (or false) as {tail, waiting (its waiters in line), urgent_tail,

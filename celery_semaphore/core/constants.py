@@ -1,0 +1,43 @@
+"""Numbers the scripts and the Python side share, stated once.
+
+`celery_semaphore.core.scripts` writes them into the Lua prelude (`lua_prelude()`),
+so none of them is copied by hand into a ``.lua`` file; the metrics, the reference
+model (`celery_semaphore.core.model`) and the tests import them from here.
+"""
+
+from __future__ import annotations
+
+#: Upper bounds of the wait and hold histograms, ms; a last bucket takes the rest
+#: (metrics.py exports them in seconds, as Prometheus' ``le`` labels).
+HISTOGRAM_BOUNDS_MS = (5, 25, 100, 250, 1000, 2500, 10000, 30000, 60000, 300000, 1800000)
+#: How far one level of priority moves a new ticket ahead, µs: 2^40, about 12.7 days,
+#: so a more urgent waiter goes ahead of every less urgent one ("The order of the line").
+PRIORITY_STEP = 2**40
+#: How far a fair key's tail moves on for one turn of weight 1, µs (2^20): a key of
+#: weight w moves on FAIR_TURN / w.
+FAIR_TURN = 2**20
+
+
+HISTOGRAMS = ("wait", "hold")
+
+
+def histogram_fields(kind: str) -> list[str]:
+    """The ``meta`` fields of histogram ``kind``'s buckets (not cumulative: one per
+    bound, then the rest), in order."""
+    return [f"m_{kind}_b{index}" for index in range(len(HISTOGRAM_BOUNDS_MS) + 1)]
+
+
+def lua_prelude() -> str:
+    """The constants as Lua ``local`` definitions, first in every script's prelude."""
+    bounds = ", ".join(str(bound) for bound in HISTOGRAM_BOUNDS_MS)
+    tables = []
+    for kind in HISTOGRAMS:
+        first, *rest = (f"'{name}'" for name in histogram_fields(kind))
+        tables.append(f"  {kind} = {{[0] = {first}, {', '.join(rest)}, sum = 'm_{kind}_sum'}},")
+    return "\n".join([
+        "-- Generated from celery_semaphore/core/constants.py by scripts.py: edit them there.",
+        f"local BUCKETS = {{{bounds}}}",
+        "local HISTOGRAMS = {", *tables, "}",
+        f"local PRIORITY_STEP = {PRIORITY_STEP}",
+        f"local FAIR_TURN = {FAIR_TURN}",
+    ])  # fmt: skip
