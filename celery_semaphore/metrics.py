@@ -73,7 +73,7 @@ COUNTED = (
      "How long a shadow rate would have delayed those grants, in all."),
 )  # fmt: skip
 #: The grants to waiters of a fair key, by the key's fair weight: the ``meta`` counter
-#: of each class (common.lua's weight_class()), its ``weight_class`` label. Only for a
+#: of each class (common_order.lua's weight_class()), its ``weight_class`` label. Only for a
 #: series that has had a fair line (a key waiting now, or a grant counted).
 FAIR_GRANTS = {
     "m_fair_granted_c0": "1",

@@ -111,7 +111,7 @@ def binding(places: Sequence[Place], refused_by: Sequence[int]) -> int:
 def among_next_round(place: Place) -> bool:
     """Whether fewer waiters are ahead of ``place`` than the free permits (kept for
     tasks ahead on their way) plus one round of the limit: as far ahead as a release
-    hands parked tasks over (common.lua's dispatch: free + window); any place where
+    hands parked tasks over (common_after_free.lua's dispatch: free + window); any place where
     the limit is a shadow limit."""
     if not place.limit_binds:
         return True

@@ -28,7 +28,7 @@ from .scripts import forget_way, registered
 #: Script calls sent in one pipeline by `read_counts()`.
 COUNTS_BATCH = 500
 #: The meta field the scripts count parked (not yet handed over) tasks in
-#: (common.lua's COUNTED).
+#: (common_parked.lua's COUNTED).
 PARKED_COUNT = "n_parked"
 
 

@@ -1,7 +1,7 @@
 """How a client notices that Redis lost its data: the epoch it remembers.
 
 Each Redis (each slot of a Cluster) keeps an epoch hash that goes only with its
-data (common.lua, "Data loss"). Every script call presents the epoch this
+data (common_epoch.lua, "Data loss"). Every script call presents the epoch this
 process last saw there; a script that finds another answers with the current
 one, which this module remembers, and the call is made again. When the epoch a
 process remembered is gone, the data went with it: listeners hear of it (a
@@ -60,7 +60,7 @@ _lock = threading.Lock()
 
 
 def argument(url: str, epoch_key: str, pause: float) -> str:
-    """The last argument of every script call (common.lua): the epoch this process
+    """The last argument of every script call (common_keys.lua): the epoch this process
     knows at ``url`` and the pause (seconds) to ask for if that epoch is gone; 0:
     a reader, which neither learns an epoch nor starts a pause."""
     return f"{_known.get((url, epoch_key), '')}|{max(1, int(pause * 1000)) if pause else 0}"

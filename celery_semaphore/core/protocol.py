@@ -67,7 +67,7 @@ def counts_args(fields: Sequence[str]) -> list[Any]:
 
 def rate_window(rate: RateLimit, handover_window: float) -> float:
     """How far ahead of their slots waiters under ``rate`` are handed over (dispatch()
-    in common.lua computes the same from the rate in force)."""
+    in common_after_free.lua computes the same from the rate in force)."""
     return min(handover_window, max(RATE_LEAD, 3 * rate.interval_us / 1_000_000))
 
 
@@ -180,7 +180,7 @@ class SemaphoreSpec:
         """The scripts' weight text, "<permits>|<grants>" ('' for 1|1), checked against
         this semaphore's limit and burst: a weight that could never be granted is an
         error; then "|<priority>" and "|<fair weight>|<fair key>" where they are given
-        (see "The order of the line" in lua/common.lua). ``fair_weight`` None: the
+        (see "The order of the line" in lua/common_order.lua). ``fair_weight`` None: the
         semaphore's ``fair_weights`` say."""
         weight, rate_weight, priority = ask.weight, ask.rate_weight, ask.priority
         if (
@@ -234,7 +234,7 @@ class SemaphoreSpec:
                 self.dispatch, due_ms, self.keys.channel, weight_arg]  # fmt: skip
 
     def dispatch_args(self, drop: Iterable[str] = ()) -> list[Any]:
-        """Declares no limit (see effective_limit() in common.lua): the heartbeat calls
+        """Declares no limit (see effective_limit() in common_meta.lua): the heartbeat calls
         it on semaphores it knows only by name."""
         return [self.idle_ms, self.keys.channel, self.dispatch,
                 *(validation.check_holder(h) for h in drop)]  # fmt: skip
@@ -290,7 +290,7 @@ class SemaphoreSpec:
 
     def binding(self, place: Place) -> Place:
         """``place`` as the limits that bind it see it: a shadow limit refuses nothing,
-        so the line moves as if it were not there (common.lua's line_limit(),
+        so the line moves as if it were not there (common_rates.lua's line_limit(),
         line_room()): ``limit_binds`` False; a shadow rate: no slot, no pause."""
         if not self.shadow:
             return place

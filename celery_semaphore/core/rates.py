@@ -3,7 +3,7 @@
 A rate of ``count`` grants per ``per`` seconds allows one grant every
 ``per / count`` seconds (the interval), and ``burst`` grants at once after an
 idle spell; measured on the Redis server's clock by GCRA in the scripts (see
-"Rates" in ``lua/common.lua``). ``burst=1`` spaces grants evenly, as Celery's own
+"Rates" in ``lua/common_rates.lua``). ``burst=1`` spaces grants evenly, as Celery's own
 per-worker ``rate_limit`` spaces starts.
 """
 

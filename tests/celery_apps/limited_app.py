@@ -283,7 +283,7 @@ def declare_limit(limit: int) -> None:
     """The limit the "hold" tasks declare in this process. The test process imports
     this module once per session (celery_harness.py), with the first cluster's
     CS_LIMIT; each cluster sets its own here, as its workers declare it: a publisher
-    declaring another limit is judged by its own (effective_limit() in common.lua)."""
+    declaring another limit is judged by its own (effective_limit() in common_meta.lua)."""
     for task in app.tasks.values():
         if inspect.getattr_static(task, "semaphore", None) == "hold":
             task.limit = limit

@@ -236,7 +236,7 @@ def test_a_queue_rate_paces_every_task_of_the_queue(clusters: Clusters) -> None:
     emails = [e["at"] for e in begun if e["tag"].startswith("e")]
     others = [e["at"] for e in begun if e["tag"].startswith("d")]
     assert len(emails) == 8 and len(others) == 8
-    # 5/s for every task of the queue, plain ones too. What the rate promises (common.lua,
+    # 5/s for every task of the queue, plain ones too. What the rate promises (common_rates.lua,
     # rate_tat()): at most count + burst grants in any second, and a grant up to half an
     # interval late keeps the schedule, so two starts may come 0.1 s apart; not a 0.2 s gap.
     most = most_in_window(emails, 1.0)

@@ -639,7 +639,7 @@ def test_one_call_hands_over_at_most_a_batch_of_parked_waiters(
     make_semaphore: MakeSemaphore, outbox: Outbox
 ) -> None:
     """Where nothing binds (a shadow limit), every parked waiter is due; one call looks
-    at the first 1,000 in line (common.lua's BATCH) and hands those over. As they
+    at the first 1,000 in line (common_keys.lua's BATCH) and hands those over. As they
     arrive and leave the line, a later call reaches the ones behind them."""
     sem = make_semaphore(1, on_handover=outbox, shadow=["limit"])
     granted(sem.attempt("holder"))  # records the declaration; the shadow limit is full

@@ -645,7 +645,7 @@ def test_uncontended_calls_touch_the_keys_lazily_and_they_never_lapse_in_use(
     make_semaphore: MakeSemaphore, redis_session_server: RedisServer
 ) -> None:
     """acquire and release skip the touch while the last one left 15/16 of the idle
-    time (common.lua, touch_due()): used for longer than the idle time, the keys
+    time (common_meta.lua, touch_due()): used for longer than the idle time, the keys
     stay; idle, they go within it."""
     sem = make_semaphore(3, lease_timeout=0.4, waiter_lease=0.1, idle_ttl=0.8)
     keeper = granted(sem.attempt("keeper"))  # the holder keys exist throughout
@@ -670,7 +670,7 @@ def test_meta_becomes_a_hash_table_once_a_line_forms_and_stays_one(
     make_semaphore: MakeSemaphore,
 ) -> None:
     """Redis keeps a hash of few short fields as a listpack, where every field lookup
-    scans the hash (common.lua, LAYOUT): meta stays one while nobody waits, and
+    scans the hash (common_meta.lua, LAYOUT): meta stays one while nobody waits, and
     becomes a hash table at the first touch with a line, for good."""
     sem = make_semaphore(1, lease_timeout=30, waiter_lease=30)
     client = sem.client

@@ -165,7 +165,7 @@ def test_several_permits_freed_at_once_go_to_the_waiters_in_place_in_order(
 def test_permits_freed_for_more_waiters_in_place_than_one_read_go_in_order_up_to_the_limit(
     make_semaphore: MakeSemaphore,
 ) -> None:
-    # The release reads the line's head a few waiters at a time (common.lua's
+    # The release reads the line's head a few waiters at a time (common_after_free.lua's
     # grant_in_place, GRANT_CHUNK = 16): 20 waiters in place and 19 permits freed at
     # once cross a read's end; the first 19 are granted in line order, the 20th waits.
     sem = make_semaphore(1)
@@ -340,7 +340,7 @@ def test_a_place_taken_at_publish_does_not_change_the_recorded_limit(
     make_semaphore: MakeSemaphore,
 ) -> None:
     """The place reports the publisher's own declaration (the one rule of
-    effective_limit() in common.lua); the recorded one stays the contenders'."""
+    effective_limit() in common_meta.lua); the recorded one stays the contenders'."""
     name = f"recorded-{time.time_ns()}"
     worker_side = make_semaphore(2, name=name)
     publisher = make_semaphore(5, name=name)

@@ -110,7 +110,7 @@ def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
 def test_a_place_shows_only_the_limits_that_bind_it() -> None:
     """A shadow limit refuses nothing: the place a refused or enqueued contender gets
     says its limit does not bind (the limit itself is still shown), and, for a shadow
-    rate, has no slot and no pause; so nothing waits for them (common.lua's
+    rate, has no slot and no pause; so nothing waits for them (common_rates.lua's
     line_limit(), line_room())."""
     refused = [0, 9, 4, 2, 5, 0, 0, 1000, 0, 0, 0, b"1200000", 3000, []]
 

@@ -207,7 +207,7 @@ class Semaphore:
     ) -> Any:
         """Run ``script``; a script that answers with another epoch than this process
         knows (a data loss, or the first call) is run again with that one. A
-        ``reader`` (status) neither learns an epoch nor starts a pause (common.lua).
+        ``reader`` (status) neither learns an epoch nor starts a pause (common_epoch.lua).
         ``specs``: the semaphores whose keys the script takes, if not this one alone
         (acquire_all: several of this client, sharing its epoch hash)."""
         keys = self._spec.keys
