@@ -656,3 +656,18 @@ def test_one_call_hands_over_at_most_a_batch_of_parked_waiters(
         granted(sem.attempt(f"w{i:04d}", handover=handed[f"w{i:04d}"].token))
     sem.dispatch()
     assert sorted(outbox.take()) == [f"w{i:04d}" for i in range(1000, 1005)]
+
+
+def test_parking_with_the_default_order_spelt_out_keeps_the_recorded_weight(
+    make_semaphore: MakeSemaphore,
+) -> None:
+    """``park(..., priority=0, fair_key=None)`` says nothing new about the weight: the
+    waiter keeps the weight its refused attempt recorded (2 permits here); a weight
+    given with it replaces it."""
+    sem = make_semaphore(3, on_handover=lambda handovers: None)
+    granted(sem.attempt("gate", weight=3))
+    refused(sem.attempt("w", weight=2, wait_lease=120.0))
+    sem.park("w", "payload", priority=0, fair_key=None)
+    assert sem.client.hget(sem.keys.meta, "w|w") == b"2|2"
+    sem.park("w", "payload", weight=1)
+    assert sem.client.hget(sem.keys.meta, "w|w") is None  # 1|1 is not recorded

@@ -326,9 +326,12 @@ class AsyncSemaphore:
 
         The semaphore is listed in its namespace's parked index first, where
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
+        given = ask_of(ask, asked, "park")
+        says = ask is not None or asked.get("weight") is not None
+        says = says or asked.get("fair_key") is not None or bool(asked.get("priority"))
         args = self._spec.park_args(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
-            ask=ask_of(ask, asked, "park") if ask is not None or asked else None,
+            ask=given if says else None,
         )  # fmt: skip
         await self._list_parked()
         parked, handovers = self._spec.parse_park(await self._call("park", args))

@@ -1,0 +1,212 @@
+"""Parking and handover (lua/common_parked.lua, dispatch() in lua/common_after_free.lua,
+park.lua, dispatch.lua): a waiter may leave a payload instead of asking again; the
+semaphore hands it over (to be published) when its turn is near.
+
+The rules that decide, as pure functions of the state they read; `SemaphoreModel`
+applies them. Waiting in place (the ``w`` mark) is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from .rate import Rate, Room
+
+#: How long a tombstone (``d``: arrived, ``x``: served by another copy) is kept.
+TOMBSTONE_MS = 3_600_000
+
+
+class State(str, Enum):
+    """A parked record's state (see the table in lua/common_parked.lua)."""
+
+    PARKED = "p"  # it left its payload and stopped asking
+    HANDED = "h"  # its payload was handed over, its copy not arrived yet
+    ARRIVED = "d"  # the copy handed over last arrived (a tombstone)
+    SERVED = "x"  # it was served by another copy: any copy on its way is stale
+
+
+@dataclass(frozen=True)
+class Record:
+    """A parked record: the handover ``token`` of the copy handed over last (0 before
+    any), its ``state``, its ``mark`` (the released count when it parked: a permit
+    released since says the line moved) and its ``payload``."""
+
+    token: int
+    state: State
+    mark: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What a client that publishes handovers passes (protocol's ``dispatch``): how far
+    ahead waiters are handed over (``max_block_ms``), how long a handed-over copy has
+    to arrive (``deadline_ms``), and the lead under a rate (``lead_ms``)."""
+
+    max_block_ms: int
+    deadline_ms: int
+    lead_ms: int = 200
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A parked waiter now due: publish ``payload`` to arrive with ``token``, after
+    ``delay_ms``."""
+
+    holder: str
+    token: int
+    payload: str
+    delay_ms: int = 0
+
+
+@dataclass(frozen=True)
+class ParkIfFar:
+    """What a publisher passes to park a new place at once when its turn is far
+    (enqueue.lua's ARGV[12..17]): the rate window (µs), the payload around the
+    ticket (``head`` + ticket + ``tail``), the park lease, the due time (0: none), and
+    its `Dispatch`."""
+
+    window_us: int
+    head: str
+    tail: str
+    park_lease_ms: int
+    dispatch: Dispatch
+    due_ms: int = 0
+
+
+class Arrival(str, Enum):
+    VALID = "valid"  # the copy handed over last: its record becomes a tombstone
+    AGAIN = "again"  # that copy delivered again, or no record: proceed as usual
+    STALE = "stale"  # an older copy, or one whose waiter was served: drop it
+
+
+def arrival(record: Record | None, token: int) -> Arrival:
+    """What a waiter presenting handover ``token`` is (arrival()).
+
+    Why: a copy may be delivered twice, or handed over again after its deadline while
+    the first copy was only late; only the newest copy may take the place, once."""
+    if record is None:
+        return Arrival.AGAIN
+    if record.token != token or record.state is State.SERVED:
+        return Arrival.STALE
+    if record.state is State.ARRIVED:
+        return Arrival.AGAIN
+    return Arrival.VALID
+
+
+@dataclass(frozen=True)
+class Window:
+    """How far down the line dispatch() looks, from the limit that binds (``limit``),
+    the permits held, the average hold time, the rate's room, and the caller's
+    `Dispatch`."""
+
+    permits: float  # the free permits (math.inf where no limit binds)
+    room: Room  # the rate's room (unbounded where no rate binds)
+    count: float  # how many waiters from the head are looked at
+    rate_window_ms: float
+
+
+def window(
+    limit: float,
+    held: int,
+    *,
+    paused: bool,
+    hold_ms: float,
+    room: Room,
+    rate: Rate | None,
+    cfg: Dispatch,
+) -> Window:
+    """The waiters due for a handover are among the first ``free + window``: the free
+    permits (a waiter among them is granted when it comes), and the next ``window``,
+    the waiters served within max_block at the average hold time (at most the limit),
+    whose turn is near. Under a rate, no further than the rate's window allows
+    (the lead, or three intervals if longer; at most max_block). While paused
+    (draining) nobody is near. At most 1,000 waiters a call."""
+    free, near = 0.0, 0.0
+    if not paused:
+        free = max(0, limit - held)
+        near = limit
+    if hold_ms > 0 and limit < math.inf:
+        near = min(near, math.floor(cfg.max_block_ms * limit / hold_ms))
+    permits = free
+    free = min(free, room.grants)
+    count = free + near
+    rate_window_ms: float = cfg.max_block_ms
+    if rate is not None:
+        rate_window_ms = min(cfg.max_block_ms, max(cfg.lead_ms, 3 * rate.interval_us / 1000))
+        count = min(count, room.grants + math.floor(rate_window_ms * 1000 / rate.interval_us) + 2)
+    return Window(permits, room, min(count, 1000), rate_window_ms)
+
+
+class Parking:
+    """The parked records of one semaphore (KEYS[7] parked, KEYS[8] handed) and the
+    handover sequence: each rule of lua/common_parked.lua once."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Record] = {}
+        #: holder -> when to hand it over (again), or forget its record (ms).
+        self.handed: dict[str, int] = {}
+        self.handover: int | None = None  # the last handover token (meta.handover)
+
+    def count(self, state: State) -> int:
+        """n_parked, n_handed: the records in that state."""
+        return sum(r.state is state for r in self.records.values())
+
+    def state_of(self, holder: str) -> State | None:
+        record = self.records.get(holder)
+        return None if record is None else record.state
+
+    def forget(self, holder: str) -> None:
+        """Its place lapsed, it left the line, or its tombstone aged: no record."""
+        self.records.pop(holder, None)
+        self.handed.pop(holder, None)
+
+    def served(self, holder: str, now_ms: int) -> None:
+        """``holder`` got a permit without presenting a handover token (served()): a
+        copy handed over and still on its way is stale from now (``x``, kept an hour to
+        tell it so); a parked payload is not needed any more."""
+        record = self.records.get(holder)
+        if record is None:
+            return
+        if record.state is State.HANDED:
+            self.records[holder] = Record(record.token, State.SERVED, 0, "")
+            self.handed[holder] = now_ms + TOMBSTONE_MS
+        elif record.state is State.PARKED:
+            self.forget(holder)
+
+    def arrive(self, holder: str, token: int, now_ms: int) -> Arrival:
+        """A copy presenting handover ``token`` asks (acquire.lua: arrival() first)."""
+        verdict = arrival(self.records.get(holder), token)
+        if verdict is Arrival.VALID:
+            self.records[holder] = Record(token, State.ARRIVED, 0, "")
+            self.handed[holder] = now_ms + TOMBSTONE_MS
+        return verdict
+
+    def leave_payload(
+        self, holder: str, payload: str, *, released: int, due_ms: int, now_ms: int
+    ) -> None:
+        """It parks (leave_payload()): token 0, marked with the permits released so far,
+        due ``due_ms`` from now at the latest (0: only when its turn is near)."""
+        self.records[holder] = Record(0, State.PARKED, released, payload)
+        if due_ms > 0:
+            self.handed[holder] = now_ms + due_ms
+        else:
+            self.handed.pop(holder, None)
+
+    def hand_over(self, holder: str, payload: str, *, cfg: Dispatch, delay_ms: int,
+                  now_us: int) -> Handover:  # fmt: skip
+        """A new handover token each time (seq_after(), like tickets), so the copy handed
+        over last is told from older ones; due again after the deadline if it does not
+        arrive (its publisher may have died)."""
+        now_ms = now_us // 1000
+        self.handover = max((self.handover or 0) + 1, now_us)
+        self.records[holder] = Record(self.handover, State.HANDED, 0, payload)
+        self.handed[holder] = now_ms + delay_ms + cfg.deadline_ms
+        return Handover(holder, self.handover, payload, delay_ms)
+
+    def late(self, now_ms: int) -> list[str]:
+        """The handed entries now due, in the sorted set's order."""
+        due = [(at, h.encode(), h) for h, at in self.handed.items() if at <= now_ms]
+        return [h for _, _, h in sorted(due)]
