@@ -65,7 +65,8 @@ def test_a_task_never_takes_one_limit_while_the_other_is_full(
         assert all(abs(i - tag) <= 1 for i, tag in enumerate(tags)), f"in line order: {seen}"
     else:
         # countdown retries fire late under load and a lapsed place stops holding back
-        # later tickets (guarantees.md, "Strict FIFO only among live places"): mostly in order
+        # later tickets (guarantees.md, "Strict FIFO only among live places"): mostly in
+        # order here; among live places the order is exact (tests/conformance)
         assert kendall_tau(tags) >= 0.6, f"in line order, mostly: {seen}"
     assert granted_count(cluster, "pair-a") == 6, "pair-a granted once per start, never given back"
     first_pair = pair_starts[0]["at"]
