@@ -620,7 +620,7 @@ class SemaphoreModel:
 
         It changes the rate, not the schedule: tat stays where the grants made under the
         old rate left it, so a faster rate admits nobody before then (as configure.lua
-        does; docs/operations.md says "a faster rate admits waiters at once")."""
+        does, and docs/operations.md says)."""
         previous, self.rate_override = self.rate_override, rate
         self.configured(now_us, caller)
         return previous
