@@ -410,10 +410,11 @@ class AsyncSemaphore:
         away, or at least (free permits + limit) waiters are ahead of it. One round
         trip where a producer would otherwise take a place, then park.
 
-        Returns the place and whether it parked. ``payload``: as in `park()`, or a
-        pair (head, tail) parked as head + the place's ticket + tail (a message that
-        names the ticket it is about to be given). The place holds ``wait_lease`` s if
-        it did not park, ``park_lease`` s if it did."""
+        Returns the place and whether it parked. ``payload``: a pair (head, tail)
+        parked as head + the place's ticket + tail (a message that names the ticket it
+        is about to be given); a str is the head alone, so it is parked with the ticket
+        appended (unlike `park()`, which parks its payload as it is). The place holds
+        ``wait_lease`` s if it did not park, ``park_lease`` s if it did."""
         args = self._spec.enqueue_args(
             holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park")
         ) + self._spec.park_when_far_args(
