@@ -29,6 +29,8 @@ def ping(client: Any, url: str = "") -> None:
     for what it answered) if not."""
     try:
         client.ping()
+    except UNREACHABLE as error:  # a Cluster's own errors are no RedisError
+        raise SemaphoreConnectionError(url or "redis", error) from error
     except redis.RedisError as error:
         raise translate(error, url or "redis") from error
 

@@ -248,3 +248,23 @@ def test_the_opt_in_parks_anywhere_without_asking(
     assert safety.allows(app, config, client)
     assert client.asked == 0
     assert warnings_of(caplog) == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [redis.ConnectionError("down"), redis.exceptions.RedisClusterException("no node")],
+    ids=["connection", "cluster"],
+)
+def test_a_redis_that_cannot_answer_is_a_connection_error_for_the_worker(error: Exception) -> None:
+    """The worker's check at start (bootstep.check_reachable) catches the package's
+    errors only: every way of not answering becomes SemaphoreConnectionError,
+    a Cluster's own exceptions (no RedisError) too."""
+    from celery_semaphore.core.errors import SemaphoreConnectionError
+    from celery_semaphore.core.server import ping
+
+    class Unreachable:
+        def ping(self) -> None:
+            raise error
+
+    with pytest.raises(SemaphoreConnectionError):
+        ping(Unreachable(), "redis://semaphores.internal:6379/1")
