@@ -101,7 +101,7 @@ def name_from_meta_key(namespace: str, key: str, role: str = "meta") -> str | No
 
 
 def watch_channel(namespace: str) -> str:
-    """The pub/sub channel every worker's heartbeat listens on (``worker/heartbeat.py``):
+    """The pub/sub channel every worker's heartbeat listens on (``worker/watch.py``):
     a message there makes it beat at once; the CLI publishes after a change that
     may admit tasks."""
     return f"{namespace}:watch"

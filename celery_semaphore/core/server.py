@@ -1,7 +1,7 @@
 """What a Redis server says of itself: whether it answers, whether it persists every
 write, whether it may evict keys. The Celery side asks these here (where tasks may
 park: `celery_semaphore.durability`; the worker's checks at start:
-`celery_semaphore.worker.bootstep`) and never talks to Redis itself.
+`celery_semaphore.worker.bootstep`) instead of sending these commands itself.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from celery_semaphore import metrics
 from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
 from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.server import eviction_policy, ping
+from celery_semaphore.core.server import UNREACHABLE, eviction_policy, ping
 from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
@@ -111,7 +111,7 @@ def check_reachable(app: Any, config: Any) -> None:
     state = state_of(app)
     try:
         ping(state.semaphores.client(config.redis_url), mask_url(config.redis_url))
-    except SemaphoreError as error:
+    except (SemaphoreError, *UNREACHABLE) as error:  # a Cluster client fails as it is made
         logger.error(
             "celery-semaphore: the semaphores' Redis at %s does not answer (%s): until it "
             "does, limited tasks fail with SemaphoreConnectionError; once it has answered, "

@@ -50,7 +50,8 @@ class ParkedLook:
         the task that declares it by name, or was seen running on it (per-task
         ``semaphore_handover_deadline`` and ``semaphore_max_block``); of several that
         disagree, the shortest deadline (a copy handed over again too soon is dropped
-        by its token; one handed over too late waits); else the app's."""
+        by its token; one handed over too late waits); of those seen running, the first
+        seen; else the app's."""
         return self._declared_configs().get(name) or get_config(self.app)
 
     def _declared_configs(self) -> dict[str, SemaphoreConfig]:
@@ -83,6 +84,7 @@ class ParkedLook:
         now_ms, entries = parked_index.read(client, config.namespace, url)
         names = [name for name, _ in entries]
         # those parked in at the last look too: the first call after a loss notices it
+        failed = False
         for name in sorted(set(names) | self.parked_in):
             try:
                 semaphore_of(self.app, Gate(name, 1), self.config_for(name)).dispatch(drop)
@@ -90,8 +92,10 @@ class ParkedLook:
                 raise  # Redis away: every other call would fail too; the next beat looks again
             except SemaphoreError as error:  # this semaphore only: the others are looked after
                 logger.warning("could not hand over parked tasks of %s: %s", name, error)
+                failed = True
         self.parked_in = self._with_parked_tasks(client, set(names))
-        self._dropped.update(drop)
+        if not failed:  # else the revoked are named again next beat, where it failed too
+            self._dropped.update(drop)
         parked_index.forget_idle(client, config.namespace, now_ms, entries, url)
 
     def _with_parked_tasks(self, client: Any, names: set[str]) -> set[str]:

@@ -671,3 +671,13 @@ def test_parking_with_the_default_order_spelt_out_keeps_the_recorded_weight(
     assert sem.client.hget(sem.keys.meta, "w|w") == b"2|2"
     sem.park("w", "payload", weight=1)
     assert sem.client.hget(sem.keys.meta, "w|w") is None  # 1|1 is not recorded
+
+
+def test_parking_with_an_order_and_no_weight_parks_it_as_one(make_semaphore: MakeSemaphore) -> None:
+    """``weight=None`` beside a fair key or a priority means 1, as before the Ask."""
+    sem = make_semaphore(1, on_handover=lambda handovers: None)
+    granted(sem.attempt("gate"))
+    place = refused(sem.attempt("w", wait_lease=120.0))
+    parked = sem.park("w", "payload", place.ticket, weight=None, priority=2)
+    assert parked.position == 1
+    assert sem.client.hget(sem.keys.meta, "w|w") == b"1|1|2"

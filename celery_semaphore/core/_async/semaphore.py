@@ -322,10 +322,13 @@ class AsyncSemaphore:
         the next call that hands over: its wait budget runs out then). The place
         holds ``park_lease`` seconds. ``weight``/``rate_weight``: as in `attempt()`;
         None keeps what its refused attempt said (1 for a new place, and 1 when ``fair_key``
-        or ``priority`` is given: the weight text is one, so give all of them together).
+        or ``priority`` is given: the weight text is one, so give all of them together);
+        an ``ask=`` says all of them.
 
         The semaphore is listed in its namespace's parked index first, where
         workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
+        if asked.get("weight", 0) is None:  # None: as before the Ask, "1 with an order"
+            asked = {name: value for name, value in asked.items() if name != "weight"}  # type: ignore[assignment]
         given = ask_of(ask, asked, "park")
         says = ask is not None or asked.get("weight") is not None
         says = says or asked.get("fair_key") is not None or bool(asked.get("priority"))
