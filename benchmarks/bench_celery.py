@@ -272,8 +272,8 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
     def _run(self) -> None:
-        from celery_semaphore.core.discovery import read_counts
         from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
+        from celery_semaphore.core.redis.discovery import read_counts
 
         while not self._stop.wait(SAMPLE_EVERY):
             found = read_counts(self.client, DEFAULT_NAMESPACE, [self.name])

@@ -48,7 +48,8 @@ from typing import Any
 import redis
 
 from celery_semaphore import Ask, Permit, Semaphore
-from celery_semaphore.core import epochs
+from celery_semaphore.core.redis import arguments, epochs
+from celery_semaphore.core.redis.scripts import registered
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.redis_servers import HOST, RedisServer
@@ -107,17 +108,18 @@ class Line:
         if not isinstance(permit, Permit):
             raise RuntimeError(f"{self.label}: the empty semaphore refused its first contender")
         self.held = permit
-        script, keys, spec = sem._scripts["acquire"], sem.keys.call_keys, sem._spec
+        script, keys, spec = registered(sem.client)["acquire"], sem.keys.call_keys, sem._spec
         sem.learn_epoch()
         epoch = epochs.argument(sem.url, sem.keys.epoch, spec.pause_after_loss)
         waiters = list(self.keys.items())
         for start in range(0, len(waiters), POPULATE_CHUNK):
             with client.pipeline(transaction=False) as pipe:
                 for holder, key in waiters[start : start + POPULATE_CHUNK]:
-                    args = spec.acquire_args(
+                    request = spec.acquire(
                         holder, None, queue=True, wait_lease=LONG_LEASE,
                         lease_timeout=LONG_LEASE, info="", ask=Ask(fair_key=key),
                     )  # fmt: skip
+                    args = arguments.acquire_args(spec, request)
                     script(keys=keys, args=[*args, epoch], client=pipe)
                 pipe.execute()
         self.order = [w.decode() for w in client.zrange(sem.keys.waiters, 0, -1)]

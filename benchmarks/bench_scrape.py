@@ -53,9 +53,10 @@ from typing import Any
 import redis
 
 from celery_semaphore import Ask, Permit, Semaphore
-from celery_semaphore.core import epochs
-from celery_semaphore.core.discovery import open_semaphore, semaphore_names
-from celery_semaphore.core.keys import semaphore_keys
+from celery_semaphore.core.redis import arguments, epochs
+from celery_semaphore.core.redis.discovery import open_semaphore, semaphore_names
+from celery_semaphore.core.redis.keys import semaphore_keys
+from celery_semaphore.core.redis.scripts import registered
 from celery_semaphore.metrics import COUNTERS, SemaphoreCollector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
@@ -107,20 +108,22 @@ def populate(client: redis.Redis, settings: Settings) -> list[Semaphore]:
         for w in range(per):
             key = f"k{w % FAIR_KEYS}" if s % 4 == 0 else None
             if w % 4 == 3:
-                args = spec.enqueue_args(f"sent-{w}", LONG, "", Ask(fair_key=key))
-                calls.append(("enqueue", [*args, epoch]))
+                enqueue = spec.enqueue(f"sent-{w}", LONG, "", Ask(fair_key=key))
+                calls.append(("enqueue", [*arguments.enqueue_args(spec, enqueue), epoch]))
             else:
-                args = spec.acquire_args(
+                acquire = spec.acquire(
                     f"w-{w}", None, queue=True, wait_lease=LONG, lease_timeout=LONG, info="",
                     ask=Ask(fair_key=key),
                 )  # fmt: skip
-                calls.append(("acquire", [*args, epoch]))
+                calls.append(("acquire", [*arguments.acquire_args(spec, acquire), epoch]))
         for i in range(LAPSED_PER_SEMAPHORE):
-            calls.append(("enqueue", [*spec.enqueue_args(f"lapsing-{i}", LAPSING, ""), epoch]))
+            lapsing = spec.enqueue(f"lapsing-{i}", LAPSING, "")
+            calls.append(("enqueue", [*arguments.enqueue_args(spec, lapsing), epoch]))
+        scripts = registered(client)
         for start in range(0, len(calls), CHUNK):
             with client.pipeline(transaction=False) as pipe:
                 for script, args in calls[start : start + CHUNK]:
-                    sem._scripts[script](keys=keys, args=args, client=pipe)
+                    scripts[script](keys=keys, args=args, client=pipe)
                 pipe.execute()
     time.sleep(LAPSING + 0.1)
     return sems

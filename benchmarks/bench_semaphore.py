@@ -35,10 +35,10 @@ from typing import Any
 import redis
 
 from celery_semaphore import Semaphore
-from celery_semaphore.core import epochs, functions
-from celery_semaphore.core.held_connection import HeldConnection
+from celery_semaphore.core.redis import arguments, epochs, functions
+from celery_semaphore.core.redis.held_connection import HeldConnection
+from celery_semaphore.core.redis.scripts import library_of, registered
 from celery_semaphore.core.results import Place
-from celery_semaphore.core.scripts import library_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.measures import percentile
@@ -198,13 +198,15 @@ def our_call_arguments(
     semaphore = Semaphore(client, name, LIMIT)
     spec = semaphore._spec
     epoch = epoch_argument(semaphore)
-    acquire_args = [
-        *spec.acquire_args(
-            "bench-holder", None, queue=True, wait_lease=None, lease_timeout=None, info=""
-        ),
-        epoch,
-    ]
-    return spec.keys.call_keys, acquire_args, [*spec.release_args("bench-holder", 12345), epoch]
+    acquire = spec.acquire(
+        "bench-holder", None, queue=True, wait_lease=None, lease_timeout=None, info=""
+    )
+    release = spec.release("bench-holder", 12345)
+    return (
+        spec.keys.call_keys,
+        [*arguments.acquire_args(spec, acquire), epoch],
+        [*arguments.release_args(spec, release), epoch],
+    )
 
 
 def trivial_scripts_operation(client: redis.Redis) -> Callable[[], None]:
@@ -450,7 +452,7 @@ def populate(semaphore: Semaphore, client: redis.Redis, holders: int, waiters: i
     Pipelined calls of the acquire script with the exact arguments ``attempt()`` sends,
     so the state is what that many real contenders would leave behind.
     """
-    script = semaphore._scripts["acquire"]
+    script = registered(semaphore.client)["acquire"]
     keys = semaphore.keys.call_keys
     spec = semaphore._spec
     epoch = epoch_argument(semaphore)
@@ -458,7 +460,7 @@ def populate(semaphore: Semaphore, client: redis.Redis, holders: int, waiters: i
     for start in range(0, len(names), POPULATE_CHUNK):
         with client.pipeline(transaction=False) as pipe:
             for name in names[start : start + POPULATE_CHUNK]:
-                args = spec.acquire_args(
+                request = spec.acquire(
                     name,
                     None,
                     queue=True,
@@ -466,7 +468,7 @@ def populate(semaphore: Semaphore, client: redis.Redis, holders: int, waiters: i
                     lease_timeout=LONG_LEASE,
                     info="",
                 )
-                script(keys=keys, args=[*args, epoch], client=pipe)
+                script(keys=keys, args=[*arguments.acquire_args(spec, request), epoch], client=pipe)
             pipe.execute()
     status = semaphore.status()
     if status.holder_count != holders or status.waiter_count != waiters:

@@ -35,9 +35,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .core.connection import mask_url
 from .core.errors import SemaphoreConnectionError
-from .core.server import Persistence, read_persistence
+from .core.redis.connection import mask_url
+from .core.redis.server import Persistence, read_persistence
 
 if TYPE_CHECKING:
     from .config import SemaphoreConfig

@@ -340,7 +340,7 @@ def disagreeing_limits(app: Any) -> dict[str, list[tuple[str, int]]]:
 def warn_disagreeing_limits(app: Any) -> None:
     """Once per app and process (at worker start, or at the first publish): a WARNING
     for each semaphore its tasks declare with different limits. The scripts obey
-    each caller's own declared limit (see the header of ``core/lua/common_meta.lua``), so
+    each caller's own declared limit (see the header of ``core/redis/lua/common_meta.lua``), so
     the limit that applies depends on which task asks: say so."""
     state = state_of(app)
     if state.limits_checked:

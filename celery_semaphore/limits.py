@@ -27,7 +27,7 @@ message's ``priority`` orders the line (within an account's turns on a fair limi
 
 Limits that name the same semaphore are one gate: its concurrency limit and its
 rate are granted by one script call, in one line (see "Rates" in
-``core/lua/common_meta.lua``). Different names are different gates, all taken in one
+``core/redis/lua/common_meta.lua``). Different names are different gates, all taken in one
 step too (`celery_semaphore.admission`, `core.SemaphoreSet`; one after the other on
 a Redis Cluster): a task never holds one while it waits for another.
 `declared()` turns either form into `Declared` limits, checked, with errors that

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .core.constants import HISTOGRAM_BOUNDS_MS, HISTOGRAMS, histogram_fields
-from .core.discovery import last_data_loss, read_counts, semaphore_names
+from .core.redis.discovery import last_data_loss, read_counts, semaphore_names
 
 #: Upper bounds (seconds) of the wait and hold histograms: the scripts' (ms).
 BUCKETS = tuple(bound / 1000 for bound in HISTOGRAM_BOUNDS_MS)
@@ -83,7 +83,7 @@ FAIR_GRANTS = {
     "m_fair_granted_c4": "16+",
 }
 #: Gauges of the last loss of the Redis's data (read from its epoch hash, see
-#: celery_semaphore.core.epochs; on a Cluster, of its slots: the latest loss, the
+#: celery_semaphore.core.redis.epochs; on a Cluster, of its slots: the latest loss, the
 #: longest pause, the permits written back summed): name, help.
 DATA_LOSS = (
     ("data_lost_timestamp_seconds",

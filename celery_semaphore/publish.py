@@ -38,9 +38,9 @@ from kombu.utils import json as kombu_json
 
 from .config import SemaphoreConfig, get_config, task_config
 from .core import Place, Semaphore
-from .core.discovery import read_counts
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
+from .core.redis.discovery import read_counts
 from .formats import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import AppState, installed_apps, state_of

@@ -30,9 +30,9 @@ from weakref import WeakSet
 
 from .config import SemaphoreConfig, forget_config
 from .core import Semaphore
-from .core.connection import SyncClient, connect, connect_quick
 from .core.protocol import PAUSE_MARGIN
 from .core.rates import RateLimit
+from .core.redis.connection import SyncClient, connect, connect_quick
 from .durability import ParkingSafety
 from .parked_tasks import publisher
 from .room_at_publish import RoomAtPublish

@@ -1,8 +1,9 @@
 """Write the synchronous semaphore from the asyncio one, or check that it is up to date.
 
-``celery_semaphore/core/_async/`` (``semaphore.py``, ``semaphore_set.py``, ``permit.py``,
-``listening.py``) is the one source of both APIs. This script turns each file into its twin in
-``celery_semaphore/core/_sync/`` by renaming tokens (``async def`` -> ``def``,
+Each ``_async/`` folder of ``celery_semaphore/core/`` (the semaphores, the permit, the
+store protocol; the Redis and the memory stores in ``core/redis/`` and ``core/memory/``)
+is the one source of both APIs. This script turns each file into its twin in the
+``_sync/`` folder beside it by renaming tokens (``async def`` -> ``def``,
 ``await x`` -> ``x``, ``AsyncSemaphore`` -> ``Semaphore``, ...) and formatting the
 result with ruff, so the two cannot drift apart:
 
@@ -24,10 +25,18 @@ CORE = Path(__file__).resolve().parent.parent / "celery_semaphore" / "core"
 SOURCE = CORE / "_async" / "semaphore.py"
 TARGET = CORE / "_sync" / "semaphore.py"
 FORMAT_AS = TARGET  # ruff picks the project's settings by this path
-#: The other modules of ``_async/`` generated the same way (each formatted as its twin).
-OTHERS = ("semaphore_set.py", "permit.py", "listening.py")
+#: The other modules generated the same way (each formatted as its twin), as paths
+#: under ``core/`` of their ``_async/`` sources.
+OTHERS = (
+    "_async/semaphore_set.py",
+    "_async/permit.py",
+    "_async/store.py",
+    "redis/_async/listening.py",
+    "redis/_async/store.py",
+    "memory/_async/store.py",
+)
 HEADER = (
-    "# Generated from celery_semaphore/core/_async/{name} by scripts/unasync.py:\n"
+    "# Generated from celery_semaphore/core/{name} by scripts/unasync.py:\n"
     "# do not edit; edit the asyncio source and run the script.\n"
 )
 
@@ -42,6 +51,12 @@ RENAMES = [
     (r"\bAsyncSemaphoreSet\b", "SemaphoreSet"),
     (r"\bAsyncPermitSet\b", "PermitSet"),
     (r"\bcore\._async\.", "core._sync."),
+    (r"\bcore\.redis\._async\.", "core.redis._sync."),
+    (r"\bcore\.memory\._async\.", "core.memory._sync."),
+    (r"\bAsyncStore\b", "Store"),
+    (r"\bAsyncRedisStore\b", "RedisStore"),
+    (r"\bAsyncMemoryStore\b", "MemoryStore"),
+    (r"\basync_store\b", "sync_store"),
     (r"\bAsyncClient\b", "SyncClient"),
     (r"\bconnect_async\b", "connect"),
     (r"\bcall_on_handover_async\b", "call_on_handover"),
@@ -51,12 +66,13 @@ RENAMES = [
     (r"\baclose\b", "close"),
     (r"\basyncio\.sleep\b", "time.sleep"),
     (r"(?m)^import asyncio\n", ""),
+    (r"(?m)^(    +)import redis\.asyncio\n", r"\1import redis\n"),  # under TYPE_CHECKING
     (r"(?m)^import redis\.asyncio\n", ""),
     (r"\bredis\.asyncio\.", "redis."),
 ]
 
 
-def unasync(text: str, name: str = "semaphore.py") -> str:
+def unasync(text: str, name: str = "_async/semaphore.py") -> str:
     for pattern, replacement in RENAMES:
         text = re.sub(pattern, replacement, text)
     return HEADER.format(name=name) + text
@@ -80,13 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     failed = generate(SOURCE, TARGET, FORMAT_AS, check=args.check)
     for name in OTHERS:
-        target = CORE / "_sync" / name
-        failed |= generate(CORE / "_async" / name, target, target, check=args.check)
+        source = CORE / name
+        target = source.parent.with_name("_sync") / source.name
+        failed |= generate(source, target, target, check=args.check)
     return failed
 
 
 def generate(source: Path, target: Path, format_as: Path, *, check: bool) -> int:
-    wanted = ruff_format(unasync(source.read_text(encoding="utf-8"), source.name), format_as)
+    name = source.relative_to(CORE).as_posix()
+    wanted = ruff_format(unasync(source.read_text(encoding="utf-8"), name), format_as)
     current = target.read_text(encoding="utf-8") if target.exists() else ""
     if not check:
         if current != wanted:

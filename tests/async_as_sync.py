@@ -23,7 +23,7 @@ from celery_semaphore import (
     Place,
     Places,
 )
-from celery_semaphore.core.connection import connect
+from celery_semaphore.core.redis.connection import connect
 
 T = TypeVar("T")
 

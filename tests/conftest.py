@@ -17,7 +17,7 @@ import pytest
 from async_as_sync import BlockingSemaphore, EventLoopThread
 from celery_harness import Cluster, forget_closed_pools
 
-from celery_semaphore.core import epochs
+from celery_semaphore.core.redis import epochs
 from celery_semaphore.state import installed_apps
 from devkit.redis_servers import (
     AclRedisServer,
@@ -153,7 +153,7 @@ def make_semaphore(
     :class:`Semaphore` calling the scripts (EVALSHA) where the others call the Redis
     Functions library, so it covers both ways of calling. Closed at teardown."""
     from celery_semaphore import Semaphore
-    from celery_semaphore.core import functions, scripts
+    from celery_semaphore.core.redis import functions, scripts
 
     made: list[Any] = []
     loop = EventLoopThread() if request.param == "asyncio" else None

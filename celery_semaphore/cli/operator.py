@@ -13,12 +13,13 @@ from typing import Any
 import click
 
 from celery_semaphore.config import get_config
-from celery_semaphore.core import Semaphore, discovery
-from celery_semaphore.core.connection import connect, mask_url
-from celery_semaphore.core.discovery import open_semaphore, semaphore_names
+from celery_semaphore.core import Semaphore
 from celery_semaphore.core.errors import UnknownSemaphore
 from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.redis import discovery
+from celery_semaphore.core.redis.connection import connect, mask_url
+from celery_semaphore.core.redis.discovery import open_semaphore, semaphore_names
 from celery_semaphore.gates import QUEUE_PREFIX
 
 from . import rows
@@ -46,7 +47,7 @@ class Operator:
         self.url = mask_url(config.redis_url)
         self.client, _ = connect(config.redis_url)
         # A command that notices a loss of Redis's data pauses admissions as the
-        # app's workers would (see celery_semaphore.core.epochs).
+        # app's workers would (see celery_semaphore.core.redis.epochs).
         self.pause_after_loss = config.renew_every + PAUSE_MARGIN
         self._declared: dict[str, InApp] | None = None
 

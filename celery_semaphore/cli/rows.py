@@ -27,7 +27,7 @@ def describe(info: str) -> dict[str, Any]:
 
 def summary(status: SemaphoreStatus, declared_rate: RateLimit | None = None) -> dict[str, Any]:
     """``status`` as a row of ``status``; ``declared_rate``: the rate its tasks
-    declare (see `celery_semaphore.core.discovery.recorded_rate`)."""
+    declare (see `celery_semaphore.core.redis.discovery.recorded_rate`)."""
     now = status.server_time
     rated = status.rate is not None
     paused = status.rate_paused_until if rated else None

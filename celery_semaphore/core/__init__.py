@@ -2,20 +2,20 @@
 
 - ``_async/semaphore.py``: `AsyncSemaphore`, the hand-written source;
   ``_sync/semaphore.py``: `Semaphore`, generated from it (``scripts/unasync.py``);
-- ``_async/permit.py``: `AsyncPermit`; ``_async/listening.py``: a waiter's pub/sub
-  connection (each generated into ``_sync/`` likewise);
-- ``_async/semaphore_set.py``: `AsyncSemaphoreSet`, several semaphores taken in one
-  step (all or none); ``_sync/semaphore_set.py``: `SemaphoreSet`, generated likewise;
-- ``lua/``: the scripts that run in Redis, ``scripts.py`` loads them;
+- ``_async/permit.py``: `AsyncPermit`; ``_async/semaphore_set.py``: `AsyncSemaphoreSet`,
+  several semaphores taken in one step (all or none); each generated into ``_sync/``;
+- ``_async/store.py``: the store protocol, the seam every store plugs into;
+  ``stores.py``: which store a URL names; ``requests.py``: what a semaphore asks of its
+  store, typed;
+- ``redis/``: the Redis store and everything Redis-specific (scripts, keys, epochs, the
+  parked index, connections, discovery; only this folder imports redis);
+- ``memory/``: the memory store (``memory://``), the reference model behind the API;
+- ``model/``: the reference model, the rules stated once;
 - ``ask.py``: what a contender asks for (`Ask`: weight, priority, fair key, ...);
-- ``protocol.py``: a semaphore's settings and its scripts' arguments;
-  ``replies.py``: replies read into ``results.py``'s values; ``wakeups.py``: sleeping
-  until a wake-up; ``joint.py``: several semaphores in one step;
-- ``keys.py``: key names and hash tags;
-- ``connection.py``: URLs and clients; ``errors.py``: the exception tree;
-- ``listeners.py``: pub/sub connections kept between waits in place;
-- ``rates.py``: rates ("20/s") and their scripts' form;
-- ``validation.py``: argument checks; ``discovery.py``: listing semaphores (operators).
+- ``protocol.py``: a semaphore's settings and its requests, checked;
+  ``results.py``: the values replies become; ``wakeups.py``: how long a waiter sleeps;
+- ``errors.py``: the exception tree; ``rates.py``: rates ("20/s");
+- ``validation.py``: argument checks.
 
 Nothing here imports Celery or click (a test in ``tests/unit`` keeps it so).
 """

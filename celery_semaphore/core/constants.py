@@ -1,6 +1,6 @@
 """Numbers the scripts and the Python side share, stated once.
 
-`celery_semaphore.core.scripts` writes them into the Lua prelude (`lua_prelude()`),
+`celery_semaphore.core.redis.scripts` writes them into the Lua prelude (`lua_prelude()`),
 so none of them is copied by hand into a ``.lua`` file; the metrics, the reference
 model (`celery_semaphore.core.model`) and the tests import them from here.
 """

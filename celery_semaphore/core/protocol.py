@@ -1,8 +1,9 @@
-"""A semaphore's validated settings and its scripts' arguments (`SemaphoreSpec`).
+"""A semaphore's validated settings (`SemaphoreSpec`) and the requests it makes of its
+store (`celery_semaphore.core.requests`), checked and resolved here once for every store.
 
-The replies are read in `celery_semaphore.core.replies`, the values they become are in
-`celery_semaphore.core.results`, waking is in `celery_semaphore.core.wakeups`, and
-several semaphores in one step in `celery_semaphore.core.joint`.
+The stores turn requests into their own calls (the Redis store:
+`celery_semaphore.core.redis.arguments`); the values replies become are in
+`celery_semaphore.core.results`; waking is in `celery_semaphore.core.wakeups`.
 """
 
 from __future__ import annotations
@@ -10,31 +11,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
 
-from . import validation
+from . import requests, validation
 from .ask import PLAIN, Ask
-from .errors import StaleHandover
-from .keys import ROLE_TYPES, SemaphoreKeys, semaphore_keys
+from .model.order import PLAIN_ASKED, Asked
+from .model.parking import Dispatch
 from .rates import RateLimit, parse_rate
-from .replies import (
-    ConfigureReply,
-    DispatchReply,
-    Enqueued,
-    EnqueuedOrParked,
-    Granted,
-    ParkReply,
-    Refused,
-    ReleaseReply,
-    RenewReply,
-    StaleCopy,
-    enqueued_place,
-    grant_of,
-    place_of,
-    read,
-    status_of,
-)
-from .results import SHADOW_CODES, Grant, Handover, Parked, Place, SemaphoreStatus
+from .redis.keys import SemaphoreKeys, semaphore_keys
+from .results import SHADOW_CODES, Place
 
 DEFAULT_NAMESPACE = "celery_semaphore"
 DEFAULT_LEASE_TIMEOUT = 60.0
@@ -59,12 +43,6 @@ RATE_LEAD = 0.2
 PAUSE_MARGIN = 0.5
 
 
-def counts_args(fields: Sequence[str]) -> list[Any]:
-    """counts.lua's arguments (before the epoch): the sent horizon of a semaphore
-    opened with the default settings, as `open_semaphore()` does, and ``fields``."""
-    return [int(1000 * SENT_HORIZON), *fields]
-
-
 def rate_window(rate: RateLimit, handover_window: float) -> float:
     """How far ahead of their slots waiters under ``rate`` are handed over (dispatch()
     in common_after_free.lua computes the same from the rate in force)."""
@@ -76,7 +54,8 @@ def new_holder_id() -> str:
 
 
 class SemaphoreSpec:
-    """Validated settings of one semaphore and the wire format of its scripts."""
+    """Validated settings of one semaphore, and the requests it makes of its store
+    (each checked here, for every store)."""
 
     def __init__(
         self,
@@ -106,9 +85,11 @@ class SemaphoreSpec:
                 f"for semaphore {name!r}, or both"
             )
         self.rate = None if rate is None else parse_rate(rate)
-        self.rate_arg = "" if self.rate is None else self.rate.encode()
+        #: The rate as the stores write it ('': none).
+        self.rate_text = "" if self.rate is None else self.rate.encode()
         self.shadow = frozenset(validation.check_shadow(shadow))
-        self.shadow_arg = "".join(
+        #: The shadow limits' codes: '', 'l' (the limit), 'r' (the rate) or 'lr'.
+        self.shadow_codes = "".join(
             code for code, kind in SHADOW_CODES.items() if kind in self.shadow
         )
         #: Without a concurrency limit (a rate alone) the limit is the largest there is.
@@ -126,19 +107,30 @@ class SemaphoreSpec:
         )
         self.idle_ms = int(1000 * max(idle, 2 * self.lease_timeout, 2 * self.waiter_lease))
         self.sent_horizon_ms = min(self.idle_ms, int(1000 * SENT_HORIZON))
-        # What the scripts need to hand parked waiters over ('': this client publishes none).
-        self.dispatch = ""
+        #: What the store needs to hand parked waiters over (None: this client
+        #: publishes none): how far ahead, the deadline of a copy, the lead under a rate.
+        self.dispatch: Dispatch | None = None
         if handover_window is not None:
             window = validation.check_seconds(handover_window, "handover_window", allow_zero=True)
             deadline = validation.check_seconds(handover_deadline, "handover_deadline")
-            self.dispatch = f"{int(window * 1000)}|{int(deadline * 1000)}|{int(RATE_LEAD * 1000)}"
+            self.dispatch = Dispatch(
+                int(window * 1000), int(deadline * 1000), int(RATE_LEAD * 1000)
+            )
 
     def lease_ms(self, lease_timeout: float | None) -> int:
         if lease_timeout is None:  # the semaphore's own, checked when it was made
             return max(1, int(1000 * self.lease_timeout))
         return max(1, int(1000 * validation.check_seconds(lease_timeout, "lease_timeout")))
 
-    def acquire_args(
+    def wait_ms(self, wait_lease: float | None, *, queue: bool = True) -> int:
+        """A waiter lease in ms (``wait_lease`` None: the semaphore's own); 0 without
+        ``queue`` (a refused contender keeps no place)."""
+        if not queue:
+            return 0
+        seconds = self.waiter_lease if wait_lease is None else wait_lease
+        return int(1000 * validation.check_seconds(seconds, "wait_lease"))
+
+    def acquire(
         self,
         holder: str,
         ticket: int | None,
@@ -150,38 +142,21 @@ class SemaphoreSpec:
         handover: int | None = None,
         in_place: bool = False,
         ask: Ask = PLAIN,
-    ) -> list[Any]:
+    ) -> requests.Acquire:
         validation.check_holder(holder)
         validation.check_ticket(ticket)
-        weight_arg = self.weight_arg(ask)
+        asked = self.resolve(ask)
         validation.check_ticket(handover, "handover")
         validation.check_info(info)
-        wait_seconds = self.waiter_lease if wait_lease is None else wait_lease
-        wait_ms = int(1000 * validation.check_seconds(wait_seconds, "wait_lease")) if queue else 0
-        return [
-            holder,
-            self.limit,
-            self.lease_ms(lease_timeout),
-            wait_ms,
-            "" if ticket is None else ticket,
-            info,
-            self.idle_ms,
-            self.keys.channel,
-            "" if handover is None else handover,
-            self.dispatch,
-            "1" if in_place else "",
-            self.family,
-            self.rate_arg,
-            self.shadow_arg,
-            weight_arg,
-        ]
+        return requests.Acquire(
+            holder, ticket, self.wait_ms(wait_lease, queue=queue), self.lease_ms(lease_timeout),
+            info, handover, in_place, asked,
+        )  # fmt: skip
 
-    def weight_arg(self, ask: Ask) -> str:
-        """The scripts' weight text, "<permits>|<grants>" ('' for 1|1), checked against
-        this semaphore's limit and burst: a weight that could never be granted is an
-        error; then "|<priority>" and "|<fair weight>|<fair key>" where they are given
-        (see "The order of the line" in lua/common_order.lua). ``fair_weight`` None: the
-        semaphore's ``fair_weights`` say."""
+    def resolve(self, ask: Ask) -> Asked:
+        """``ask`` checked against this semaphore's limit and burst (a weight that could
+        never be granted is an error), its fair weight taken from ``fair_weights`` where
+        the ask gives none."""
         weight, rate_weight, priority = ask.weight, ask.rate_weight, ask.priority
         if (
             ask.fair_key is None
@@ -191,7 +166,7 @@ class SemaphoreSpec:
             and priority.__class__ is int
             and priority == 0
         ):
-            return ""  # what the checks below answer for the default: 1|1, no priority
+            return PLAIN_ASKED  # what the checks below answer for the default: 1|1, no priority
         permits, grants = validation.check_weights(
             weight,
             rate_weight,
@@ -200,18 +175,16 @@ class SemaphoreSpec:
             None if self.rate is None else self.rate.burst,
         )
         priority = validation.check_priority(priority)
-        if ask.fair_key is not None:
-            key = validation.check_fair_key(ask.fair_key)
-            if ask.fair_weight is None:
-                share = validation.fair_weight_of(self.fair_weights, key)
-            else:
-                share = validation.check_fair_weight(ask.fair_weight, key)
-            return f"{permits}|{grants}|{priority}|{share}|{key}"
-        if priority:
-            return f"{permits}|{grants}|{priority}"
-        return "" if permits == grants == 1 else f"{permits}|{grants}"
+        if ask.fair_key is None:
+            return Asked(permits, grants, priority)
+        key = validation.check_fair_key(ask.fair_key)
+        if ask.fair_weight is None:
+            share = validation.fair_weight_of(self.fair_weights, key)
+        else:
+            share = validation.check_fair_weight(ask.fair_weight, key)
+        return Asked(permits, grants, priority, key, share)
 
-    def park_args(
+    def park(
         self,
         holder: str,
         ticket: int | None,
@@ -221,7 +194,7 @@ class SemaphoreSpec:
         info: str,
         due: float | None,
         ask: Ask | None = None,
-    ) -> list[Any]:
+    ) -> requests.Park:
         """``ask`` None keeps what the waiter's refused attempt recorded."""
         validation.check_holder(holder)
         validation.check_ticket(ticket)
@@ -229,48 +202,45 @@ class SemaphoreSpec:
         if not isinstance(payload, str):
             raise TypeError(f"payload must be a str, got {type(payload).__name__}")
         park_ms, due_ms = self._parking(park_lease, due)
-        weight_arg = "" if ask is None else (self.weight_arg(ask) or "1|1")
-        return [holder, "" if ticket is None else ticket, payload, park_ms, info, self.idle_ms,
-                self.dispatch, due_ms, self.keys.channel, weight_arg]  # fmt: skip
+        asked = None if ask is None else self.resolve(ask)
+        return requests.Park(holder, ticket, payload, park_ms, info, due_ms, asked)
 
-    def dispatch_args(self, drop: Iterable[str] = ()) -> list[Any]:
-        """Declares no limit (see effective_limit() in common_meta.lua): the heartbeat calls
-        it on semaphores it knows only by name."""
-        return [self.idle_ms, self.keys.channel, self.dispatch,
-                *(validation.check_holder(h) for h in drop)]  # fmt: skip
+    def drop(self, holders: Iterable[str]) -> tuple[str, ...]:
+        """The holders a dispatch drops, checked."""
+        return tuple(validation.check_holder(h) for h in holders)
 
-    def enqueue_args(
-        self, holder: str, wait_lease: float | None, info: str, ask: Ask = PLAIN
-    ) -> list[Any]:
+    def enqueue(
+        self,
+        holder: str,
+        wait_lease: float | None,
+        info: str,
+        ask: Ask = PLAIN,
+        far: requests.ParkWhenFar | None = None,
+    ) -> requests.Enqueue:
         validation.check_holder(holder)
         validation.check_info(info)
-        weight_arg = self.weight_arg(ask)
-        seconds = self.waiter_lease if wait_lease is None else wait_lease
-        wait_ms = int(1000 * validation.check_seconds(seconds, "wait_lease"))
-        return [holder, wait_ms, info, self.idle_ms, self.limit, self.family,
-                self.sent_horizon_ms, self.keys.channel, self.rate_arg, weight_arg,
-                self.shadow_arg]  # fmt: skip
+        asked = self.resolve(ask)
+        return requests.Enqueue(holder, self.wait_ms(wait_lease), info, asked, far)
 
-    def park_when_far_args(
+    def park_when_far(
         self,
         payload: str | tuple[str, str],
         *,
         window: float,
         park_lease: float,
         due: float | None,
-    ) -> list[Any]:
-        """What enqueue.lua takes after `enqueue_args()` to park the waiter when its turn
-        is far (ARGV[12..17]); ``payload``: the text, or (head, tail) around its ticket."""
+    ) -> requests.ParkWhenFar:
+        """``payload``: the text, or (head, tail) around its ticket."""
         head, tail = (payload, "") if isinstance(payload, str) else payload
         if not (isinstance(head, str) and isinstance(tail, str)):
             raise TypeError(f"payload must be a str or a pair of str, got {payload!r:.80}")
         park_ms, due_ms = self._parking(park_lease, due)
         window_us = int(1_000_000 * validation.check_seconds(window, "window", allow_zero=True))
-        return [window_us, head, tail, park_ms, self.dispatch, due_ms]
+        return requests.ParkWhenFar(window_us, head, tail, park_ms, due_ms)
 
     def _parking(self, park_lease: float, due: float | None) -> tuple[int, int]:
         """A parking's lease and due time in ms (0: no due time), checked."""
-        if not self.dispatch:
+        if self.dispatch is None:
             raise ValueError(
                 "park() needs a semaphore that publishes handovers: pass on_handover= "
                 "(and handover_window=) to the semaphore"
@@ -280,13 +250,6 @@ class SemaphoreSpec:
         if due is not None:
             due_ms = max(1, int(1000 * validation.check_seconds(due, "due", allow_zero=True)))
         return park_ms, due_ms
-
-    def parse_enqueue(self, reply: Sequence[Any]) -> Place:
-        return self.binding(enqueued_place(read(Enqueued, reply)))
-
-    def parse_enqueue_or_park(self, reply: Sequence[Any]) -> tuple[Place, bool, list[Handover]]:
-        place = read(EnqueuedOrParked, reply)
-        return self.binding(enqueued_place(place)), place.parked, place.handovers
 
     def binding(self, place: Place) -> Place:
         """``place`` as the limits that bind it see it: a shadow limit refuses nothing,
@@ -300,68 +263,73 @@ class SemaphoreSpec:
             place = replace(place, rate_due=None, rate_paused_for=None)
         return place
 
-    def release_args(self, holder: str, token: int | None, *, unused: int = 0) -> list[Any]:
+    def release(self, holder: str, token: int | None, *, unused: int = 0) -> requests.Release:
         """``unused``: the rate grants to give back with a permit its task never used."""
-        validation.check_holder(holder)
-        return [holder, "" if token is None else token, self.idle_ms, self.keys.channel,
-                self.dispatch, self.limit, unused or "", self.shadow_arg]  # fmt: skip
+        return requests.Release(validation.check_holder(holder), token, unused)
 
-    def renew_args(
+    def renew(
         self, holders: Sequence[tuple[str, int | None, int | None]], lease_ms: int
-    ) -> list[Any]:
+    ) -> requests.Renew:
         """``holders``: (holder, fencing token or None, permits held or None: as
-        recorded). Declares no limit, like `dispatch_args()` and `configure_args()`."""
-        args: list[Any] = [lease_ms, self.idle_ms, self.keys.channel, self.dispatch]
-        for holder, token, permits in holders:
-            weight = "" if permits is None else validation.check_limit(permits, "weight")
-            args += [validation.check_holder(holder), "" if token is None else token, weight]
-        return args
+        recorded)."""
+        held = tuple(
+            (
+                validation.check_holder(holder),
+                token,
+                None if permits is None else validation.check_limit(permits, "weight"),
+            )
+            for holder, token, permits in holders
+        )
+        return requests.Renew(held, lease_ms)
 
-    def configure_args(self, field: str, value: str) -> list[Any]:
-        return [field, value, self.idle_ms, self.keys.channel, self.dispatch, self.rate_arg]
 
-    def status_args(self) -> list[Any]:
-        return [STATUS_MOST, self.sent_horizon_ms, self.limit, self.rate_arg, FAIR_TOP]
-
-    def parse_acquire(self, reply: Sequence[Any]) -> tuple[Grant | Place, list[Handover]]:
-        """The attempt's outcome and the parked waiters it made due (by reclaiming)."""
-        code, *values = reply
-        if code == 1:
-            granted = read(Granted, values)
-            return grant_of(granted), granted.handovers
-        if code == 0:
-            refused = read(Refused, values)
-            return self.binding(place_of(refused)), refused.handovers
-        if code == 2:
-            raise StaleHandover(self.name, read(StaleCopy, values).token)
-        raise ValueError(f"acquire.lua answered with unknown code {code!r}")
-
-    @staticmethod
-    def parse_park(reply: Sequence[Any]) -> tuple[Parked, list[Handover]]:
-        parked = read(ParkReply, reply)
-        return Parked(parked.ticket, parked.position), parked.handovers
-
-    @staticmethod
-    def parse_dispatch(reply: Sequence[Any]) -> list[Handover]:
-        return read(DispatchReply, reply).handovers
-
-    @staticmethod
-    def parse_release(reply: Sequence[Any]) -> tuple[bool, list[Handover]]:
-        released = read(ReleaseReply, reply)
-        return released.released, released.handovers
-
-    @staticmethod
-    def parse_renew(reply: Sequence[Any]) -> tuple[float, set[str], list[Handover], int]:
-        renewed = read(RenewReply, reply)
-        return renewed.expires_ms / 1000, set(renewed.lost), renewed.handovers, renewed.restored
-
-    @staticmethod
-    def parse_configure(reply: Sequence[Any]) -> tuple[str | None, list[Handover]]:
-        configured = read(ConfigureReply, reply)
-        return configured.previous or None, configured.handovers
-
-    def parse_status(self, reply: Sequence[Any]) -> SemaphoreStatus:
-        return status_of(self.name, reply)
-
-    def expected_types(self) -> Iterable[tuple[str, str]]:
-        return zip(self.keys.call_keys, (*ROLE_TYPES, "hash"), strict=True)
+def acquire_all(
+    specs: Sequence[SemaphoreSpec],
+    holder: str,
+    ticket: int | None,
+    *,
+    queue: bool,
+    wait_lease: float | None,
+    hold_back: float,
+    lease_timeout: float | None,
+    info: str,
+    weights: Sequence[tuple[int, int | None]],
+    priority: int = 0,
+    fair_keys: Sequence[str | None] | None = None,
+    fair_weight: int | None = None,
+    handover: tuple[int, int] | None = None,
+) -> requests.AcquireAll:
+    """A request for a permit of each of ``specs`` at once. ``weights``: (permits,
+    grants or None) per semaphore; ``fair_keys``: per semaphore, at most one not None;
+    ``handover``: (index of the semaphore that handed it over, the `Handover`'s token)."""
+    validation.check_holder(holder)
+    validation.check_ticket(ticket)
+    validation.check_info(info)
+    hold_ms = int(1000 * validation.check_seconds(hold_back, "hold_back", allow_zero=True))
+    if handover is not None:
+        index, token = handover
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(specs):
+            raise ValueError(
+                f"handover must be (index of a semaphore of the set, token), got {handover!r}"
+            )
+        handover = (index, validation.check_ticket(token, "handover") or 0)
+    keys = [None] * len(specs) if fair_keys is None else list(fair_keys)
+    if len(keys) != len(specs) or sum(key is not None for key in keys) > 1:
+        raise ValueError(
+            f"fair_keys must give one value per semaphore ({len(specs)}), at most one of "
+            f"them a key (a set takes one fair line), got {fair_keys!r}"
+        )
+    asks = tuple(
+        spec.resolve(Ask(weight, rate_weight, priority, key, fair_weight))
+        for spec, (weight, rate_weight), key in zip(specs, weights, keys, strict=True)
+    )
+    return requests.AcquireAll(
+        holder,
+        ticket,
+        hold_ms,
+        info,
+        tuple(spec.wait_ms(wait_lease, queue=queue) for spec in specs),
+        tuple(spec.lease_ms(lease_timeout) for spec in specs),
+        asks,
+        handover,
+    )

@@ -13,9 +13,9 @@ from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
 from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
-from celery_semaphore.core.connection import connect, mask_url
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.server import UNREACHABLE, eviction_policy, ping
+from celery_semaphore.core.redis.connection import connect, mask_url
+from celery_semaphore.core.redis.server import UNREACHABLE, eviction_policy, ping
 from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of

@@ -1,7 +1,7 @@
 """What a worker does after the semaphores' Redis lost its data.
 
 The heartbeat's renewals write the permits of the running tasks back while
-admissions are paused (`celery_semaphore.core.epochs`, renew.lua). `WrittenBack`
+admissions are paused (`celery_semaphore.core.redis.epochs`, renew.lua). `WrittenBack`
 remembers them and gives back those whose tasks ended meanwhile; `report_loss()`
 says what happened: a WARNING, the `celery_semaphore.signals.data_lost` signal
 (and its ``semaphore-data-lost`` event), and an ERROR where tasks were parked (no
@@ -19,9 +19,10 @@ from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config
-from celery_semaphore.core import Permit, epochs
-from celery_semaphore.core.connection import mask_url
+from celery_semaphore.core import Permit
 from celery_semaphore.core.errors import SemaphoreError
+from celery_semaphore.core.redis import epochs
+from celery_semaphore.core.redis.connection import mask_url
 from celery_semaphore.formats import Gate
 from celery_semaphore.gates import semaphore_of
 

@@ -8,7 +8,7 @@ permit is gone is reported lost (see `Heartbeat`).
 
 Each beat also runs what the worker does besides, each in a module of its own:
 - in handover mode, it looks after parked tasks (`celery_semaphore.worker.parked_look`);
-- when Redis loses its data (see `celery_semaphore.core.epochs`), the worker
+- when Redis loses its data (see `celery_semaphore.core.redis.epochs`), the worker
   notices through its own connection at once (`celery_semaphore.worker.watch`), not at
   its next beat: that beat writes the permits of its running tasks back while
   admissions are paused, and reports the loss (`celery_semaphore.worker.data_loss`).
@@ -26,8 +26,8 @@ from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
-from celery_semaphore.core import epochs
 from celery_semaphore.core.errors import SemaphoreError
+from celery_semaphore.core.redis import epochs
 from celery_semaphore.formats import Gate, recorded_gates
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
@@ -170,7 +170,7 @@ class Heartbeat:
 
     def notice(self, loss: epochs.DataLoss) -> None:
         """A call of this process found that Redis lost its data (`start()` has
-        `celery_semaphore.core.epochs` call this): beat now, and its renewals write
+        `celery_semaphore.core.redis.epochs` call this): beat now, and its renewals write
         the permits back while admissions are paused."""
         self._losses.append((loss, set(self.parked.parked_in)))
         self._beat_now.set()

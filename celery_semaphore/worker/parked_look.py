@@ -1,7 +1,7 @@
 """Looking after parked tasks from a worker, once per beat (handover mode).
 
 In every semaphore that has parked tasks (found in the parked index,
-`celery_semaphore.core.parked_index`) one dispatch call publishes those whose turn
+`celery_semaphore.core.redis.parked_index`) one dispatch call publishes those whose turn
 came while nobody called (a lease ran out), publishes again those whose publisher
 died before publishing (past ``semaphore_handover_deadline``), and drops revoked
 ones from the line. Each semaphore is looked after on its own: one that fails does
@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery_semaphore.config import SemaphoreConfig, get_config, task_config
-from celery_semaphore.core import parked_index
-from celery_semaphore.core.connection import mask_url
-from celery_semaphore.core.discovery import index_parked, parked_counts
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreError
+from celery_semaphore.core.redis import parked_index
+from celery_semaphore.core.redis.connection import mask_url
+from celery_semaphore.core.redis.discovery import index_parked, parked_counts
 from celery_semaphore.formats import Gate
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of

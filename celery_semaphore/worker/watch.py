@@ -4,7 +4,7 @@ A thread holds a connection to the semaphores' Redis, subscribed to
 ``<namespace>:watch``. It breaks when Redis restarts or fails over, and once it
 connects again (redis-py's pub/sub reconnects by itself, or this loop makes a new
 one) it calls ``on_change``: the heartbeat then beats at once, and its calls notice
-a loss of the data if there was one (`celery_semaphore.core.epochs`). A message on
+a loss of the data if there was one (`celery_semaphore.core.redis.epochs`). A message on
 the channel calls it too: the CLI publishes one after a change that may admit tasks
 (a resume, a raised limit, a release), so the beat hands over the parked tasks it
 made due at once.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_semaphore.config import get_config
-from celery_semaphore.core.keys import watch_channel
+from celery_semaphore.core.redis.keys import watch_channel
 from celery_semaphore.state import state_of
 
 WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again

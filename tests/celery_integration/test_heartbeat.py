@@ -29,7 +29,7 @@ from test_endings import (
     wait_signals,
 )
 
-from celery_semaphore.core.scripts import FUNCTIONS, source
+from celery_semaphore.core.redis.scripts import FUNCTIONS, source
 
 pytestmark = pytest.mark.slow
 FIXTURES = (endings,)  # the cluster fixture of test_endings, shared here

@@ -18,8 +18,8 @@ from celery import Celery
 
 import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Place, Semaphore, per_key, signals
-from celery_semaphore.core import epochs, parked_index
-from celery_semaphore.core.keys import watch_channel
+from celery_semaphore.core.redis import epochs, parked_index
+from celery_semaphore.core.redis.keys import watch_channel
 from celery_semaphore.formats import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.signals import permit_lost
 from celery_semaphore.state import state_of

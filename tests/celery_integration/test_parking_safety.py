@@ -11,8 +11,8 @@ import pytest
 from celery import Celery
 
 from celery_semaphore.config import SemaphoreConfig
-from celery_semaphore.core.connection import connect
-from celery_semaphore.core.server import read_persistence
+from celery_semaphore.core.redis.connection import connect
+from celery_semaphore.core.redis.server import read_persistence
 from celery_semaphore.durability import ParkingSafety
 from devkit.redis_servers import (
     AclRedisServer,

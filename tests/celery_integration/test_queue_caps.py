@@ -17,7 +17,7 @@ from celery_harness import max_overlap
 from cluster_tools import Clusters
 
 from celery_semaphore import Permit
-from celery_semaphore.core.scripts import source
+from celery_semaphore.core.redis.scripts import source
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ target is the renewal interval + 1 s). Before tasks parked only where their
 message is at least as safe as in the broker (celery_semaphore/durability.py),
 the tasks parked there went with its data: 29 of 108 acks_late tasks never ran
 on the Redis broker, 32 of 108 on RabbitMQ, 29 of 108 early-ack ones; before
-the pause after a loss (celery_semaphore/core/epochs.py), 2 bodies ran at once
+the pause after a loss (celery_semaphore/core/redis/epochs.py), 2 bodies ran at once
 under limit 1 and 5 under limit 3.
 
 And parking still happens where it is safe: the broker's own server, a Redis

@@ -2,12 +2,15 @@
 
 ``store`` is parametrised over every store this repository ships: Redis calling the
 Functions library (FCALL) and Redis calling the scripts (EVALSHA), on one server for
-the session (each semaphore has a fresh name). A new store (PostgreSQL) adds a
-parameter here that builds its own `Store`; the tests do not change.
+the session (each semaphore has a fresh name), and the memory store (``memory://``,
+the model itself behind the public API: what it checks is the seam, the requests and
+the replies' conversions). A new store (PostgreSQL) adds a parameter here that builds
+its own `Store`; the tests do not change.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,8 +20,7 @@ import redis
 from conformance_driver import Pair, Store
 
 from celery_semaphore import Semaphore
-from celery_semaphore.core import functions, scripts
-from devkit.redis_servers import RedisServer
+from celery_semaphore.core.redis import functions, scripts
 
 
 class RedisStore:
@@ -54,15 +56,46 @@ class RedisStore:
         self.client.close()
 
 
-@pytest.fixture(params=[functions.FUNCTIONS, functions.SCRIPTS], ids=["functions", "evalsha"])
-def store_factory(
-    request: pytest.FixtureRequest, redis_session_server: RedisServer
-) -> Iterator[Callable[[], Store]]:
+class MemoryStore:
+    """Semaphores of the memory store (one ``memory://`` URL per store); its clock is
+    this process's, which the memory store reads."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.url = f"memory://conformance-{uuid.uuid4().hex}"
+        self.made: list[Semaphore] = []
+
+    def semaphore(self, limit: int | None, **options: Any) -> Semaphore:
+        name = options.pop("name", None) or f"conformance-{uuid.uuid4().hex}"
+        sem = Semaphore(self.url, name, limit, **options)
+        self.made.append(sem)
+        return sem
+
+    def now_us(self) -> int:
+        return time.time_ns() // 1000
+
+    def close(self) -> None:
+        for sem in self.made:
+            sem.close()
+        self.made.clear()
+
+
+@pytest.fixture(
+    params=[functions.FUNCTIONS, functions.SCRIPTS, "memory"],
+    ids=["functions", "evalsha", "memory"],
+)
+def store_factory(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
     """Makes a `Store` (closed at teardown); a state machine makes one per example."""
-    made: list[RedisStore] = []
+    made: list[RedisStore | MemoryStore] = []
 
     def make() -> Store:
-        store = RedisStore(redis_session_server.url, request.param)
+        store: RedisStore | MemoryStore
+        if request.param == "memory":
+            store = MemoryStore()
+        else:
+            url = request.getfixturevalue("redis_session_server").url
+            store = RedisStore(url, request.param)
         made.append(store)
         return store
 

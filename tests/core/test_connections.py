@@ -30,8 +30,8 @@ from celery_semaphore.core.errors import (
     SemaphoreConnectionError,
     SemaphoreError,
 )
-from celery_semaphore.core.keys import semaphore_keys
 from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
+from celery_semaphore.core.redis.keys import semaphore_keys
 from celery_semaphore.core.results import Place
 from devkit.redis_servers import (
     AclRedisServer,

@@ -228,7 +228,8 @@ def test_any_exception_inside_the_wait_leaves_the_line(
     make_semaphore: MakeSemaphore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sync and asyncio alike (the asyncio semaphore used to leave only on cancellation)."""
-    from celery_semaphore import AsyncSemaphore
+    from celery_semaphore.core.redis._async.store import AsyncRedisStore
+    from celery_semaphore.core.redis._sync.store import RedisStore
 
     async def broken_async_sleep(*args: Any) -> None:
         raise RuntimeError("boom")
@@ -236,8 +237,8 @@ def test_any_exception_inside_the_wait_leaves_the_line(
     def broken_sleep(*args: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(AsyncSemaphore, "_sleep", broken_async_sleep)
-    monkeypatch.setattr(Semaphore, "_sleep", broken_sleep)
+    monkeypatch.setattr(AsyncRedisStore, "wait_for_wakeup", broken_async_sleep)
+    monkeypatch.setattr(RedisStore, "wait_for_wakeup", broken_sleep)
     sem = make_semaphore(1, waiter_lease=20)
     holder = granted(sem.attempt("holder"))
     with pytest.raises(RuntimeError, match="boom"):

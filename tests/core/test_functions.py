@@ -18,8 +18,8 @@ import redis
 from outcomes import granted
 
 from celery_semaphore import Place, Semaphore
-from celery_semaphore.core import functions, scripts
-from celery_semaphore.core.discovery import read_counts
+from celery_semaphore.core.redis import functions, scripts
+from celery_semaphore.core.redis.discovery import read_counts
 from devkit.redis_servers import AclRedisServer, RedisServer
 
 DIGEST = scripts.LIBRARY_NAME.rsplit("_", 1)[1]
@@ -177,7 +177,7 @@ def _name(entry: dict[str, Any]) -> str:
 def test_a_user_refused_functions_calls_the_scripts(
     acl_redis: AclRedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="celery_semaphore.core.functions")
+    caplog.set_level(logging.INFO, logger="celery_semaphore.core.redis.functions")
     with acl_redis.client(password=acl_redis.default_password) as admin:
         admin.execute_command(
             "ACL", "SETUSER", "nofunctions", "on", ">pw", "~*", "&*", "+@all", "-function"
@@ -234,7 +234,7 @@ def test_a_library_that_does_not_load_is_a_warning_and_the_scripts_run(
     name = f"celery_semaphore_v0_1_0_{'f' * 12}"
     broken = functions.Library(weakref.proxy(client), name, f"#!lua name={name}\nlocal x = (", {})
     scripts._registered[client] = functions.calls(client, {}, broken)
-    with caplog.at_level(logging.INFO, logger="celery_semaphore.core.functions"):
+    with caplog.at_level(logging.INFO, logger="celery_semaphore.core.redis.functions"):
         assert broken.choose() == functions.SCRIPTS
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and "Functions library" in record.getMessage()

@@ -15,8 +15,8 @@ import redis
 from outcomes import granted
 
 from celery_semaphore import Semaphore
-from celery_semaphore.core.held_connection import BUSY, HeldConnection, _lend, holds
-from celery_semaphore.core.scripts import library_of
+from celery_semaphore.core.redis.held_connection import BUSY, HeldConnection, _lend, holds
+from celery_semaphore.core.redis.scripts import library_of
 from devkit.redis_servers import RedisServer
 
 

@@ -1,4 +1,4 @@
-"""The contract of the Lua scripts (the headers of celery_semaphore/core/lua/common_*.lua,
+"""The contract of the Lua scripts (the headers of celery_semaphore/core/redis/lua/common_*.lua,
 the prelude of every script).
 
 - One effective-limit rule: the override, else the caller's declared limit, else the
@@ -26,11 +26,11 @@ import redis
 from outcomes import granted, refused
 
 from celery_semaphore import Handover, Place, Semaphore
-from celery_semaphore.core import scripts
-from celery_semaphore.core.discovery import open_semaphore, read_counts
+from celery_semaphore.core.redis import scripts
+from celery_semaphore.core.redis.discovery import open_semaphore, read_counts
 from devkit.redis_servers import RedisServer
 
-LUA = Path(__file__).resolve().parents[2] / "celery_semaphore" / "core" / "lua"
+LUA = Path(__file__).resolve().parents[2] / "celery_semaphore" / "core" / "redis" / "lua"
 SHORT = 0.2  # the lease of the holder whose expiry frees a permit
 READS = "(HGET|HMGET|HGETALL|HLEN|HEXISTS|HKEYS|HVALS|HSCAN) "
 
@@ -361,7 +361,8 @@ def test_every_script_call_reads_meta_at_most_once(
 def test_the_shared_numbers_are_written_once_in_constants_py() -> None:
     """The histograms' bounds and fields, the priority step and the fair turn come
     into the Lua from celery_semaphore/core/constants.py: no .lua file defines them."""
-    from celery_semaphore.core import constants, scripts
+    from celery_semaphore.core import constants
+    from celery_semaphore.core.redis import scripts
 
     lua = LUA.glob("*.lua")
     for path in lua:

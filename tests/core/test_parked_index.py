@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from outcomes import granted, refused
 
-from celery_semaphore.core import parked_index
-from celery_semaphore.core.discovery import index_parked
+from celery_semaphore.core.redis import parked_index
+from celery_semaphore.core.redis.discovery import index_parked
 from celery_semaphore.core.results import Handover
 
 MakeSemaphore = Callable[..., Any]

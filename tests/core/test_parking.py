@@ -18,8 +18,8 @@ import redis
 from outcomes import granted, refused
 
 from celery_semaphore import Handover, SemaphoreKeyTypeError, StaleHandover
-from celery_semaphore.core.keys import semaphore_keys
 from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
+from celery_semaphore.core.redis.keys import semaphore_keys
 from celery_semaphore.publish import turn_is_near
 from devkit.redis_servers import RedisClusterServers
 

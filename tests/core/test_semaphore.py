@@ -23,7 +23,7 @@ from async_as_sync import BlockingPermit
 from outcomes import granted, refused, script_calls, wait_for
 
 from celery_semaphore import Permit, Semaphore
-from celery_semaphore.core.keys import ROLES
+from celery_semaphore.core.redis.keys import ROLES
 from devkit.redis_servers import RedisServer
 
 MakeSemaphore = Callable[..., Semaphore]

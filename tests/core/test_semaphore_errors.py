@@ -21,8 +21,8 @@ from celery_semaphore import (
     SemaphoreError,
     SemaphoreKeyTypeError,
 )
-from celery_semaphore.core import epochs
-from celery_semaphore.core.keys import ROLE_TYPES, ROLES
+from celery_semaphore.core.redis import epochs
+from celery_semaphore.core.redis.keys import ROLE_TYPES, ROLES
 from devkit.redis_servers import AclRedisServer, RedisServer, free_port
 
 

@@ -199,7 +199,7 @@ def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
     class Interrupt(Exception):
         pass
 
-    real_sleep = target._sleep
+    real_sleep = target.store.wait_for_wakeup
 
     if target is sem:
 
@@ -213,7 +213,7 @@ def test_an_interrupted_wait_in_place_leaves_no_permit_and_no_place(
             await real_sleep(*args, **kwargs)
             raise Interrupt
 
-    monkeypatch.setattr(target, "_sleep", interrupted)
+    monkeypatch.setattr(target.store, "wait_for_wakeup", interrupted)
     waiter = waiting(sem, "waiter", 10)
     waiter.start()
     wait_for(lambda: states(sem) == {"waiter": "waiting in place"}, what="the mark")
@@ -283,7 +283,7 @@ def test_an_interrupted_wait_in_place_closes_its_connection(
 ) -> None:
     """Something raised in the middle of a read may leave a reply half read: that
     connection is closed, never kept for the next wait."""
-    from celery_semaphore.core.listeners import LISTENERS
+    from celery_semaphore.core.redis.listeners import LISTENERS
 
     sem = make_semaphore(1)
     target = getattr(sem, "async_semaphore", sem)
@@ -302,7 +302,7 @@ def test_an_interrupted_wait_in_place_closes_its_connection(
         async def interrupted(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
             raise Interrupt
 
-    monkeypatch.setattr(target, "_sleep", interrupted)
+    monkeypatch.setattr(target.store, "wait_for_wakeup", interrupted)
     waiter = waiting(sem, "waiter", 10)
     waiter.start()
     waiter.join(10)

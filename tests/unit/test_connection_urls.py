@@ -17,8 +17,14 @@ import redis
 import redis.asyncio
 import redis.connection
 
-from celery_semaphore.core.connection import connect, connect_async, describe, mask_url, translate
 from celery_semaphore.core.errors import SemaphoreBackendError, SemaphoreConnectionError
+from celery_semaphore.core.redis.connection import (
+    connect,
+    connect_async,
+    describe,
+    mask_url,
+    translate,
+)
 
 # ------------------------------------------------------------------ masking
 

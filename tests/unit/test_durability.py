@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 
 from celery_semaphore.config import SemaphoreConfig
-from celery_semaphore.core.server import read_persistence
+from celery_semaphore.core.redis.server import read_persistence
 from celery_semaphore.durability import (
     RECHECK_EVERY,
     ParkingSafety,
@@ -260,7 +260,7 @@ def test_a_redis_that_cannot_answer_is_a_connection_error_for_the_worker(error: 
     errors only: every way of not answering becomes SemaphoreConnectionError,
     a Cluster's own exceptions (no RedisError) too."""
     from celery_semaphore.core.errors import SemaphoreConnectionError
-    from celery_semaphore.core.server import ping
+    from celery_semaphore.core.redis.server import ping
 
     class Unreachable:
         def ping(self) -> None:

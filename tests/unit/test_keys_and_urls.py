@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from celery_semaphore.core.connection import connect, mask_url
-from celery_semaphore.core.keys import ROLES, name_from_meta_key, semaphore_keys
+from celery_semaphore.core.redis.connection import connect, mask_url
+from celery_semaphore.core.redis.keys import ROLES, name_from_meta_key, semaphore_keys
 
 
 @pytest.mark.parametrize("name", ["plain", "a}b", "{x}", "100%", "%7D", "a:b"])

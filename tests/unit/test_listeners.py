@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from celery_semaphore.core import listeners
-from celery_semaphore.core.listeners import KEEP, IdleListeners
+from celery_semaphore.core.redis import listeners
+from celery_semaphore.core.redis.listeners import KEEP, IdleListeners
 
 
 class Client:

@@ -9,8 +9,8 @@ import redis
 from redis.connection import PythonRespSerializer
 from redis.exceptions import DataError
 
-from celery_semaphore.core import packing
-from celery_semaphore.core.packing import RespPacker, packs_faster
+from celery_semaphore.core.redis import packing
+from celery_semaphore.core.redis.packing import RespPacker, packs_faster
 
 COMMANDS: list[tuple[Any, ...]] = [
     ("PING",),

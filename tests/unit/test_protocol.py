@@ -1,15 +1,28 @@
-"""Script arguments and the one place where script replies become results (no Redis)."""
+"""Requests as script arguments, and the one place where script replies become results
+(no Redis)."""
 
 from __future__ import annotations
 
 import pytest
 
 from celery_semaphore import Ask, FairKeyInfo, Handover, Place, Places, RateLimit, StaleHandover
-from celery_semaphore.core import epochs, wakeups
-from celery_semaphore.core.joint import parse_joint_acquire
+from celery_semaphore.core import wakeups
+from celery_semaphore.core.model.parking import Dispatch
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.rates import parse_rate
-from celery_semaphore.core.replies import (
+from celery_semaphore.core.redis import arguments, epochs, wake_messages
+from celery_semaphore.core.redis.arguments import (
+    parse_acquire,
+    parse_configure,
+    parse_dispatch,
+    parse_enqueue,
+    parse_joint_acquire,
+    parse_park,
+    parse_release,
+    parse_renew,
+    parse_status,
+)
+from celery_semaphore.core.redis.replies import (
     WAITER_STATES,
     HandoverRow,
     Refused,
@@ -31,30 +44,30 @@ def spec(**kw: object) -> SemaphoreSpec:
 
 def test_a_granted_reply() -> None:
     reply = [1, 42, 5000, 4000, 250, b"", 0, [b"h", b"7", b"p", b"0"]]
-    grant, handovers = spec().parse_acquire(reply)
+    grant, handovers = parse_acquire("s", reply)
     assert grant == Grant(42, 5.0, 0.25)
     assert handovers == [Handover("h", 7, "p")]
-    grant, _ = spec().parse_acquire([1, 42, 5000, 4000, 250, b"lr", 300, []])
+    grant, _ = parse_acquire("s", [1, 42, 5000, 4000, 250, b"lr", 300, []])
     assert grant == Grant(42, 5.0, 0.25, frozenset({"limit", "rate"}), 0.3)  # shadow limits
     reply = [1, 42, 5000, 4000, 250, b"", 0, [b"h", b"7", b"p", b"1500"]]
-    _, handovers = spec().parse_acquire(reply)
+    _, handovers = parse_acquire("s", reply)
     assert handovers == [Handover("h", 7, "p", delay=1.5)]  # timed for its slot under a rate
 
 
 def test_a_refused_reply() -> None:
     reply = [0, 9, 2, 3, 3, 0, 1500, 1000, 300, 80, 0, b"", 0, []]
-    place, handovers = spec().parse_acquire(reply)
+    place, handovers = parse_acquire("s", reply)
     assert place == Place(9, 2, 3, 3, False, 0.5, 0.3, 0.08)
     assert handovers == []
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 0, b"250000", 1400, []])
+    place, _ = parse_acquire("s", [0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 0, b"250000", 1400, []])
     assert isinstance(place, Place)
     assert place.rate_due == 0.25  # its slot under a rate
     assert place.rate_paused_for == 0.4  # a RateLimited pause
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, b"", 0, []])
+    place, _ = parse_acquire("s", [0, 9, 2, 3, 3, 1, 0, 1000, 0, 0, 0, b"", 0, []])
     assert isinstance(place, Place)
     assert (place.draining, place.next_expiry_in, place.hold_estimate) == (True, None, None)
     assert (place.grant_interval, place.resumes_in) == (None, None)
-    place, _ = spec().parse_acquire([0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, b"", 0, []])
+    place, _ = parse_acquire("s", [0, 9, 2, 3, 3, 0, 0, 1000, 0, 0, 3500, b"", 0, []])
     assert isinstance(place, Place)
     assert place.resumes_in == 2.5  # paused after a data loss
 
@@ -68,16 +81,16 @@ def test_an_epoch_reply_is_told_apart_from_every_other_reply() -> None:
 
 def test_a_stale_copy_and_an_unknown_code() -> None:
     with pytest.raises(StaleHandover) as info:
-        spec().parse_acquire([2, b"77"])
+        parse_acquire("s", [2, b"77"])
     assert (info.value.name, info.value.token) == ("s", 77)
     with pytest.raises(ValueError, match="unknown code 5"):
-        spec().parse_acquire([5])
+        parse_acquire("s", [5])
 
 
 def test_handovers_come_in_fours() -> None:
-    assert spec().parse_dispatch([0, []]) == []
+    assert parse_dispatch([0, []]) == []
     flat = [b"a", b"1", b"x|y", b"0", "b", "2", "", "20"]
-    assert spec().parse_dispatch([0, flat]) == [
+    assert parse_dispatch([0, flat]) == [
         Handover("a", 1, "x|y"),
         Handover("b", 2, "", delay=0.02),
     ]
@@ -87,24 +100,29 @@ def test_a_reply_of_another_length_is_refused_naming_its_shape() -> None:
     with pytest.raises(ValueError, match="a Refused reply has 13 values, got 9"):
         read(Refused, [9, 2, 3, 3, 0, 1500, 1000, 300, 80])
     with pytest.raises(ValueError, match="a Granted reply has 7 values, got 4"):
-        spec().parse_acquire([1, 42, 5000, 4000, 250])
+        parse_acquire("s", [1, 42, 5000, 4000, 250])
     with pytest.raises(ValueError, match="a HandoverRow reply has 4 values, got 2"):
         read_all(HandoverRow, [b"a", b"1", b"p", b"0", b"b", b"2"])
 
 
 def test_the_replies_of_release_renew_configure_dispatch_and_park() -> None:
     handover = [b"h", b"7", b"p", b"0"]
-    assert spec().parse_release([1, 250, handover]) == (True, [Handover("h", 7, "p")])
-    assert spec().parse_release([0, 0, []]) == (False, [])
-    assert spec().parse_renew([5000, [b"a", b"b"], [], 2]) == (5.0, {"a", "b"}, [], 2)
-    assert spec().parse_configure([b"3", handover]) == ("3", [Handover("h", 7, "p")])
-    assert spec().parse_configure([b"", []]) == (None, [])
-    assert spec().parse_dispatch([2, handover]) == [Handover("h", 7, "p")]
-    parked, handovers = spec().parse_park([9, 4, []])
+    assert parse_release([1, 250, handover]) == (True, [Handover("h", 7, "p")])
+    assert parse_release([0, 0, []]) == (False, [])
+    assert parse_renew([5000, [b"a", b"b"], [], 2]) == (5.0, {"a", "b"}, [], 2)
+    assert parse_configure([b"3", handover]) == ("3", [Handover("h", 7, "p")])
+    assert parse_configure([b"", []]) == (None, [])
+    assert parse_dispatch([2, handover]) == [Handover("h", 7, "p")]
+    parked, handovers = parse_park([9, 4, []])
     assert (parked.ticket, parked.position, handovers) == (9, 4, [])
-    place = spec().parse_enqueue([9, 4, 2, 5, 1, b""])
-    assert place == Place(9, 4, 2, 5, True, None)
-    assert spec().parse_enqueue([9, 4, 2, 5, 1, b"1200000"]).rate_due == 1.2
+    assert parse_enqueue([9, 4, 2, 5, 1, b""], far=False) == (
+        Place(9, 4, 2, 5, True, None),
+        False,
+        [],
+    )
+    assert parse_enqueue([9, 4, 2, 5, 1, b"1200000"], far=False)[0].rate_due == 1.2
+    far = parse_enqueue([9, 4, 2, 5, 1, b"", 1, handover], far=True)
+    assert far == (Place(9, 4, 2, 5, True, None), True, [Handover("h", 7, "p")])  # parked
 
 
 def test_a_place_shows_only_the_limits_that_bind_it() -> None:
@@ -114,27 +132,33 @@ def test_a_place_shows_only_the_limits_that_bind_it() -> None:
     line_limit(), line_room())."""
     refused = [0, 9, 4, 2, 5, 0, 0, 1000, 0, 0, 0, b"1200000", 3000, []]
 
-    def seen(place: object) -> tuple[object, ...]:
+    def seen(sem: SemaphoreSpec, place: object) -> tuple[object, ...]:
         assert isinstance(place, Place)
+        place = sem.binding(place)
         return place.limit, place.limit_binds, place.rate_due, place.rate_paused_for
 
-    assert seen(spec().parse_acquire(refused)[0]) == (5, True, 1.2, 2.0)
-    assert seen(spec(shadow=["limit"]).parse_acquire(refused)[0]) == (5, False, 1.2, 2.0)
-    assert seen(spec(shadow=["rate"]).parse_acquire(refused)[0]) == (5, True, None, None)
-    enqueued = [9, 4, 2, 5, 0, b"1200000"]
-    assert seen(spec(shadow=["limit", "rate"]).parse_enqueue(enqueued)) == (5, False, None, None)
-    assert seen(spec().parse_enqueue(enqueued)) == (5, True, 1.2, None)
+    refused_place = parse_acquire("s", refused)[0]
+    assert seen(spec(), refused_place) == (5, True, 1.2, 2.0)
+    assert seen(spec(shadow=["limit"]), refused_place) == (5, False, 1.2, 2.0)
+    assert seen(spec(shadow=["rate"]), refused_place) == (5, True, None, None)
+    enqueued = parse_enqueue([9, 4, 2, 5, 0, b"1200000"], far=False)[0]
+    assert seen(spec(shadow=["limit", "rate"]), enqueued) == (5, False, None, None)
+    assert seen(spec(), enqueued) == (5, True, 1.2, None)
     joint = [0, 9, b"11", refused[1:], refused[1:]]
-    places, _ = parse_joint_acquire([spec(), spec(shadow=["limit"])], joint)
+    specs = [spec(), spec(shadow=["limit"])]
+    places, _ = parse_joint_acquire(specs, joint)
     assert isinstance(places, Places)
-    assert [seen(p) for p in places.places] == [(5, True, 1.2, 2.0), (5, False, 1.2, 2.0)]
+    assert [seen(sem, p) for sem, p in zip(specs, places.places, strict=True)] == [
+        (5, True, 1.2, 2.0),
+        (5, False, 1.2, 2.0),
+    ]
 
 
 def test_waiter_states_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 2, [], [b"w1", b"5", b"9000", b"900|i", b"p", b"",
                                               b"w2", b"6", b"9000", b"", b"", b""], 1, 0,
              3, [b"t9", b"800"], 1, 0, b"", b"", 0, 0, 0, 0, 0, 0, [], 0, 0, 0, 0, b""]  # fmt: skip
-    status = spec().parse_status(reply)
+    status = parse_status("s", reply)
     assert (status.declared_limit, status.override, status.effective_limit) == (3, None, 5)
     assert [(w.holder, w.state, w.position) for w in status.waiters] == [
         ("w1", "parked", 1),
@@ -157,7 +181,7 @@ def test_fair_keys_in_status() -> None:
     fair = [b"acme|eu", b"3", b"6", b"zed", b"1", b"0"]
     reply = [1000, b"3", b"", 5, 0, 0, 3, [], waiters, 0, 0, 0, [], 0, 0,
              b"", b"", 0, 0, 0, 2, 8, 2, fair, 0, 0, 0, 0, b""]  # fmt: skip
-    status = spec().parse_status(reply)
+    status = parse_status("s", reply)
     assert [w.fair_key for w in status.waiters] == ["acme|eu", None, None]
     assert (status.fair_keys_waiting, status.fair_grants, status.fair_keys_read) == (2, 8, 2)
     assert status.fair_keys == [
@@ -165,38 +189,45 @@ def test_fair_keys_in_status() -> None:
         FairKeyInfo("zed", 1, 0, 0.0),
     ]
     no_grants = [*reply[:-8], 0, 1, [b"zed", b"1", b"0"], 0, 0, 0, 0, b""]
-    assert spec().parse_status(no_grants).fair_keys == [FairKeyInfo("zed", 1, 0, 0.0)]
+    assert parse_status("s", no_grants).fair_keys == [FairKeyInfo("zed", 1, 0, 0.0)]
 
 
 def test_a_grant_message_admits_its_waiter_only() -> None:
     message = {"data": b"g|task-1|77|5000|120"}
-    grant = wakeups.grant_in(message, "task-1")
+    grant = wake_messages.grant_in(message, "task-1")
     assert grant is not None
     assert (grant.fencing_token, grant.expires_at, grant.waited) == (77, 5.0, 0.12)
-    assert wakeups.grant_in(message, "task-2") is None
-    assert not wakeups.admits(message, 5), "a grant to another wakes nobody else"
-    assert wakeups.grant_in({"data": b"12"}, "task-1") is None
-    assert wakeups.admits({"data": b"12"}, 5) and not wakeups.admits({"data": b"12"}, 13)
-    holder_with_bars = wakeups.grant_in({"data": "g|a|b|3|1000|0"}, "a|b")
+    assert wake_messages.grant_in(message, "task-2") is None
+    assert not wake_messages.admits(message, 5), "a grant to another wakes nobody else"
+    assert wake_messages.grant_in({"data": b"12"}, "task-1") is None
+    assert wake_messages.admits({"data": b"12"}, 5) and not wake_messages.admits(
+        {"data": b"12"}, 13
+    )
+    holder_with_bars = wake_messages.grant_in({"data": "g|a|b|3|1000|0"}, "a|b")
     assert holder_with_bars is not None and holder_with_bars.fencing_token == 3
 
 
 def test_the_dispatch_setting_names_what_a_publisher_needs() -> None:
-    assert spec().dispatch == ""
-    assert spec(handover_window=0.5, handover_deadline=30.0).dispatch == "500|30000|200"
+    assert spec().dispatch is None
+    assert arguments.dispatch_text(spec().dispatch) == ""
+    publisher = spec(handover_window=0.5, handover_deadline=30.0)
+    assert publisher.dispatch == Dispatch(500, 30000, 200)
+    assert arguments.dispatch_text(publisher.dispatch) == "500|30000|200"
     with pytest.raises(ValueError, match="on_handover"):
-        spec().park_args("h", None, "payload", park_lease=10, info="", due=None)
-    args = spec(handover_window=1.0).park_args("h", 4, "p", park_lease=10, info="i", due=0.0)
+        spec().park("h", None, "payload", park_lease=10, info="", due=None)
+    parking = spec(handover_window=1.0)
+    request = parking.park("h", 4, "p", park_lease=10, info="i", due=0.0)
+    args = arguments.park_args(parking, request)
     assert args[7] == 1  # ARGV[8]: a budget already spent still hands over (in 1 ms)
 
 
 def test_bad_arguments_name_the_argument() -> None:
     with pytest.raises(ValueError, match="handover must be None or the positive int"):
-        spec().acquire_args(
+        spec().acquire(
             "h", None, queue=True, wait_lease=None, lease_timeout=None, info="", handover=0
         )
     with pytest.raises(TypeError, match="payload must be a str"):
-        spec(handover_window=1.0).park_args("h", None, b"x", park_lease=1, info="", due=None)  # type: ignore[arg-type]
+        spec(handover_window=1.0).park("h", None, b"x", park_lease=1, info="", due=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="handover_window"):
         spec(handover_window=-1.0)
 
@@ -209,18 +240,18 @@ def test_pause_never_sleeps_past_the_earliest_lease_end() -> None:
 
 
 def test_a_wake_up_admits_tickets_up_to_its_bound() -> None:
-    assert wakeups.admits({"data": b"10"}, 10)
-    assert not wakeups.admits({"data": b"10"}, 11)
-    assert wakeups.admits({"data": b"inf"}, 10**9)
-    assert wakeups.admits({"data": b"garbage"}, 5)  # unreadable: try anyway
+    assert wake_messages.admits({"data": b"10"}, 10)
+    assert not wake_messages.admits({"data": b"10"}, 11)
+    assert wake_messages.admits({"data": b"inf"}, 10**9)
+    assert wake_messages.admits({"data": b"garbage"}, 5)  # unreadable: try anyway
 
 
 def test_a_rate_in_status() -> None:
     reply = [1000, b"3", b"", 5, 0, 0, 0, [], [], 0, 0, 0, [], 0, 0,
              b"50000|1", b"600000|2", 0, 1040, 3000, 0, 0, 0, [], 3, 2, 1500, 4, b"r"]  # fmt: skip
-    status = spec().parse_status(reply)
+    status = parse_status("s", reply)
     assert status.shadow == {"rate"}
-    assert spec().parse_status([*reply[:-1], b"lx"]).shadow == {"limit"}  # x: a later version's
+    assert parse_status("s", [*reply[:-1], b"lx"]).shadow == {"limit"}  # x: a later version's
     assert status.rate == RateLimit(20, 1.0)
     assert (status.shadow_limit_refusals, status.shadow_rate_refusals) == (3, 2)
     assert (status.shadow_delay, status.shadow_peak) == (1.5, 4)
@@ -229,8 +260,8 @@ def test_a_rate_in_status() -> None:
 
 
 def test_the_scripts_form_of_a_rate() -> None:
-    assert spec(rate="20/s").rate_arg == "50000|1"
-    assert spec().rate_arg == ""
+    assert spec(rate="20/s").rate_text == "50000|1"
+    assert spec().rate_text == ""
     assert SemaphoreSpec("r", None, rate="100/m", **OPTIONS).limit == 1_000_000  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"limit .* or rate .* must be given"):
         SemaphoreSpec("r", None, **OPTIONS)  # type: ignore[arg-type]
@@ -240,13 +271,10 @@ def test_the_scripts_form_of_a_rate() -> None:
 
 
 def test_shadow_limits_in_the_scripts_form() -> None:
-    assert (
-        spec(shadow=["rate"]).acquire_args(
-            "h", None, queue=True, wait_lease=None, lease_timeout=None, info=""
-        )[13]
-        == "r"
-    )
-    assert spec(shadow=("rate", "limit")).shadow_arg == "lr"
+    shadowed = spec(shadow=["rate"])
+    request = shadowed.acquire("h", None, queue=True, wait_lease=None, lease_timeout=None, info="")
+    assert arguments.acquire_args(shadowed, request)[13] == "r"
+    assert spec(shadow=("rate", "limit")).shadow_codes == "lr"
     with pytest.raises(ValueError, match="shadow must list only 'limit' and 'rate', got 'cap'"):
         spec(shadow=["cap"])
     with pytest.raises(TypeError, match="shadow must be a list"):
@@ -255,9 +283,10 @@ def test_shadow_limits_in_the_scripts_form() -> None:
 
 def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() -> None:
     def weight_of(sem: SemaphoreSpec, **kw: object) -> str:
-        args = sem.acquire_args("h", None, queue=True, wait_lease=None, lease_timeout=None,
-                                info="", ask=Ask(**kw))  # type: ignore[arg-type]  # fmt: skip
-        return str(args[14])
+        request = sem.acquire("h", None, queue=True, wait_lease=None, lease_timeout=None,
+                              info="", ask=Ask(**kw))  # type: ignore[arg-type]  # fmt: skip
+        assert sem.resolve(Ask(**kw)).text == request.ask.text  # type: ignore[arg-type]
+        return str(arguments.acquire_args(sem, request)[14])
 
     limited = SemaphoreSpec(
         "w",
@@ -277,10 +306,12 @@ def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() 
         weight_of(limited, weight=1.5)
     with pytest.raises(ValueError, match=r"rate_weight must be an int from 1"):
         weight_of(limited, rate_weight=0)
-    assert limited.park_args("h", None, "p", park_lease=1, info="", due=None)[-1] == ""
-    plain = limited.park_args("h", None, "p", park_lease=1, info="", due=None, ask=Ask())
-    assert plain[-1] == "1|1"
-    assert limited.renew_args([("h", None, 3), ("g", 7, None)], 1000)[4:] == [
+    kept = limited.park("h", None, "p", park_lease=1, info="", due=None)
+    assert arguments.park_args(limited, kept)[-1] == ""
+    plain = limited.park("h", None, "p", park_lease=1, info="", due=None, ask=Ask())
+    assert arguments.park_args(limited, plain)[-1] == "1|1"
+    renewal = limited.renew([("h", None, 3), ("g", 7, None)], 1000)
+    assert arguments.renew_args(limited, renewal)[4:] == [
         "h",
         "",
         3,
@@ -289,7 +320,7 @@ def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() 
         "",
     ]
     with pytest.raises(ValueError, match="holder must not contain NUL"):
-        limited.release_args("h\0", None)
+        limited.release("h\0", None)
 
 
 def test_an_ask_is_given_once_as_a_value_or_as_keywords_with_errors_naming_the_call() -> None:

@@ -20,7 +20,7 @@ from celery import Celery
 import celery_semaphore
 from celery_semaphore.config import SemaphoreConfig, get_config
 from celery_semaphore.core import Semaphore
-from celery_semaphore.core.scripts import NAMES, PARKED_INDEX_NAMES
+from celery_semaphore.core.redis.scripts import NAMES, PARKED_INDEX_NAMES
 from celery_semaphore.state import (
     QUICK_TIMEOUT,
     AppState,
@@ -156,7 +156,7 @@ def test_no_lua_file_is_read_after_import() -> None:
     lock of importlib.resources) hung at its own first read: they are read at import."""
     code = (
         "import importlib.resources, redis\n"
-        "from celery_semaphore.core import scripts\n"
+        "from celery_semaphore.core.redis import scripts\n"
         "def refuse(*args, **kwargs): raise AssertionError('a Lua file read after import')\n"
         "importlib.resources.files = scripts.files = refuse\n"
         "assert len(scripts.registered(redis.Redis())) == len(scripts.SOURCES)\n"

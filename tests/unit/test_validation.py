@@ -10,7 +10,7 @@ import pytest
 from redis.crc import key_slot
 
 from celery_semaphore.core import validation
-from celery_semaphore.core.keys import name_from_meta_key, semaphore_keys
+from celery_semaphore.core.redis.keys import name_from_meta_key, semaphore_keys
 from celery_semaphore.core.validation import MAX_LIMIT, MAX_NAME_LENGTH, MAX_SECONDS
 
 

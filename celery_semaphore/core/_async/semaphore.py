@@ -24,41 +24,30 @@ import contextvars
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import redis
-import redis.asyncio
-
-from celery_semaphore.core import epochs, parked_index, protocol, validation, wakeups
-from celery_semaphore.core._async.listening import (
-    RECONNECT_FIRST,
-    RECONNECT_MOST,
-    close_quietly,
-    listen,
-    reconnectable,
-    unlisten,
-)
+from celery_semaphore.core import protocol, validation, wakeups
 from celery_semaphore.core._async.permit import AsyncPermit
+from celery_semaphore.core._async.store import AsyncStore
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
-from celery_semaphore.core.connection import AsyncClient, connect_async, is_cluster, translate
-from celery_semaphore.core.errors import (
-    SemaphoreConnectionError,
-    SemaphoreError,
-    SemaphoreKeyTypeError,
-    SemaphoreTimeout,
-)
+from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
 from celery_semaphore.core.on_handover import (
     OnHandover,
     call_on_handover_async,
     check_on_handover_async,
 )
 from celery_semaphore.core.rates import RateLimit, parse_rate
-from celery_semaphore.core.replies import text
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, SemaphoreStatus
-from celery_semaphore.core.scripts import registered
+from celery_semaphore.core.requests import Configure
+from celery_semaphore.core.results import Handover, Parked, Place, SemaphoreStatus
+from celery_semaphore.core.stores import async_store
 from celery_semaphore.core.validation import FairWeights
 
+#: Seconds before a waiter that lost its store first asks again, and at most between.
+RECONNECT_FIRST = 0.05
+RECONNECT_MOST = 1.0
+
 if TYPE_CHECKING:
+    import redis.asyncio
     from typing_extensions import Unpack
 
 
@@ -67,7 +56,9 @@ class AsyncSemaphore:
 
     ``redis`` is a URL (`redis://`, `rediss://`, `unix://`, `redis+cluster://`,
     `redis+sentinel://`: see [Settings](settings.md#semaphore-constructor) for
-    the forms) or a ready redis-py client of the matching kind (sync or asyncio).
+    the forms) or a ready redis-py client of the matching kind (sync or asyncio);
+    or ``memory://[name]``: the memory store, the reference model in this process
+    (see [the memory store](settings.md#the-memory-store)).
     A client made from a URL is closed by `aclose()`; a client passed in is the
     caller's to close. ``url`` (the semaphore's ``url``, shown in error messages
     and ``repr`` with any password masked): the URL a client passed in was made
@@ -126,7 +117,7 @@ class AsyncSemaphore:
 
     When Redis loses its data (a restart without persistence, a failover to a
     replica that lagged), the first call of a client that had seen the data
-    notices (see `celery_semaphore.core.epochs`), and no permit is granted for
+    notices (see `celery_semaphore.core.redis.epochs`), and no permit is granted for
     ``pause_after_loss`` seconds (default: a quarter of ``lease_timeout``, the
     worker's renewal interval, plus 0.5 s), while the holders still running are
     written back by their renewals (`renew_many()`); then the line resumes in
@@ -135,7 +126,7 @@ class AsyncSemaphore:
 
     def __init__(
         self,
-        redis: str | redis.asyncio.Redis | redis.asyncio.RedisCluster,
+        redis: str | redis.asyncio.Redis | redis.asyncio.RedisCluster | AsyncStore,
         name: str,
         limit: int | None = None,
         *,
@@ -155,8 +146,8 @@ class AsyncSemaphore:
         fair_weights: FairWeights | None = None,
     ) -> None:
         check_on_handover_async(on_handover)
-        self.client: AsyncClient
-        self.client, self._url = connect_async(redis, url)
+        self._owns_store = isinstance(redis, str)
+        self.store: AsyncStore = async_store(redis, url)
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -169,7 +160,7 @@ class AsyncSemaphore:
             handover_deadline=handover_deadline,
             family=family,
             pause_after_loss=pause_after_loss,
-            cluster=is_cluster(self.client),
+            cluster=self.store.cluster,
             rate=rate,
             shadow=shadow,
             fair_weights=fair_weights,
@@ -177,8 +168,6 @@ class AsyncSemaphore:
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
         self.restored = 0
-        self._owns_client = isinstance(redis, str)
-        self._scripts = registered(self.client)
         # Permits taken by ``async with semaphore:``, per thread and per asyncio task.
         self._held: contextvars.ContextVar[tuple[AsyncPermit, ...]] = contextvars.ContextVar(
             f"celery_semaphore_held_{id(self)}", default=()
@@ -190,56 +179,14 @@ class AsyncSemaphore:
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
     family = property(lambda self: self._spec.family)
-    url = property(lambda self: self._url)
+    url = property(lambda self: self.store.url)
+    #: The Redis client (the Redis store's; AttributeError on another store).
+    client = property(lambda self: self.store.client)
     namespace = property(lambda self: self._spec.namespace)
 
     def __repr__(self) -> str:
         rate = "" if self.rate is None else f", rate={str(self.rate)!r}"
         return f"AsyncSemaphore({self.url!r}, name={self.name!r}, limit={self.limit}{rate})"
-
-    async def _call(
-        self,
-        script: str,
-        args: list[Any],
-        *,
-        reader: bool = False,
-        specs: Sequence[protocol.SemaphoreSpec] = (),
-    ) -> Any:
-        """Run ``script``; a script that answers with another epoch than this process
-        knows (a data loss, or the first call) is run again with that one. A
-        ``reader`` (status) neither learns an epoch nor starts a pause (common_epoch.lua).
-        ``specs``: the semaphores whose keys the script takes, if not this one alone
-        (acquire_all: several of this client, sharing its epoch hash)."""
-        keys = self._spec.keys
-        pause = 0.0 if reader else self._spec.pause_after_loss
-        for _ in range(3):
-            epoch = epochs.argument(self.url, keys.epoch, pause)
-            reply = await self._run(script, [*args, epoch], specs or (self._spec,))
-            if not epochs.is_epoch_reply(reply):
-                return reply
-            epochs.learn(self.url, keys.epoch, reply)
-        raise SemaphoreError(f"Redis at {self.url} changed its data epoch three times in one call")
-
-    async def _run(
-        self, script: str, args: list[Any], specs: Sequence[protocol.SemaphoreSpec]
-    ) -> Any:
-        call_keys = [key for spec in specs for key in spec.keys.call_keys]
-        try:
-            return await self._scripts[script](keys=call_keys, args=args, client=self.client)
-        except redis.ResponseError as error:
-            if "WRONGTYPE" in str(error):
-                raise await self._wrong_type(specs) from error
-            raise translate(error, self.url) from error
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
-
-    async def _wrong_type(self, specs: Sequence[protocol.SemaphoreSpec]) -> Exception:
-        for spec in specs:
-            for key, expected in spec.expected_types():
-                actual = text(await self.client.type(key))
-                if actual not in ("none", expected):
-                    return SemaphoreKeyTypeError(key, actual, expected)
-        return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
 
     async def attempt(
         self,
@@ -283,7 +230,7 @@ class AsyncSemaphore:
         """
         ask = ask_of(ask, asked, "attempt")
         holder = protocol.new_holder_id() if holder is None else holder
-        args = self._spec.acquire_args(
+        request = self._spec.acquire(
             holder,
             ticket,
             queue=queue,
@@ -294,10 +241,10 @@ class AsyncSemaphore:
             in_place=in_place,
             ask=ask,
         )
-        result, handovers = self._spec.parse_acquire(await self._call("acquire", args))
+        result, handovers = await self.store.acquire(self._spec, request)
         await self._hand_over(handovers)
         if isinstance(result, Place):
-            return result
+            return self._spec.binding(result)
         return AsyncPermit(
             self, holder, result.fencing_token, result.expires_at, result.waited,
             shadow_refused=result.shadow_refused, shadow_wait=result.shadow_wait,
@@ -326,36 +273,20 @@ class AsyncSemaphore:
         an ``ask=`` says all of them.
 
         The semaphore is listed in its namespace's parked index first, where
-        workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
+        workers' heartbeats find it (`celery_semaphore.core.redis.parked_index`)."""
         if asked.get("weight", 0) is None:  # None: as before the Ask, "1 with an order"
             asked = {name: value for name, value in asked.items() if name != "weight"}  # type: ignore[assignment]
         given = ask_of(ask, asked, "park")
         says = ask is not None or asked.get("weight") is not None
         says = says or asked.get("fair_key") is not None or bool(asked.get("priority"))
-        args = self._spec.park_args(
+        request = self._spec.park(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
             ask=given if says else None,
         )  # fmt: skip
-        await self._list_parked()
-        parked, handovers = self._spec.parse_park(await self._call("park", args))
+        await self.store.list_parked(self._spec)
+        parked, handovers = await self.store.park(self._spec, request)
         await self._hand_over(handovers)
         return parked
-
-    async def _list_parked(self) -> None:
-        """List this semaphore in the parked index, at most every
-        ``parked_index.REGISTER_EVERY`` s per client in this process."""
-        namespace, listings = self._spec.namespace, parked_index.listings(self.client)
-        if not listings.due(namespace, self.name):
-            return
-        started = parked_index.clock()
-        register = self._scripts["parked_index/register"]
-        try:
-            await register(
-                keys=[parked_index.index_key(namespace)], args=[self.name], client=self.client
-            )
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
-        listings.done(namespace, self.name, started)
 
     async def dispatch(self, drop: Iterable[str] = ()) -> int:
         """Hand over the parked waiters that are due (after reclaiming run-out
@@ -364,10 +295,9 @@ class AsyncSemaphore:
         ``drop``: holders to take out of the line first if they are parked or
         handed over (revoked tasks); one asking in person or holding a permit stays.
         """
-        if not self._spec.dispatch:
+        if self._spec.dispatch is None:
             raise ValueError("dispatch() needs on_handover= on the semaphore")
-        reply = await self._call("dispatch", self._spec.dispatch_args(drop))
-        handovers = self._spec.parse_dispatch(reply)
+        handovers = await self.store.dispatch(self._spec, self._spec.drop(drop))
         await self._hand_over(handovers)
         return len(handovers)
 
@@ -392,8 +322,9 @@ class AsyncSemaphore:
         limit, so a producer can tell a near turn from a far one. ``weight``,
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
-        args = self._spec.enqueue_args(holder, wait_lease, info, ask_of(ask, asked, "take_place"))
-        return self._spec.parse_enqueue(await self._call("enqueue", args))
+        request = self._spec.enqueue(holder, wait_lease, info, ask_of(ask, asked, "take_place"))
+        place, _, _ = await self.store.enqueue(self._spec, request)
+        return self._spec.binding(place)
 
     async def take_place_or_park(
         self,
@@ -418,17 +349,14 @@ class AsyncSemaphore:
         is about to be given); a str is the head alone, so it is parked with the ticket
         appended (unlike `park()`, which parks its payload as it is). The place holds
         ``wait_lease`` s if it did not park, ``park_lease`` s if it did."""
-        args = self._spec.enqueue_args(
-            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park")
-        ) + self._spec.park_when_far_args(
-            payload, window=window, park_lease=park_lease, due=due
-        )  # fmt: skip
-        await self._list_parked()
-        place, parked, handovers = self._spec.parse_enqueue_or_park(
-            await self._call("enqueue", args)
+        far = self._spec.park_when_far(payload, window=window, park_lease=park_lease, due=due)
+        request = self._spec.enqueue(
+            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park"), far
         )
+        await self.store.list_parked(self._spec)
+        place, parked, handovers = await self.store.enqueue(self._spec, request)
         await self._hand_over(handovers)
-        return place, parked
+        return self._spec.binding(place), parked
 
     async def try_acquire(
         self,
@@ -538,7 +466,7 @@ class AsyncSemaphore:
         if isinstance(result, AsyncPermit) or timeout == 0:
             return result
         place: Place = result
-        pubsub = await listen(self.client, self.url, [self._spec.keys.channel])
+        pubsub = await self.store.listen([self._spec])
         backoff, interrupted = RECONNECT_FIRST, False
         try:
             while True:
@@ -546,7 +474,7 @@ class AsyncSemaphore:
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 try:
                     if pubsub is None:
-                        pubsub = await listen(self.client, self.url, [self._spec.keys.channel])
+                        pubsub = await self.store.listen([self._spec])
                     if remaining is not None and remaining <= 0:
                         # The last ask clears the mark (or finds a permit granted meanwhile).
                         return await self.attempt(
@@ -558,12 +486,15 @@ class AsyncSemaphore:
                     if isinstance(result, AsyncPermit):
                         return result
                     place = result
-                    grant = await self._sleep(pubsub, place, remaining, holder)
+                    pause = wakeups.pause(self._spec, place, remaining)
+                    grant = await self.store.wait_for_wakeup(pubsub, place.ticket, holder, pause)
                     backoff = RECONNECT_FIRST
                 except SemaphoreConnectionError as error:
-                    if not reconnectable(error) or (remaining is not None and remaining <= 0):
+                    if not self.store.reconnectable(error) or (
+                        remaining is not None and remaining <= 0
+                    ):
                         raise
-                    await close_quietly(pubsub)
+                    await self.store.unlisten(pubsub, keep=False)
                     pubsub = None
                     pause = backoff if remaining is None else min(backoff, remaining)
                     await asyncio.sleep(pause)
@@ -580,34 +511,15 @@ class AsyncSemaphore:
                 await self._release(holder, None)
             raise
         finally:
-            await unlisten(self.client, pubsub, keep=not interrupted)
-
-    async def _sleep(
-        self, pubsub: Any, place: Place, remaining: float | None, holder: str
-    ) -> Grant | None:
-        """Until a wake-up that may admit ``place`` (None), a grant of the permit to
-        ``holder`` (the Grant), or the pause runs out (None)."""
-        deadline = time.monotonic() + wakeups.pause(self._spec, place, remaining)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = await pubsub.get_message(timeout=left)
-            except redis.RedisError as error:
-                raise translate(error, self.url) from error
-            if message is None:
-                continue
-            grant = wakeups.grant_in(message, holder)
-            if grant is not None or wakeups.admits(message, place.ticket):
-                return grant
-        return None
+            await self.store.unlisten(pubsub, keep=not interrupted)
 
     async def release(self, holder: str) -> bool:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
         return await self._release(holder, None)
 
     async def _release(self, holder: str, token: int | None, *, unused: int = 0) -> bool:
-        args = self._spec.release_args(holder, token, unused=unused)
-        reply = await self._call("release", args)
-        released, handovers = self._spec.parse_release(reply)
+        request = self._spec.release(holder, token, unused=unused)
+        released, handovers = await self.store.release(self._spec, request)
         await self._hand_over(handovers)
         return released
 
@@ -640,8 +552,8 @@ class AsyncSemaphore:
         if not held:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
-        reply = await self._call("renew", self._spec.renew_args(held, lease_ms))
-        expires_at, lost, handovers, restored = self._spec.parse_renew(reply)
+        request = self._spec.renew(held, lease_ms)
+        expires_at, lost, handovers, restored = await self.store.renew(self._spec, request)
         self.restored += restored
         await self._hand_over(handovers)
         for permit in permits:
@@ -653,22 +565,18 @@ class AsyncSemaphore:
         """Learn the data epoch of this semaphore's Redis (of its Cluster slot) now,
         changing nothing, so that a loss of the data before this process's next call
         is noticed by it: a worker does this at start, before it runs anything."""
-        await self._call("epoch", [])
+        await self.store.learn_epoch(self._spec)
 
     async def note_lost(self, count: int = 1) -> None:
         """Count ``count`` permits found lost by a caller that renews by holder id
         (``renew_many`` counts only the lost permits it was given as permits): the
         ``permits_lost_total`` metric."""
-        try:
-            await self.client.hincrby(self._spec.keys.meta, "m_lost", count)
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
+        await self.store.note_lost(self._spec, count)
 
     async def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry), live waiters in line order, and
         tasks published with a place that have not reached a worker yet."""
-        reply = await self._call("status", self._spec.status_args(), reader=True)
-        return self._spec.parse_status(reply)
+        return await self.store.status(self._spec)
 
     async def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.
@@ -706,8 +614,7 @@ class AsyncSemaphore:
         return await self._configure("draining", "1" if draining else "") == "1"
 
     async def _configure(self, field: str, value: str) -> str | None:
-        reply = await self._call("configure", self._spec.configure_args(field, value))
-        previous, handovers = self._spec.parse_configure(reply)
+        previous, handovers = await self.store.configure(self._spec, Configure(field, value))
         await self._hand_over(handovers)
         return previous
 
@@ -727,9 +634,9 @@ class AsyncSemaphore:
         await permit.release()
 
     async def aclose(self) -> None:
-        """Close the client if this semaphore created it from a URL."""
-        if self._owns_client:
-            await self.client.aclose()
+        """Close the store (and its client) if this semaphore made it from a URL."""
+        if self._owns_store:
+            await self.store.aclose()
 
 
 def _int(value: str | None) -> int | None:

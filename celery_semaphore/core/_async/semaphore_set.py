@@ -33,23 +33,15 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-import redis
-
-from celery_semaphore.core import joint, protocol, validation, wakeups
-from celery_semaphore.core._async.listening import (
+from celery_semaphore.core import protocol, validation, wakeups
+from celery_semaphore.core._async.permit import AsyncPermit
+from celery_semaphore.core._async.semaphore import (
     RECONNECT_FIRST,
     RECONNECT_MOST,
-    close_quietly,
-    listen,
-    reconnectable,
-    unlisten,
+    AsyncSemaphore,
 )
-from celery_semaphore.core._async.permit import AsyncPermit
-from celery_semaphore.core._async.semaphore import AsyncSemaphore
-from celery_semaphore.core.connection import is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
 from celery_semaphore.core.results import Places
-from celery_semaphore.core.scripts import on_demand
 
 
 class AsyncPermitSet:
@@ -121,16 +113,20 @@ class AsyncSemaphoreSet:
 
     def __init__(self, semaphores: Sequence[AsyncSemaphore]) -> None:
         self.semaphores = tuple(semaphores)
-        problem = joint.joint_problem(
-            [(sem.client, sem.url, sem._spec) for sem in self.semaphores],
-            cluster=bool(self.semaphores) and is_cluster(self.semaphores[0].client),
-        )
+        if not self.semaphores:
+            raise ValueError("semaphores must name at least one semaphore")
+        self._first = self.semaphores[0]
+        self._specs = [sem._spec for sem in self.semaphores]
+        self.store = self._first.store
+        problem = self.store.joint_problem(self._specs)
+        for sem in self.semaphores[1:]:
+            if sem.store is not self.store and (not sem.url or sem.url != self._first.url):
+                problem = (
+                    f"semaphores must share one store (a Redis client, or URL): "
+                    f"{self._first.name!r} is on {self._first.url}, {sem.name!r} on {sem.url}"
+                )
         if problem is not None:
             raise ValueError(problem)
-        self._specs = [sem._spec for sem in self.semaphores]
-        self._first = self.semaphores[0]
-        self._channels = [spec.keys.channel for spec in self._specs]
-        on_demand(self._first.client, "acquire_all")
 
     names = property(lambda self: [sem.name for sem in self.semaphores])
 
@@ -189,7 +185,7 @@ class AsyncSemaphoreSet:
         over or it was served already.
         """
         holder = protocol.new_holder_id() if holder is None else holder
-        args = joint.joint_acquire_args(
+        request = protocol.acquire_all(
             self._specs,
             holder,
             ticket,
@@ -204,12 +200,18 @@ class AsyncSemaphoreSet:
             fair_weight=fair_weight,
             handover=handover,
         )
-        reply = await self._first._call("acquire_all", args, specs=self._specs)
-        result, handovers = joint.parse_joint_acquire(self._specs, reply)
+        result, handovers = await self.store.acquire_all(self._specs, request)
         for sem, due in zip(self.semaphores, handovers, strict=True):
             await sem._hand_over(due)
         if isinstance(result, Places):
-            return result
+            return Places(
+                result.ticket,
+                tuple(
+                    spec.binding(place)
+                    for spec, place in zip(self._specs, result.places, strict=True)
+                ),
+                result.refused_by,
+            )
         given = self._weights(weights, rate_weights)
         permits = []
         for sem, grant, (weight, rate_weight) in zip(self.semaphores, result, given, strict=True):
@@ -347,7 +349,7 @@ class AsyncSemaphoreSet:
         hold_back = wait_lease
         if hold_back is None:
             hold_back = max(spec.waiter_lease for spec in self._specs)
-        pubsub = await listen(self._first.client, self._first.url, self._channels)
+        pubsub = await self.store.listen(self._specs)
         backoff, interrupted = RECONNECT_FIRST, False
         try:
             while True:
@@ -355,7 +357,7 @@ class AsyncSemaphoreSet:
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 try:
                     if pubsub is None:
-                        pubsub = await listen(self._first.client, self._first.url, self._channels)
+                        pubsub = await self.store.listen(self._specs)
                     if remaining is not None and remaining <= 0:
                         return await self.attempt(holder, ticket, **kwargs)
                     result = await self.attempt(holder, ticket, hold_back=hold_back, **kwargs)
@@ -365,9 +367,11 @@ class AsyncSemaphoreSet:
                     await self._sleep(pubsub, places, remaining)
                     backoff = RECONNECT_FIRST
                 except SemaphoreConnectionError as error:
-                    if not reconnectable(error) or (remaining is not None and remaining <= 0):
+                    if not self.store.reconnectable(error) or (
+                        remaining is not None and remaining <= 0
+                    ):
                         raise
-                    await close_quietly(pubsub)
+                    await self.store.unlisten(pubsub, keep=False)
                     pubsub = None
                     pause = backoff if remaining is None else min(backoff, remaining)
                     await asyncio.sleep(pause)
@@ -378,21 +382,14 @@ class AsyncSemaphoreSet:
                 await self.release(holder)
             raise
         finally:
-            await unlisten(self._first.client, pubsub, keep=not interrupted)
+            await self.store.unlisten(pubsub, keep=not interrupted)
 
     async def _sleep(self, pubsub: Any, places: Places, remaining: float | None) -> None:
         """Until a wake-up that may admit its ticket, or the shortest pause among the
         semaphores that refused it runs out."""
         refusing = places.refused_by or range(len(self._specs))
         pause = min(wakeups.pause(self._specs[i], places.places[i], remaining) for i in refusing)
-        deadline = time.monotonic() + pause
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = await pubsub.get_message(timeout=left)
-            except redis.RedisError as error:
-                raise translate(error, self._first.url) from error
-            if message is not None and wakeups.admits(message, places.ticket):
-                return
+        await self.store.wait_for_wakeup(pubsub, places.ticket, "", pause)
 
     async def release(self, holder: str) -> bool:
         """Release what ``holder`` holds on every semaphore and drop its places in

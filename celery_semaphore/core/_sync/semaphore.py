@@ -25,40 +25,30 @@ import contextvars
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import redis
-
-from celery_semaphore.core import epochs, parked_index, protocol, validation, wakeups
-from celery_semaphore.core._sync.listening import (
-    RECONNECT_FIRST,
-    RECONNECT_MOST,
-    close_quietly,
-    listen,
-    reconnectable,
-    unlisten,
-)
+from celery_semaphore.core import protocol, validation, wakeups
 from celery_semaphore.core._sync.permit import Permit
+from celery_semaphore.core._sync.store import Store
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
-from celery_semaphore.core.connection import SyncClient, connect, is_cluster, translate
-from celery_semaphore.core.errors import (
-    SemaphoreConnectionError,
-    SemaphoreError,
-    SemaphoreKeyTypeError,
-    SemaphoreTimeout,
-)
+from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
 from celery_semaphore.core.on_handover import (
     OnHandover,
     call_on_handover,
     check_on_handover,
 )
 from celery_semaphore.core.rates import RateLimit, parse_rate
-from celery_semaphore.core.replies import text
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, SemaphoreStatus
-from celery_semaphore.core.scripts import registered
+from celery_semaphore.core.requests import Configure
+from celery_semaphore.core.results import Handover, Parked, Place, SemaphoreStatus
+from celery_semaphore.core.stores import sync_store
 from celery_semaphore.core.validation import FairWeights
 
+#: Seconds before a waiter that lost its store first asks again, and at most between.
+RECONNECT_FIRST = 0.05
+RECONNECT_MOST = 1.0
+
 if TYPE_CHECKING:
+    import redis
     from typing_extensions import Unpack
 
 
@@ -67,7 +57,9 @@ class Semaphore:
 
     ``redis`` is a URL (`redis://`, `rediss://`, `unix://`, `redis+cluster://`,
     `redis+sentinel://`: see [Settings](settings.md#semaphore-constructor) for
-    the forms) or a ready redis-py client of the matching kind (sync or asyncio).
+    the forms) or a ready redis-py client of the matching kind (sync or asyncio);
+    or ``memory://[name]``: the memory store, the reference model in this process
+    (see [the memory store](settings.md#the-memory-store)).
     A client made from a URL is closed by `close()`; a client passed in is the
     caller's to close. ``url`` (the semaphore's ``url``, shown in error messages
     and ``repr`` with any password masked): the URL a client passed in was made
@@ -126,7 +118,7 @@ class Semaphore:
 
     When Redis loses its data (a restart without persistence, a failover to a
     replica that lagged), the first call of a client that had seen the data
-    notices (see `celery_semaphore.core.epochs`), and no permit is granted for
+    notices (see `celery_semaphore.core.redis.epochs`), and no permit is granted for
     ``pause_after_loss`` seconds (default: a quarter of ``lease_timeout``, the
     worker's renewal interval, plus 0.5 s), while the holders still running are
     written back by their renewals (`renew_many()`); then the line resumes in
@@ -135,7 +127,7 @@ class Semaphore:
 
     def __init__(
         self,
-        redis: str | redis.Redis | redis.RedisCluster,
+        redis: str | redis.Redis | redis.RedisCluster | Store,
         name: str,
         limit: int | None = None,
         *,
@@ -155,8 +147,8 @@ class Semaphore:
         fair_weights: FairWeights | None = None,
     ) -> None:
         check_on_handover(on_handover)
-        self.client: SyncClient
-        self.client, self._url = connect(redis, url)
+        self._owns_store = isinstance(redis, str)
+        self.store: Store = sync_store(redis, url)
         self._spec = protocol.SemaphoreSpec(
             name,
             limit,
@@ -169,7 +161,7 @@ class Semaphore:
             handover_deadline=handover_deadline,
             family=family,
             pause_after_loss=pause_after_loss,
-            cluster=is_cluster(self.client),
+            cluster=self.store.cluster,
             rate=rate,
             shadow=shadow,
             fair_weights=fair_weights,
@@ -177,8 +169,6 @@ class Semaphore:
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
         self.restored = 0
-        self._owns_client = isinstance(redis, str)
-        self._scripts = registered(self.client)
         # Permits taken by ``with semaphore:``, per thread and per asyncio task.
         self._held: contextvars.ContextVar[tuple[Permit, ...]] = contextvars.ContextVar(
             f"celery_semaphore_held_{id(self)}", default=()
@@ -190,54 +180,14 @@ class Semaphore:
     lease_timeout = property(lambda self: self._spec.lease_timeout)
     keys = property(lambda self: self._spec.keys)
     family = property(lambda self: self._spec.family)
-    url = property(lambda self: self._url)
+    url = property(lambda self: self.store.url)
+    #: The Redis client (the Redis store's; AttributeError on another store).
+    client = property(lambda self: self.store.client)
     namespace = property(lambda self: self._spec.namespace)
 
     def __repr__(self) -> str:
         rate = "" if self.rate is None else f", rate={str(self.rate)!r}"
         return f"Semaphore({self.url!r}, name={self.name!r}, limit={self.limit}{rate})"
-
-    def _call(
-        self,
-        script: str,
-        args: list[Any],
-        *,
-        reader: bool = False,
-        specs: Sequence[protocol.SemaphoreSpec] = (),
-    ) -> Any:
-        """Run ``script``; a script that answers with another epoch than this process
-        knows (a data loss, or the first call) is run again with that one. A
-        ``reader`` (status) neither learns an epoch nor starts a pause (common_epoch.lua).
-        ``specs``: the semaphores whose keys the script takes, if not this one alone
-        (acquire_all: several of this client, sharing its epoch hash)."""
-        keys = self._spec.keys
-        pause = 0.0 if reader else self._spec.pause_after_loss
-        for _ in range(3):
-            epoch = epochs.argument(self.url, keys.epoch, pause)
-            reply = self._run(script, [*args, epoch], specs or (self._spec,))
-            if not epochs.is_epoch_reply(reply):
-                return reply
-            epochs.learn(self.url, keys.epoch, reply)
-        raise SemaphoreError(f"Redis at {self.url} changed its data epoch three times in one call")
-
-    def _run(self, script: str, args: list[Any], specs: Sequence[protocol.SemaphoreSpec]) -> Any:
-        call_keys = [key for spec in specs for key in spec.keys.call_keys]
-        try:
-            return self._scripts[script](keys=call_keys, args=args, client=self.client)
-        except redis.ResponseError as error:
-            if "WRONGTYPE" in str(error):
-                raise self._wrong_type(specs) from error
-            raise translate(error, self.url) from error
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
-
-    def _wrong_type(self, specs: Sequence[protocol.SemaphoreSpec]) -> Exception:
-        for spec in specs:
-            for key, expected in spec.expected_types():
-                actual = text(self.client.type(key))
-                if actual not in ("none", expected):
-                    return SemaphoreKeyTypeError(key, actual, expected)
-        return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
 
     def attempt(
         self,
@@ -281,7 +231,7 @@ class Semaphore:
         """
         ask = ask_of(ask, asked, "attempt")
         holder = protocol.new_holder_id() if holder is None else holder
-        args = self._spec.acquire_args(
+        request = self._spec.acquire(
             holder,
             ticket,
             queue=queue,
@@ -292,10 +242,10 @@ class Semaphore:
             in_place=in_place,
             ask=ask,
         )
-        result, handovers = self._spec.parse_acquire(self._call("acquire", args))
+        result, handovers = self.store.acquire(self._spec, request)
         self._hand_over(handovers)
         if isinstance(result, Place):
-            return result
+            return self._spec.binding(result)
         return Permit(
             self, holder, result.fencing_token, result.expires_at, result.waited,
             shadow_refused=result.shadow_refused, shadow_wait=result.shadow_wait,
@@ -324,34 +274,20 @@ class Semaphore:
         an ``ask=`` says all of them.
 
         The semaphore is listed in its namespace's parked index first, where
-        workers' heartbeats find it (`celery_semaphore.core.parked_index`)."""
+        workers' heartbeats find it (`celery_semaphore.core.redis.parked_index`)."""
         if asked.get("weight", 0) is None:  # None: as before the Ask, "1 with an order"
             asked = {name: value for name, value in asked.items() if name != "weight"}  # type: ignore[assignment]
         given = ask_of(ask, asked, "park")
         says = ask is not None or asked.get("weight") is not None
         says = says or asked.get("fair_key") is not None or bool(asked.get("priority"))
-        args = self._spec.park_args(
+        request = self._spec.park(
             holder, ticket, payload, park_lease=park_lease, info=info, due=due,
             ask=given if says else None,
         )  # fmt: skip
-        self._list_parked()
-        parked, handovers = self._spec.parse_park(self._call("park", args))
+        self.store.list_parked(self._spec)
+        parked, handovers = self.store.park(self._spec, request)
         self._hand_over(handovers)
         return parked
-
-    def _list_parked(self) -> None:
-        """List this semaphore in the parked index, at most every
-        ``parked_index.REGISTER_EVERY`` s per client in this process."""
-        namespace, listings = self._spec.namespace, parked_index.listings(self.client)
-        if not listings.due(namespace, self.name):
-            return
-        started = parked_index.clock()
-        register = self._scripts["parked_index/register"]
-        try:
-            register(keys=[parked_index.index_key(namespace)], args=[self.name], client=self.client)
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
-        listings.done(namespace, self.name, started)
 
     def dispatch(self, drop: Iterable[str] = ()) -> int:
         """Hand over the parked waiters that are due (after reclaiming run-out
@@ -360,10 +296,9 @@ class Semaphore:
         ``drop``: holders to take out of the line first if they are parked or
         handed over (revoked tasks); one asking in person or holding a permit stays.
         """
-        if not self._spec.dispatch:
+        if self._spec.dispatch is None:
             raise ValueError("dispatch() needs on_handover= on the semaphore")
-        reply = self._call("dispatch", self._spec.dispatch_args(drop))
-        handovers = self._spec.parse_dispatch(reply)
+        handovers = self.store.dispatch(self._spec, self._spec.drop(drop))
         self._hand_over(handovers)
         return len(handovers)
 
@@ -388,8 +323,9 @@ class Semaphore:
         limit, so a producer can tell a near turn from a far one. ``weight``,
         ``rate_weight``: what the job will ask for (`attempt()`).
         """
-        args = self._spec.enqueue_args(holder, wait_lease, info, ask_of(ask, asked, "take_place"))
-        return self._spec.parse_enqueue(self._call("enqueue", args))
+        request = self._spec.enqueue(holder, wait_lease, info, ask_of(ask, asked, "take_place"))
+        place, _, _ = self.store.enqueue(self._spec, request)
+        return self._spec.binding(place)
 
     def take_place_or_park(
         self,
@@ -414,15 +350,14 @@ class Semaphore:
         is about to be given); a str is the head alone, so it is parked with the ticket
         appended (unlike `park()`, which parks its payload as it is). The place holds
         ``wait_lease`` s if it did not park, ``park_lease`` s if it did."""
-        args = self._spec.enqueue_args(
-            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park")
-        ) + self._spec.park_when_far_args(
-            payload, window=window, park_lease=park_lease, due=due
-        )  # fmt: skip
-        self._list_parked()
-        place, parked, handovers = self._spec.parse_enqueue_or_park(self._call("enqueue", args))
+        far = self._spec.park_when_far(payload, window=window, park_lease=park_lease, due=due)
+        request = self._spec.enqueue(
+            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park"), far
+        )
+        self.store.list_parked(self._spec)
+        place, parked, handovers = self.store.enqueue(self._spec, request)
         self._hand_over(handovers)
-        return place, parked
+        return self._spec.binding(place), parked
 
     def try_acquire(
         self,
@@ -532,7 +467,7 @@ class Semaphore:
         if isinstance(result, Permit) or timeout == 0:
             return result
         place: Place = result
-        pubsub = listen(self.client, self.url, [self._spec.keys.channel])
+        pubsub = self.store.listen([self._spec])
         backoff, interrupted = RECONNECT_FIRST, False
         try:
             while True:
@@ -540,7 +475,7 @@ class Semaphore:
                 remaining = None if timeout is None else timeout - (time.monotonic() - started)
                 try:
                     if pubsub is None:
-                        pubsub = listen(self.client, self.url, [self._spec.keys.channel])
+                        pubsub = self.store.listen([self._spec])
                     if remaining is not None and remaining <= 0:
                         # The last ask clears the mark (or finds a permit granted meanwhile).
                         return self.attempt(
@@ -552,12 +487,15 @@ class Semaphore:
                     if isinstance(result, Permit):
                         return result
                     place = result
-                    grant = self._sleep(pubsub, place, remaining, holder)
+                    pause = wakeups.pause(self._spec, place, remaining)
+                    grant = self.store.wait_for_wakeup(pubsub, place.ticket, holder, pause)
                     backoff = RECONNECT_FIRST
                 except SemaphoreConnectionError as error:
-                    if not reconnectable(error) or (remaining is not None and remaining <= 0):
+                    if not self.store.reconnectable(error) or (
+                        remaining is not None and remaining <= 0
+                    ):
                         raise
-                    close_quietly(pubsub)
+                    self.store.unlisten(pubsub, keep=False)
                     pubsub = None
                     pause = backoff if remaining is None else min(backoff, remaining)
                     time.sleep(pause)
@@ -574,34 +512,15 @@ class Semaphore:
                 self._release(holder, None)
             raise
         finally:
-            unlisten(self.client, pubsub, keep=not interrupted)
-
-    def _sleep(
-        self, pubsub: Any, place: Place, remaining: float | None, holder: str
-    ) -> Grant | None:
-        """Until a wake-up that may admit ``place`` (None), a grant of the permit to
-        ``holder`` (the Grant), or the pause runs out (None)."""
-        deadline = time.monotonic() + wakeups.pause(self._spec, place, remaining)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = pubsub.get_message(timeout=left)
-            except redis.RedisError as error:
-                raise translate(error, self.url) from error
-            if message is None:
-                continue
-            grant = wakeups.grant_in(message, holder)
-            if grant is not None or wakeups.admits(message, place.ticket):
-                return grant
-        return None
+            self.store.unlisten(pubsub, keep=not interrupted)
 
     def release(self, holder: str) -> bool:
         """Release whatever ``holder`` holds and drop its place in line (idempotent)."""
         return self._release(holder, None)
 
     def _release(self, holder: str, token: int | None, *, unused: int = 0) -> bool:
-        args = self._spec.release_args(holder, token, unused=unused)
-        reply = self._call("release", args)
-        released, handovers = self._spec.parse_release(reply)
+        request = self._spec.release(holder, token, unused=unused)
+        released, handovers = self.store.release(self._spec, request)
         self._hand_over(handovers)
         return released
 
@@ -632,8 +551,8 @@ class Semaphore:
         if not held:
             return set()
         lease_ms = self._spec.lease_ms(lease_timeout)
-        reply = self._call("renew", self._spec.renew_args(held, lease_ms))
-        expires_at, lost, handovers, restored = self._spec.parse_renew(reply)
+        request = self._spec.renew(held, lease_ms)
+        expires_at, lost, handovers, restored = self.store.renew(self._spec, request)
         self.restored += restored
         self._hand_over(handovers)
         for permit in permits:
@@ -645,22 +564,18 @@ class Semaphore:
         """Learn the data epoch of this semaphore's Redis (of its Cluster slot) now,
         changing nothing, so that a loss of the data before this process's next call
         is noticed by it: a worker does this at start, before it runs anything."""
-        self._call("epoch", [])
+        self.store.learn_epoch(self._spec)
 
     def note_lost(self, count: int = 1) -> None:
         """Count ``count`` permits found lost by a caller that renews by holder id
         (``renew_many`` counts only the lost permits it was given as permits): the
         ``permits_lost_total`` metric."""
-        try:
-            self.client.hincrby(self._spec.keys.meta, "m_lost", count)
-        except redis.RedisError as error:
-            raise translate(error, self.url) from error
+        self.store.note_lost(self._spec, count)
 
     def status(self) -> SemaphoreStatus:
         """Limits, live holders (with lease expiry), live waiters in line order, and
         tasks published with a place that have not reached a worker yet."""
-        reply = self._call("status", self._spec.status_args(), reader=True)
-        return self._spec.parse_status(reply)
+        return self.store.status(self._spec)
 
     def set_limit(self, limit: int) -> int | None:
         """Override the limit at run time for every client; returns the previous override.
@@ -698,8 +613,7 @@ class Semaphore:
         return self._configure("draining", "1" if draining else "") == "1"
 
     def _configure(self, field: str, value: str) -> str | None:
-        reply = self._call("configure", self._spec.configure_args(field, value))
-        previous, handovers = self._spec.parse_configure(reply)
+        previous, handovers = self.store.configure(self._spec, Configure(field, value))
         self._hand_over(handovers)
         return previous
 
@@ -719,9 +633,9 @@ class Semaphore:
         permit.release()
 
     def close(self) -> None:
-        """Close the client if this semaphore created it from a URL."""
-        if self._owns_client:
-            self.client.close()
+        """Close the store (and its client) if this semaphore made it from a URL."""
+        if self._owns_store:
+            self.store.close()
 
 
 def _int(value: str | None) -> int | None:

@@ -1,7 +1,7 @@
 """The reference model: what one semaphore does, stated once, in Python.
 
 A pure, in-memory, single-process model of ONE semaphore, written to be read as the
-specification of the Lua scripts in ``celery_semaphore/core/lua/`` (each rule is one
+specification of the Lua scripts in ``celery_semaphore/core/redis/lua/`` (each rule is one
 named function or method whose docstring gives the rule, its reason, and the Lua it
 mirrors). Time is an argument of every operation (``now_us``, the store's clock), never
 read by the model. ``tests/conformance`` drives this model and a real store with the

@@ -14,15 +14,16 @@ from typing import Any
 
 import redis
 
+from celery_semaphore.core._sync.semaphore import Semaphore
+from celery_semaphore.core.errors import UnknownSemaphore
+from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.redis.arguments import counts_args
+from celery_semaphore.core.results import SemaphoreCounts
+
 from . import epochs, functions, parked_index
-from ._sync.semaphore import Semaphore
 from .connection import SyncClient, is_cluster, translate
-from .errors import UnknownSemaphore
 from .keys import name_from_meta_key, semaphore_keys, watch_channel
-from .protocol import counts_args
-from .rates import RateLimit
 from .replies import parse_counts, text
-from .results import SemaphoreCounts
 from .scripts import forget_way, registered
 
 #: Script calls sent in one pipeline by `read_counts()`.

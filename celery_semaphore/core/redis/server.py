@@ -12,8 +12,9 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from celery_semaphore.core.errors import SemaphoreConnectionError
+
 from .connection import translate
-from .errors import SemaphoreConnectionError
 
 #: Errors that say nothing about the Redis's settings: it cannot answer now.
 UNREACHABLE = (

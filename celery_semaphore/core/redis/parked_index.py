@@ -27,7 +27,7 @@ the forget leaves S listed. Only a process stalled for ``FORGET_AFTER -
 REGISTER_EVERY`` between deciding not to list and parking could slip through.
 
 Names parked before this index existed (or an index lost alone, say evicted)
-are listed by `celery_semaphore.core.discovery.index_parked()`, one SCAN per
+are listed by `celery_semaphore.core.redis.discovery.index_parked()`, one SCAN per
 client and namespace in a process: a worker's heartbeat calls it at its first
 look, never per beat. Known gap: when Redis loses its data (the index with
 it), a process that listed S less than `REGISTER_EVERY` before does not list

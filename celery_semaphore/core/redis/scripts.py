@@ -32,8 +32,9 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from typing import Any
 
+from celery_semaphore.core.constants import lua_prelude
+
 from . import functions
-from .constants import lua_prelude
 
 NAMES = (
     "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "counts", "configure",
@@ -63,7 +64,7 @@ def _read(folder: Any, name: str) -> str:
     return str(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"))
 
 
-_LUA = files("celery_semaphore.core").joinpath("lua")
+_LUA = files("celery_semaphore.core.redis").joinpath("lua")
 _OWN = {name: _read(_LUA, name) for name in (*NAMES, *ON_DEMAND_NAMES, "admit")}
 _OWN["common"] = "\n".join([lua_prelude(), *(_read(_LUA, name) for name in COMMON)])
 _PARKED_INDEX = {

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_semaphore.core.replies import text
+from celery_semaphore.core.redis.replies import text
 
 logger = logging.getLogger(__name__)
 

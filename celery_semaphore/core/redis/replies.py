@@ -11,8 +11,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from .rates import RateLimit
-from .results import (
+from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.results import (
     FairKeyInfo,
     Grant,
     Handover,

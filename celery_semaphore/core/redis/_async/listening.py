@@ -1,10 +1,8 @@
-# Generated from celery_semaphore/core/_async/listening.py by scripts/unasync.py:
-# do not edit; edit the asyncio source and run the script.
 """A waiter's pub/sub connection: subscribing, keeping it between waits, reconnecting.
 
 A waiter in place listens on its semaphore's wake channel (`celery_semaphore.core.wakeups`
 says what the messages mean). The connection is kept between waits of the same
-process (`celery_semaphore.core.listeners`); a waiter that loses Redis reconnects
+process (`celery_semaphore.core.redis.listeners`); a waiter that loses Redis reconnects
 with a growing pause, unless Redis refused its login.
 """
 
@@ -17,9 +15,9 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.core.connection import SyncClient, is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError
-from celery_semaphore.core.listeners import LISTENERS
+from celery_semaphore.core.redis.connection import AsyncClient, is_cluster, translate
+from celery_semaphore.core.redis.listeners import LISTENERS
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -33,7 +31,7 @@ def reconnectable(error: SemaphoreConnectionError) -> bool:
     return not isinstance(error.__cause__, redis.AuthenticationError)
 
 
-def listen(client: SyncClient, url: str, channels: Sequence[str]) -> Any:
+async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
     """A pub/sub object subscribed to ``channels``: one an earlier wait of this process
     left (`core.listeners`), once Redis has confirmed its UNSUBSCRIBE, else a new one."""
     pubsub = LISTENERS.take(client)
@@ -41,23 +39,23 @@ def listen(client: SyncClient, url: str, channels: Sequence[str]) -> Any:
         try:
             deadline = time.monotonic() + UNSUBSCRIBE_TIMEOUT
             while pubsub.subscribed and (left := deadline - time.monotonic()) > 0:
-                pubsub.get_message(timeout=left)  # stale until the confirmation
+                await pubsub.get_message(timeout=left)  # stale until the confirmation
             if not pubsub.subscribed:
-                pubsub.subscribe(*channels)
+                await pubsub.subscribe(*channels)
                 return pubsub
         except redis.RedisError:  # its connection broke while it idled
             pass
-        close_quietly(pubsub)
+        await close_quietly(pubsub)
     pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
     try:
-        pubsub.subscribe(*channels)
+        await pubsub.subscribe(*channels)
     except redis.RedisError as error:
-        close_quietly(pubsub)
+        await close_quietly(pubsub)
         raise translate(error, url) from error
     return pubsub
 
 
-def unlisten(client: SyncClient, pubsub: Any, *, keep: bool) -> None:
+async def unlisten(client: AsyncClient, pubsub: Any, *, keep: bool) -> None:
     """The wait is over. With ``keep`` (it ended normally, so the connection is between
     replies): send UNSUBSCRIBE and leave ``pubsub`` for the next wait, which reads the
     confirmation (no round trip between a grant and the task); else close it."""
@@ -65,13 +63,13 @@ def unlisten(client: SyncClient, pubsub: Any, *, keep: bool) -> None:
         return
     if keep and not is_cluster(client):  # a cluster's pub/sub holds its client
         with contextlib.suppress(redis.RedisError):
-            pubsub.unsubscribe()
+            await pubsub.unsubscribe()
             if LISTENERS.give(client, pubsub):
                 return
-    close_quietly(pubsub)
+    await close_quietly(pubsub)
 
 
-def close_quietly(pubsub: Any) -> None:
+async def close_quietly(pubsub: Any) -> None:
     if pubsub is not None:
         with contextlib.suppress(Exception):
-            pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]
+            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]

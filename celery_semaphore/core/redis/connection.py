@@ -23,7 +23,8 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .errors import SemaphoreBackendError, SemaphoreConnectionError
+from celery_semaphore.core.errors import SemaphoreBackendError, SemaphoreConnectionError
+
 from .packing import packs_faster
 
 SyncClient = redis.Redis | redis.cluster.RedisCluster

@@ -1,8 +1,10 @@
+# Generated from celery_semaphore/core/redis/_async/listening.py by scripts/unasync.py:
+# do not edit; edit the asyncio source and run the script.
 """A waiter's pub/sub connection: subscribing, keeping it between waits, reconnecting.
 
 A waiter in place listens on its semaphore's wake channel (`celery_semaphore.core.wakeups`
 says what the messages mean). The connection is kept between waits of the same
-process (`celery_semaphore.core.listeners`); a waiter that loses Redis reconnects
+process (`celery_semaphore.core.redis.listeners`); a waiter that loses Redis reconnects
 with a growing pause, unless Redis refused its login.
 """
 
@@ -15,9 +17,9 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.core.connection import AsyncClient, is_cluster, translate
 from celery_semaphore.core.errors import SemaphoreConnectionError
-from celery_semaphore.core.listeners import LISTENERS
+from celery_semaphore.core.redis.connection import SyncClient, is_cluster, translate
+from celery_semaphore.core.redis.listeners import LISTENERS
 
 RECONNECT_FIRST = 0.05  # seconds before a waiter first asks again after losing Redis
 RECONNECT_MOST = 1.0
@@ -31,7 +33,7 @@ def reconnectable(error: SemaphoreConnectionError) -> bool:
     return not isinstance(error.__cause__, redis.AuthenticationError)
 
 
-async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
+def listen(client: SyncClient, url: str, channels: Sequence[str]) -> Any:
     """A pub/sub object subscribed to ``channels``: one an earlier wait of this process
     left (`core.listeners`), once Redis has confirmed its UNSUBSCRIBE, else a new one."""
     pubsub = LISTENERS.take(client)
@@ -39,23 +41,23 @@ async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
         try:
             deadline = time.monotonic() + UNSUBSCRIBE_TIMEOUT
             while pubsub.subscribed and (left := deadline - time.monotonic()) > 0:
-                await pubsub.get_message(timeout=left)  # stale until the confirmation
+                pubsub.get_message(timeout=left)  # stale until the confirmation
             if not pubsub.subscribed:
-                await pubsub.subscribe(*channels)
+                pubsub.subscribe(*channels)
                 return pubsub
         except redis.RedisError:  # its connection broke while it idled
             pass
-        await close_quietly(pubsub)
+        close_quietly(pubsub)
     pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
     try:
-        await pubsub.subscribe(*channels)
+        pubsub.subscribe(*channels)
     except redis.RedisError as error:
-        await close_quietly(pubsub)
+        close_quietly(pubsub)
         raise translate(error, url) from error
     return pubsub
 
 
-async def unlisten(client: AsyncClient, pubsub: Any, *, keep: bool) -> None:
+def unlisten(client: SyncClient, pubsub: Any, *, keep: bool) -> None:
     """The wait is over. With ``keep`` (it ended normally, so the connection is between
     replies): send UNSUBSCRIBE and leave ``pubsub`` for the next wait, which reads the
     confirmation (no round trip between a grant and the task); else close it."""
@@ -63,13 +65,13 @@ async def unlisten(client: AsyncClient, pubsub: Any, *, keep: bool) -> None:
         return
     if keep and not is_cluster(client):  # a cluster's pub/sub holds its client
         with contextlib.suppress(redis.RedisError):
-            await pubsub.unsubscribe()
+            pubsub.unsubscribe()
             if LISTENERS.give(client, pubsub):
                 return
-    await close_quietly(pubsub)
+    close_quietly(pubsub)
 
 
-async def close_quietly(pubsub: Any) -> None:
+def close_quietly(pubsub: Any) -> None:
     if pubsub is not None:
         with contextlib.suppress(Exception):
-            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+            pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]

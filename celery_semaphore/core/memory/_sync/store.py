@@ -1,0 +1,122 @@
+# Generated from celery_semaphore/core/memory/_async/store.py by scripts/unasync.py:
+# do not edit; edit the asyncio source and run the script.
+"""`MemoryStore`: semaphores in this process's memory, as the reference model
+states them (`celery_semaphore.core.memory`).
+
+``core/memory/_async/store.py`` is the source; ``core/memory/_sync/store.py`` is
+generated from it (``scripts/unasync.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from celery_semaphore.core.errors import SemaphoreConnectionError
+from celery_semaphore.core.memory import backend
+from celery_semaphore.core.protocol import SemaphoreSpec
+from celery_semaphore.core.requests import (
+    Acquire,
+    AcquireAll,
+    Configure,
+    Enqueue,
+    Park,
+    Release,
+    Renew,
+)
+from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
+
+#: How often a waiter looks whether anything changed (s): there are no wake messages.
+LOOK_EVERY = 0.005
+
+
+class MemoryStore:
+    """The semaphores of ``url`` (``memory://`` or ``memory://<name>``) in this process
+    (`celery_semaphore.core._sync.store.Store`)."""
+
+    cluster = False
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._backend = backend.backend_for(url)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.url!r})"
+
+    def acquire(
+        self, spec: SemaphoreSpec, request: Acquire
+    ) -> tuple[Grant | Place, list[Handover]]:
+        return backend.acquire(self._backend, spec, request)
+
+    def acquire_all(
+        self, specs: Sequence[SemaphoreSpec], request: AcquireAll
+    ) -> tuple[list[Grant] | Places, list[list[Handover]]]:
+        raise NotImplementedError(
+            "a SemaphoreSet on the memory store: the reference model does not take several "
+            "semaphores in one step yet; use a Redis store"
+        )
+
+    def joint_problem(self, specs: Sequence[SemaphoreSpec]) -> str | None:
+        return (
+            "semaphores on the memory store cannot be taken in one step yet (the reference "
+            "model does not state acquire_all); use a Redis store"
+        )
+
+    def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
+        return backend.park(self._backend, spec, request)
+
+    def list_parked(self, spec: SemaphoreSpec) -> None:
+        """Nothing to list: the models of this store are all there is."""
+
+    def enqueue(self, spec: SemaphoreSpec, request: Enqueue) -> tuple[Place, bool, list[Handover]]:
+        return backend.enqueue(self._backend, spec, request)
+
+    def dispatch(self, spec: SemaphoreSpec, drop: tuple[str, ...]) -> list[Handover]:
+        return backend.dispatch(self._backend, spec, drop)
+
+    def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
+        return backend.release(self._backend, spec, request)
+
+    def renew(
+        self, spec: SemaphoreSpec, request: Renew
+    ) -> tuple[float, set[str], list[Handover], int]:
+        return backend.renew(self._backend, spec, request)
+
+    def configure(
+        self, spec: SemaphoreSpec, request: Configure
+    ) -> tuple[str | None, list[Handover]]:
+        return backend.configure(self._backend, spec, request)
+
+    def status(self, spec: SemaphoreSpec) -> SemaphoreStatus:
+        return backend.status(self._backend, spec)
+
+    def learn_epoch(self, spec: SemaphoreSpec) -> None:
+        """A memory store never loses its data while the process lives."""
+
+    def note_lost(self, spec: SemaphoreSpec, count: int) -> None:
+        """The memory store keeps no metrics counters."""
+
+    def listen(self, specs: Sequence[SemaphoreSpec]) -> Any:
+        return self._backend.changes
+
+    def wait_for_wakeup(
+        self, subscription: Any, ticket: int, holder: str, seconds: float
+    ) -> Grant | None:
+        """Until anything changed since the waiter last asked (it asks again), or
+        ``seconds`` pass."""
+        deadline = time.monotonic() + seconds
+        seen = self._backend.changes
+        while time.monotonic() < deadline and self._backend.changes == seen:
+            time.sleep(min(LOOK_EVERY, max(0.0, deadline - time.monotonic())))
+        return None
+
+    def unlisten(self, subscription: Any, *, keep: bool) -> None:
+        """Nothing to close."""
+
+    def reconnectable(self, error: SemaphoreConnectionError) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Nothing to close: the state stays with the process (another semaphore of the
+        same URL sees it)."""

@@ -1,0 +1,304 @@
+"""The memory store's state: one reference model per semaphore, behind one lock, and
+the model's replies turned into the values of `celery_semaphore.core.results`.
+
+Time is the process's wall clock, read once per operation, as a script reads the
+server's. A change that may admit a waiter (anything but a refusal or a read) moves
+the store's ``changes`` counter, which is what a waiting `wait_for_wakeup` watches:
+there are no wake messages and no grants in place (a waiter asks again).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from celery_semaphore.core import model
+from celery_semaphore.core.errors import StaleHandover
+from celery_semaphore.core.model import Caller, SemaphoreModel
+from celery_semaphore.core.protocol import SemaphoreSpec
+from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.requests import Acquire, Configure, Enqueue, Park, Release, Renew
+from celery_semaphore.core.results import (
+    SHADOW_CODES,
+    FairKeyInfo,
+    Grant,
+    Handover,
+    HolderInfo,
+    Parked,
+    Place,
+    SemaphoreStatus,
+    WaiterInfo,
+)
+
+STATES = {"p": "parked", "h": "handed over", "": "asking"}
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def shadow_kinds(codes: str) -> frozenset[str]:
+    return frozenset(SHADOW_CODES[code] for code in codes)
+
+
+def model_rate(rate: RateLimit | None) -> model.Rate | None:
+    return None if rate is None else model.Rate(rate.interval_us, rate.burst)
+
+
+def rate_limit(rate: model.Rate | None) -> RateLimit | None:
+    return None if rate is None else RateLimit.decode(f"{rate.interval_us}|{rate.burst}")
+
+
+def caller_of(spec: SemaphoreSpec) -> Caller:
+    """What a client of these settings declares with its calls."""
+    return Caller(
+        limit=spec.limit,
+        rate=model_rate(spec.rate),
+        shadow=spec.shadow_codes,
+        sent_horizon_ms=spec.sent_horizon_ms,
+        dispatch=spec.dispatch,
+    )
+
+
+def handovers_of(modelled: SemaphoreModel) -> list[Handover]:
+    return [Handover(h.holder, h.token, h.payload, h.delay_ms / 1000) for h in modelled.handovers]
+
+
+def grant_of(granted: model.Granted) -> Grant:
+    return Grant(
+        granted.token,
+        granted.expires_ms / 1000,
+        granted.waited_ms / 1000,
+        shadow_kinds(granted.shadow),
+        granted.shadow_wait_ms / 1000,
+    )
+
+
+def place_of(refused: model.Refused, modelled: SemaphoreModel, now: int) -> Place:
+    now_ms = now // 1000
+    earliest = refused.earliest_expiry_ms
+    return Place(
+        ticket=refused.ticket,
+        position=refused.position,
+        holders=refused.holders,
+        limit=refused.limit,
+        draining=refused.draining,
+        next_expiry_in=max(0.0, (earliest - now_ms) / 1000) if earliest else None,
+        hold_estimate=modelled.hold_ms / 1000 if modelled.hold_ms else None,
+        rate_due=None if refused.slot_us is None else refused.slot_us / 1_000_000,
+        rate_paused_for=max(0.0, (refused.rate_pause_ms - now_ms) / 1000)
+        if refused.rate_pause_ms
+        else None,
+    )
+
+
+def enqueued_place(place: model.Enqueued) -> Place:
+    return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
+                 next_expiry_in=None,
+                 rate_due=None if place.slot_us is None else place.slot_us / 1_000_000)  # fmt: skip
+
+
+def status_of(name: str, status: model.Status, fair_keys_read: int) -> SemaphoreStatus:
+    holders = sorted(
+        (
+            HolderInfo(
+                h.holder, h.token, h.acquired_ms / 1000, h.expires_ms / 1000, h.info, h.permits
+            )
+            for h in status.holders
+        ),
+        key=lambda h: h.acquired_at,
+    )
+    waiters = [
+        WaiterInfo(
+            w.holder,
+            w.ticket,
+            position,
+            w.since_ms / 1000,
+            w.expires_ms / 1000,
+            w.info,
+            STATES[w.state],
+            None if w.ask is None else w.ask.fair_key,
+        )
+        for position, w in enumerate(status.waiters, 1)
+    ]
+    grants = status.fair_grants
+    return SemaphoreStatus(
+        name=name,
+        declared_limit=status.recorded_limit,
+        override=status.override,
+        effective_limit=status.effective_limit,
+        draining=status.draining,
+        holder_count=status.holder_count,
+        waiter_count=status.waiter_count,
+        holders=holders,
+        waiters=waiters,
+        server_time=status.now_ms / 1000,
+        parked_count=status.parked_count,
+        handed_over_count=status.handed_over_count,
+        sent_count=status.sent_count,
+        sent_without_place=[
+            WaiterInfo(holder, 0, 0, 0.0, 0.0, "", "in broker")
+            for holder in status.sent_without_place
+        ],
+        sent_without_place_count=len(status.sent_without_place),
+        resumes_at=None,
+        rate=rate_limit(status.rate),
+        rate_override=rate_limit(status.rate_override),
+        rate_room=status.rate_room,
+        next_start_at=status.next_start_ms / 1000 if status.rate else None,
+        rate_paused_until=status.rate_paused_until_ms / 1000
+        if status.rate_paused_until_ms
+        else None,
+        fair_keys_waiting=status.fair_keys_waiting,
+        fair_grants=grants,
+        fair_keys=[
+            FairKeyInfo(k.key, k.waiting, k.grants, round(k.grants / grants, 3) if grants else 0.0)
+            for k in status.fair_keys
+        ],
+        fair_keys_read=fair_keys_read,
+        shadow_limit_refusals=status.shadow_limit_refusals,
+        shadow_rate_refusals=status.shadow_rate_refusals,
+        shadow_delay=status.shadow_wait_ms / 1000,
+        shadow_peak=status.shadow_peak,
+        shadow=shadow_kinds(status.recorded_shadow),
+    )
+
+
+class Backend:
+    """The semaphores of one ``memory://`` URL in this process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.models: dict[tuple[str, str], SemaphoreModel] = {}
+        #: Moves on every change that may admit a waiter (see the module docstring).
+        self.changes = 0
+
+    def model_of(self, spec: SemaphoreSpec) -> SemaphoreModel:
+        key = (spec.namespace, spec.name)
+        if key not in self.models:
+            self.models[key] = SemaphoreModel()
+        return self.models[key]
+
+
+def acquire(
+    backend: Backend, spec: SemaphoreSpec, asked: Acquire
+) -> tuple[Grant | Place, list[Handover]]:
+    """Waiting in place is not modelled: ``asked.in_place`` changes nothing here."""
+    with backend.lock:
+        modelled, now = backend.model_of(spec), now_us()
+        reply = modelled.attempt(
+            caller_of(spec), asked.holder, now, lease_ms=asked.lease_ms,
+            waiter_lease_ms=asked.wait_ms, ticket=asked.ticket, ask=asked.ask, info=asked.info,
+            handover=asked.handover,
+        )  # fmt: skip
+        if isinstance(reply, model.Stale):
+            raise StaleHandover(spec.name, reply.token)
+        handovers = handovers_of(modelled)
+        if isinstance(reply, model.Granted):
+            backend.changes += 1
+            return grant_of(reply), handovers
+        return place_of(reply, modelled, now), handovers  # a refusal wakes nobody
+
+
+def park(backend: Backend, spec: SemaphoreSpec, asked: Park) -> tuple[Parked, list[Handover]]:
+    with backend.lock:
+        modelled, now = backend.model_of(spec), now_us()
+        place = modelled.park(
+            caller_of(spec), asked.holder, asked.payload, now, park_lease_ms=asked.park_ms,
+            ticket=asked.ticket, info=asked.info, due_ms=asked.due_ms, ask=asked.ask,
+        )  # fmt: skip
+        backend.changes += 1
+        return Parked(place.ticket, place.position), handovers_of(modelled)
+
+
+def enqueue(
+    backend: Backend, spec: SemaphoreSpec, asked: Enqueue
+) -> tuple[Place, bool, list[Handover]]:
+    far = asked.far
+    park_if_far = None
+    if far is not None and spec.dispatch is not None:
+        park_if_far = model.ParkIfFar(
+            far.window_us, far.head, far.tail, far.park_ms, spec.dispatch, far.due_ms
+        )
+    with backend.lock:
+        modelled, now = backend.model_of(spec), now_us()
+        place = modelled.take_place(
+            caller_of(spec), asked.holder, now, waiter_lease_ms=asked.wait_ms, ask=asked.ask,
+            info=asked.info, park_if_far=park_if_far,
+        )  # fmt: skip
+        backend.changes += 1
+        return enqueued_place(place), place.parked, handovers_of(modelled)
+
+
+def dispatch(backend: Backend, spec: SemaphoreSpec, drop: Sequence[str]) -> list[Handover]:
+    with backend.lock:
+        modelled = backend.model_of(spec)
+        modelled.dispatch(caller_of(spec), now_us(), tuple(drop))
+        backend.changes += 1
+        return handovers_of(modelled)
+
+
+def release(backend: Backend, spec: SemaphoreSpec, asked: Release) -> tuple[bool, list[Handover]]:
+    with backend.lock:
+        modelled = backend.model_of(spec)
+        released = modelled.release(
+            caller_of(spec), asked.holder, now_us(), asked.token, unused=asked.unused
+        )
+        backend.changes += 1
+        return released, handovers_of(modelled)
+
+
+def renew(
+    backend: Backend, spec: SemaphoreSpec, asked: Renew
+) -> tuple[float, set[str], list[Handover], int]:
+    with backend.lock:
+        modelled = backend.model_of(spec)
+        held = [(holder, token) for holder, token, _ in asked.held]
+        expires_ms, lost = modelled.renew(held, asked.lease_ms, now_us(), dispatch=spec.dispatch)
+        backend.changes += 1
+        return expires_ms / 1000, set(lost), handovers_of(modelled), 0
+
+
+def configure(
+    backend: Backend, spec: SemaphoreSpec, asked: Configure
+) -> tuple[str | None, list[Handover]]:
+    caller = caller_of(spec)
+    with backend.lock:
+        modelled, now = backend.model_of(spec), now_us()
+        previous: str | None
+        if asked.field == "override":
+            old = modelled.set_override(int(asked.value) if asked.value else None, now, caller)
+            previous = None if old is None else str(old)
+        elif asked.field == "draining":
+            previous = "1" if modelled.set_draining(asked.value == "1", now, caller) else None
+        elif asked.field == "rate_override":
+            rate = RateLimit.decode(asked.value) if asked.value else None
+            old_rate = modelled.set_rate_override(model_rate(rate), now, caller)
+            previous = None if old_rate is None else f"{old_rate.interval_us}|{old_rate.burst}"
+        elif asked.field == "rate_pause":
+            modelled.pause_rate(caller, int(asked.value), now)
+            previous = None
+        else:
+            raise ValueError(f"unknown setting {asked.field!r}")
+        backend.changes += 1
+        return previous, handovers_of(modelled)
+
+
+def status(backend: Backend, spec: SemaphoreSpec) -> SemaphoreStatus:
+    with backend.lock:
+        modelled = backend.model_of(spec)
+        read = modelled.status(caller_of(spec), now_us())
+        return status_of(spec.name, read, len(modelled.fair))
+
+
+#: The stores of this process, by URL.
+BACKENDS: dict[str, Backend] = {}
+_MADE = threading.Lock()
+
+
+def backend_for(url: str) -> Backend:
+    with _MADE:
+        if url not in BACKENDS:
+            BACKENDS[url] = Backend()
+        return BACKENDS[url]
