@@ -53,8 +53,9 @@ from typing import Any
 import redis
 
 from celery_semaphore import Ask, Permit, Semaphore
+from celery_semaphore.core.operations import open_semaphore
 from celery_semaphore.core.redis import arguments, epochs
-from celery_semaphore.core.redis.discovery import open_semaphore, semaphore_names
+from celery_semaphore.core.redis.discovery import semaphore_names
 from celery_semaphore.core.redis.keys import semaphore_keys
 from celery_semaphore.core.redis.scripts import registered
 from celery_semaphore.metrics import COUNTERS, SemaphoreCollector

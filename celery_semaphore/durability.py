@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .core.errors import SemaphoreConnectionError
-from .core.redis.connection import mask_url
-from .core.redis.server import Persistence, read_persistence
+from .core.results import Persistence
+from .core.urls import mask_url
 
 if TYPE_CHECKING:
     from .config import SemaphoreConfig
+    from .core.operations import OperatedStore
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +106,13 @@ class ParkingSafety:
         self._brokers: dict[str, tuple[float, bool]] = {}
         self._warned: set[str] = set()
 
-    def allows(self, app: Any, config: SemaphoreConfig, client: Any) -> bool:
+    def allows(self, app: Any, config: SemaphoreConfig, store: OperatedStore) -> bool:
         """Whether a task with settings ``config`` may park in ``config.redis_url``
-        (``client`` reaches it). Logs the WARNING once per URL when not."""
+        (``store`` is there: its ``persistence()`` says). Logs the WARNING once per URL
+        when not."""
         if config.park_without_persistence or self._is_the_brokers(app, config.redis_url):
             return True
-        persistence = self.persistence(client, config.redis_url)
+        persistence = self.persistence(store, config.redis_url)
         if persistence is None:
             return False  # unreachable now: parking would fail as well
         if persistence.every_write:
@@ -127,7 +129,7 @@ class ParkingSafety:
         self._brokers[url] = (now, answer)
         return answer
 
-    def persistence(self, client: Any, url: str) -> Persistence | None:
+    def persistence(self, store: OperatedStore, url: str) -> Persistence | None:
         """The cached reading of ``url``'s persistence, read again when older than
         ``recheck``; None when the Redis cannot be reached (nothing cached)."""
         now = self.clock()
@@ -135,7 +137,7 @@ class ParkingSafety:
         if cached is not None and now - cached[0] < self.recheck:
             return cached[1]
         try:
-            persistence = read_persistence(client, url)
+            persistence = store.persistence()
         except SemaphoreConnectionError:
             return None
         with self._lock:

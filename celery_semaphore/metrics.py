@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .core.constants import HISTOGRAM_BOUNDS_MS, HISTOGRAMS, histogram_fields
-from .core.redis.discovery import last_data_loss, read_counts, semaphore_names
+from .core.operations import operated_store
 
 #: Upper bounds (seconds) of the wait and hold histograms: the scripts' (ms).
 BUCKETS = tuple(bound / 1000 for bound in HISTOGRAM_BOUNDS_MS)
@@ -116,9 +116,9 @@ class SemaphoreCollector:
     """
 
     def __init__(self, client: Any, namespace: str, url: str = "", per_key: bool = False) -> None:
-        self.client = client
+        #: ``client``: a redis-py client (``url``: what it was made from) or a store.
+        self.store = operated_store(client, url)
         self.namespace = namespace
-        self.url = url
         self.per_key = per_key
         self._members: dict[str, tuple[str, dict[str, float]]] = {}  # name: (series, counts)
         self._retired: dict[str, dict[str, float]] = {}  # series: counts of expired members
@@ -131,10 +131,10 @@ class SemaphoreCollector:
         ``members`` (how many semaphores it sums)."""
         series: dict[str, dict[str, float]] = {}
         seen: dict[str, tuple[str, dict[str, float]]] = {}
-        names = semaphore_names(self.client, self.namespace, self.url)
+        names = self.store.semaphore_names(self.namespace)
         # one counts.lua call each (pipelined), with the meta fields it needs, not
         # HGETALL: meta also holds a record per weighted or fair waiter and per fair key
-        for status in read_counts(self.client, self.namespace, names, FIELDS, self.url):
+        for status in self.store.counts(self.namespace, names, FIELDS):
             name = status.name
             label = name if self.per_key else status.fields["family"] or name
             counts = {field: float(status.fields[field] or 0) for field in COUNTERS}
@@ -178,7 +178,7 @@ class SemaphoreCollector:
 
     def read_data_loss(self) -> tuple[float, float, float]:
         """The `DATA_LOSS` gauges' values, from the epoch hash(es) of the namespace."""
-        return last_data_loss(self.client, self.namespace, self.url)
+        return self.store.last_data_loss(self.namespace)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import (  # noqa: PLC0415 (the optional extra)

@@ -40,7 +40,6 @@ from .config import SemaphoreConfig, get_config, task_config
 from .core import Place, Semaphore
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
-from .core.redis.discovery import read_counts
 from .formats import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import AppState, installed_apps, state_of
@@ -159,8 +158,8 @@ def skips_place(
     room = state.room_at_publish
     ticket = room.skip(gate)
     if ticket is None and room.needs_look(gate):
-        semaphore = semaphore_of(app, gate, config, quick=True)
-        found = read_counts(semaphore.client, semaphore.namespace, [gate.name], url=semaphore.url)
+        store = state.semaphores.store(config.redis_url, quick=True)
+        found = store.counts(config.namespace, [gate.name])
         room.looked(gate, found[0] if found else None)
         ticket = room.skip(gate)
     if ticket is None:
@@ -277,7 +276,9 @@ class ParkingProducer:
         if turn_is_near(place, window_of(gate, config)):
             return False
         semaphore = semaphore_of(app, gate, config, quick=True)
-        if not state_of(app).parking.allows(app, config, semaphore.client):
+        if not state_of(app).parking.allows(
+            app, config, state_of(app).semaphores.store(config.redis_url, quick=True)
+        ):
             return False
         sent_state = headers[WAIT_HEADER]
         parked_state = WaitState.in_headers(headers)
@@ -310,8 +311,9 @@ class ParkingProducer:
         app, task, headers = self._task.app, self._task, options["headers"]
         warn_disagreeing_limits(app)
         state, config = state_of(app), task_config(self._task)
+        store = state.semaphores.store(config.redis_url, quick=True)
         if time.monotonic() < state.publish_paused_until or not state.parking.allows(
-            app, config, semaphore.client
+            app, config, store
         ):
             return None
         first_ask = time.time()  # its wait budget starts now, if it parks

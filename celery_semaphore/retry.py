@@ -79,7 +79,7 @@ class Waits:
         if may_park and place is not None and self.config.parks:
             app, config = self.task.app, self.config
             state = state_of(app)
-            may_park = state.parking.allows(app, config, state.semaphores.client(config.redis_url))
+            may_park = state.parking.allows(app, config, state.semaphores.store(config.redis_url))
         return decide(
             place,
             waits=self.state.period_waits,

@@ -4,7 +4,7 @@
 
 - ``config``: the ``semaphore_*`` settings, read and validated once;
 - ``task_configs``: each task's settings with its own options applied;
-- ``semaphores``: this process's Redis clients and semaphores (one per URL / gate);
+- ``semaphores``: this process's stores and semaphores (one per URL / gate);
 - ``publish_paused_until``: after a failed place-taking at publish, none are
   taken until then (publishing never stalls on Redis);
 - ``room_at_publish``: the room last seen in each line published to, while new
@@ -30,9 +30,9 @@ from weakref import WeakSet
 
 from .config import SemaphoreConfig, forget_config
 from .core import Semaphore
+from .core.operations import OperatedStore, operated_store
 from .core.protocol import PAUSE_MARGIN
 from .core.rates import RateLimit
-from .core.redis.connection import SyncClient, connect, connect_quick
 from .durability import ParkingSafety
 from .parked_tasks import publisher
 from .room_at_publish import RoomAtPublish
@@ -43,12 +43,12 @@ QUICK_TIMEOUT = 0.25
 installed_apps: WeakSet[Any] = WeakSet()
 
 
-def _client(url: str, quick: bool) -> SyncClient:
-    return connect_quick(url, QUICK_TIMEOUT) if quick else connect(url)[0]
+def _store(url: str, quick: bool) -> OperatedStore:
+    return operated_store(url, quick_timeout=QUICK_TIMEOUT if quick else None)
 
 
 class Semaphores:
-    """One client per Redis URL and one `Semaphore` per gate (the last
+    """One store per URL and one `Semaphore` per gate (the last
     ``MOST_SEMAPHORES`` used), in this process.
 
     With an app, each semaphore publishes the parked tasks it hands over
@@ -71,7 +71,7 @@ class Semaphores:
         # Taken only to make a client or a semaphore: a worker forks its pool while
         # its heartbeat thread runs, and a child that inherits it held would hang.
         self._lock = threading.Lock()
-        self._clients: dict[tuple[str, bool], SyncClient] = {}
+        self._stores: dict[tuple[str, bool], OperatedStore] = {}
         self._semaphores: OrderedDict[tuple[Any, ...], Semaphore] = OrderedDict()
 
     def get(
@@ -85,7 +85,7 @@ class Semaphores:
         rate: RateLimit | None = None,
         shadow: frozenset[str] = frozenset(),
     ) -> Semaphore:
-        """Semaphore ``name``; ``quick``: on a client that gives up within
+        """Semaphore ``name``; ``quick``: on a store whose client gives up within
         `QUICK_TIMEOUT` s, for callers that must never stall (publishing)."""
         key = (config.redis_url, config.namespace, name, limit, config.lease_timeout, quick,
                config.max_block, config.handover_deadline, family, config.renew_every,
@@ -95,13 +95,11 @@ class Semaphores:
             with suppress(KeyError):  # dropped by another thread meanwhile
                 self._semaphores.move_to_end(key)
             return semaphore
+        store = self.store(config.redis_url, quick=quick)
         with self._lock:
-            client = self._clients.get((config.redis_url, quick))
-            if client is None:
-                client = self._clients[(config.redis_url, quick)] = _client(config.redis_url, quick)
             on_handover = None if self.app is None else publisher(self.app, name)
             semaphore = self._semaphores[key] = Semaphore(
-                client,
+                store,
                 name,
                 limit,
                 lease_timeout=config.lease_timeout,
@@ -112,7 +110,6 @@ class Semaphores:
                 family=family,
                 rate=rate,
                 shadow=shadow,
-                url=config.redis_url,
                 # a worker whose heartbeat noticed a loss only at its next beat
                 # still writes its permits back in time
                 pause_after_loss=config.renew_every + PAUSE_MARGIN,
@@ -121,19 +118,19 @@ class Semaphores:
                 self._semaphores.popitem(last=False)
             return semaphore
 
-    def client(self, url: str) -> SyncClient:
-        """This process's client of ``url``."""
+    def store(self, url: str, *, quick: bool = False) -> OperatedStore:
+        """This process's store at ``url`` (``quick``: the one that gives up soon)."""
         with self._lock:
-            client = self._clients.get((url, False))
-            if client is None:
-                client = self._clients[(url, False)] = _client(url, False)
-            return client
+            store = self._stores.get((url, quick))
+            if store is None:
+                store = self._stores[(url, quick)] = _store(url, quick)
+            return store
 
     def close(self) -> None:
         with self._lock:
-            for client in self._clients.values():
-                client.close()
-            self._clients.clear()
+            for store in self._stores.values():
+                store.close()
+            self._stores.clear()
             self._semaphores.clear()
 
 
@@ -198,7 +195,7 @@ def state_of(app: Any) -> AppState:
 
 def reset(app: Any) -> None:
     """Forget what the plugin keeps for ``app``: settings (read again from
-    ``app.conf`` on next use), per-task settings, Redis clients, the publish pause.
+    ``app.conf`` on next use), per-task settings, stores, the publish pause.
 
     For tests that change an app's settings or point it at another Redis
     between runs. Harmless on an app the plugin never saw.

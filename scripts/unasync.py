@@ -56,6 +56,7 @@ RENAMES = [
     (r"\bAsyncStore\b", "Store"),
     (r"\bAsyncRedisStore\b", "RedisStore"),
     (r"\bAsyncMemoryStore\b", "MemoryStore"),
+    (r"\bAsyncRedisOperations\b", "RedisOperations"),
     (r"\basync_store\b", "sync_store"),
     (r"\bAsyncClient\b", "SyncClient"),
     (r"\bconnect_async\b", "connect"),

@@ -15,11 +15,9 @@ import click
 from celery_semaphore.config import get_config
 from celery_semaphore.core import Semaphore
 from celery_semaphore.core.errors import UnknownSemaphore
+from celery_semaphore.core.operations import open_semaphore, operated_store
 from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import RateLimit
-from celery_semaphore.core.redis import discovery
-from celery_semaphore.core.redis.connection import connect, mask_url
-from celery_semaphore.core.redis.discovery import open_semaphore, semaphore_names
 from celery_semaphore.gates import QUEUE_PREFIX
 
 from . import rows
@@ -44,15 +42,15 @@ class Operator:
         self.namespace = config.namespace
         self.queue_limits = dict(config.queue_limits)
         self.queue_rates = dict(config.queue_rates)
-        self.url = mask_url(config.redis_url)
-        self.client, _ = connect(config.redis_url)
+        self.store = operated_store(config.redis_url)
+        self.url = self.store.url
         # A command that notices a loss of Redis's data pauses admissions as the
         # app's workers would (see celery_semaphore.core.redis.epochs).
         self.pause_after_loss = config.renew_every + PAUSE_MARGIN
         self._declared: dict[str, InApp] | None = None
 
     def names(self) -> list[str]:
-        return semaphore_names(self.client, self.namespace, self.url)
+        return self.store.semaphore_names(self.namespace)
 
     def declared(self) -> dict[str, InApp]:
         """The semaphores this app declares, with their limits and rates: the static
@@ -95,10 +93,9 @@ class Operator:
         be configured with it)."""
         try:
             return open_semaphore(
-                self.client,
+                self.store,
                 self.namespace,
                 name,
-                self.url,
                 override_only=True,
                 pause_after_loss=self.pause_after_loss,
             )
@@ -129,7 +126,7 @@ class Operator:
         function, see `celery_semaphore.per_key`; the ``family`` field each member's
         tasks record in its meta hash), with their members' names, sorted."""
         names = self.names()
-        recorded = discovery.recorded_families(self.client, self.namespace, names, self.url)
+        recorded = self.store.recorded_families(self.namespace, names)
         families: dict[str, list[str]] = {}
         for name, family in zip(names, recorded, strict=True):
             if family:
@@ -158,7 +155,7 @@ class Operator:
         """After a change of ``name`` that may admit tasks (a resume, a raised limit,
         a release): every worker's heartbeat listening on the watch channel beats at
         once, and hands over the parked tasks now due. What happened, for the output."""
-        heard = discovery.wake_workers(self.client, self.namespace, name, self.url)
+        heard = self.store.wake_workers(self.namespace, name)
         if not heard:
             return (
                 "no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
@@ -169,12 +166,11 @@ class Operator:
     def open_new(self, name: str, limit: int | None, rate: RateLimit | None = None) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""
         return Semaphore(
-            self.client,
+            self.store,
             name,
             limit,
             rate=rate,
             namespace=self.namespace,
-            url=self.url,
             pause_after_loss=self.pause_after_loss,
         )
 
@@ -185,7 +181,7 @@ class Operator:
     def recorded_rate(self, sem: Semaphore) -> RateLimit | None:
         """The rate ``sem``'s tasks declare, as the last of them to ask recorded it
         (None: none, or not used yet); `SemaphoreStatus` shows only the effective one."""
-        return discovery.recorded_rate(self.client, sem.keys.meta, self.url)
+        return self.store.recorded_rate(self.namespace, sem.name)
 
     def unknown(self, name: str) -> str:
         """One line on a name neither in Redis nor declared: the closest known names."""
@@ -220,4 +216,4 @@ def operator_for(ctx: click.Context) -> Iterator[Operator]:
     try:
         yield operator
     finally:
-        operator.client.close()
+        operator.store.close()

@@ -235,3 +235,36 @@ def shadow_kinds(codes: str) -> frozenset[str]:
     """The scripts' shadow codes ('', 'l', 'r', 'lr') as kinds; a code this version does
     not know (a later one's) is left out."""
     return frozenset(SHADOW_CODES[code] for code in codes if code in SHADOW_CODES)
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """Redis at ``url`` lost the data this process had seen there.
+
+    Times are the Redis server's (seconds since the epoch): ``lost_at`` when a
+    client first noticed (0 if nobody that knew the data has noticed yet: then
+    nothing was paused), ``resumes_at`` when admissions resume (no permit is
+    granted before: the workers write back the permits of the tasks they run
+    meanwhile), ``noticed_at`` when this process noticed.
+    """
+
+    url: str
+    epoch_key: str
+    lost_at: float
+    resumes_at: float
+    noticed_at: float
+
+    @property
+    def pause(self) -> float:
+        """How long admissions are paused, in seconds."""
+        return max(0.0, self.resumes_at - self.lost_at) if self.lost_at else 0.0
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """Whether a store keeps every write across a restart: ``every_write`` True (Redis:
+    ``appendonly yes`` on every node asked), False (not somewhere), None (it would not
+    say: ``detail`` says why)."""
+
+    every_write: bool | None
+    detail: str

@@ -3,6 +3,7 @@ metrics endpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -14,8 +15,8 @@ from celery.worker import state as worker_state
 from celery_semaphore import metrics
 from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.redis.connection import connect, mask_url
-from celery_semaphore.core.redis.server import UNREACHABLE, eviction_policy, ping
+from celery_semaphore.core.operations import OperatedStore, operated_store
+from celery_semaphore.core.urls import mask_url
 from celery_semaphore.gates import warn_disagreeing_limits
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
@@ -82,22 +83,22 @@ def check_parking(app: Any) -> None:
     ]
     state = state_of(app)
     for config in (c for c in configs if c.parks):
-        if not state.parking.allows(app, config, state.semaphores.client(config.redis_url)):
+        if not state.parking.allows(app, config, state.semaphores.store(config.redis_url)):
             return
 
 
-def warn_if_evicting(client: Any, url: str) -> None:
+def warn_if_evicting(store: OperatedStore) -> None:
     """A Redis that may evict keys can drop a semaphore's holders: then more tasks run
     than the limit. Every key of a semaphore has an expiry, so a ``volatile-*``
     policy can take them as surely as an ``allkeys-*`` one."""
-    policy = eviction_policy(client)
+    policy = store.eviction_policy()
     if policy is not None and policy != "noeviction":
         logger.warning(
             "celery-semaphore: the Redis at %s may evict keys when it reaches maxmemory "
             "(maxmemory-policy %s): an evicted holder set lets more tasks run than the "
             "limit. Set maxmemory-policy noeviction there, or give the semaphores a Redis "
             "of their own (semaphore_redis_url)",
-            url,
+            store.url,
             policy,
         )
 
@@ -110,8 +111,8 @@ def check_reachable(app: Any, config: Any) -> None:
     `celery_semaphore.admission`): say so now, once."""
     state = state_of(app)
     try:
-        ping(state.semaphores.client(config.redis_url), mask_url(config.redis_url))
-    except (SemaphoreError, *UNREACHABLE) as error:  # a Cluster client fails as it is made
+        state.semaphores.store(config.redis_url).ping()
+    except SemaphoreError as error:
         logger.error(
             "celery-semaphore: the semaphores' Redis at %s does not answer (%s): until it "
             "does, limited tasks fail with SemaphoreConnectionError; once it has answered, "
@@ -192,8 +193,8 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.heartbeat.start()
         dead_children.start()
         config = get_config(worker.app)
-        client = state_of(worker.app).semaphores.client(config.redis_url)
-        warn_if_evicting(client, mask_url(config.redis_url))
+        with contextlib.suppress(SemaphoreError):  # check_reachable() said so
+            warn_if_evicting(state_of(worker.app).semaphores.store(config.redis_url))
         if self.metrics_port:
             self.metrics_server = self._serve_metrics(config, self.metrics_port)
 
@@ -201,18 +202,17 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         """The metrics endpoint, or None (logged at ERROR) if it cannot listen: the
         worker goes on enforcing the caps without it."""
         where = f"{self.metrics_address}:{port}"
-        client = connect(config.redis_url)[0]
+        store = operated_store(config.redis_url)
         try:
             server = metrics.serve(
-                client,
+                store,
                 config.namespace,
                 port,
-                mask_url(config.redis_url),
                 addr=self.metrics_address,
                 per_key=config.metrics_per_key,
             )
         except OSError as error:
-            client.close()
+            store.close()
             logger.error(
                 "celery-semaphore: no metrics: --semaphore-metrics-port %s cannot listen on "
                 "%s (%s); choose a free port, or --semaphore-metrics-address",

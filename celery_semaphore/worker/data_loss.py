@@ -21,8 +21,8 @@ from celery_semaphore import signals
 from celery_semaphore.config import get_config
 from celery_semaphore.core import Permit
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.redis import epochs
-from celery_semaphore.core.redis.connection import mask_url
+from celery_semaphore.core.results import DataLoss
+from celery_semaphore.core.urls import mask_url
 from celery_semaphore.formats import Gate
 from celery_semaphore.gates import semaphore_of
 
@@ -64,7 +64,7 @@ class WrittenBack:
 
 
 def report_loss(
-    app: Any, hostname: str | None, loss: epochs.DataLoss, restored: int, parked_in: set[str]
+    app: Any, hostname: str | None, loss: DataLoss, restored: int, parked_in: set[str]
 ) -> None:
     """The log line, signal and event of a data loss this process noticed."""
     parked_lost = sorted(parked_in)

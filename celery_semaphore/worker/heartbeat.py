@@ -26,8 +26,9 @@ from typing import Any
 
 from celery_semaphore import signals
 from celery_semaphore.config import get_config, task_config, uses_handover
+from celery_semaphore.core import losses
 from celery_semaphore.core.errors import SemaphoreError
-from celery_semaphore.core.redis import epochs
+from celery_semaphore.core.results import DataLoss
 from celery_semaphore.formats import Gate, recorded_gates
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
@@ -107,7 +108,7 @@ class Heartbeat:
         self._beat_now = threading.Event()
         # noticed by this process, not yet reported; with the semaphores that had
         # parked tasks at the last look before
-        self._losses: list[tuple[epochs.DataLoss, set[str]]] = []
+        self._losses: list[tuple[DataLoss, set[str]]] = []
         self._written_back = WrittenBack(app)
         self._beat_soon = False  # after a write-back: look again for ended ones soon
         self._thread = threading.Thread(
@@ -119,7 +120,7 @@ class Heartbeat:
         self._reported: set[Key] = set()
 
     def start(self) -> None:
-        epochs.listen(self.notice)
+        losses.listen(self.notice)
         self._learn_epoch()
         self._thread.start()
         self._watch.start()
@@ -137,7 +138,7 @@ class Heartbeat:
             return
         self._stop.set()
         self._beat_now.set()
-        epochs.unlisten(self.notice)
+        losses.unlisten(self.notice)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
@@ -150,7 +151,7 @@ class Heartbeat:
                 return
             if self._draining.is_set() and not list(self.running()):
                 self._stop.set()
-                epochs.unlisten(self.notice)
+                losses.unlisten(self.notice)
                 return
             try:
                 self.beat()
@@ -168,7 +169,7 @@ class Heartbeat:
         except SemaphoreError as error:
             logger.warning("could not read the data epoch of the semaphores' Redis: %s", error)
 
-    def notice(self, loss: epochs.DataLoss) -> None:
+    def notice(self, loss: DataLoss) -> None:
         """A call of this process found that Redis lost its data (`start()` has
         `celery_semaphore.core.redis.epochs` call this): beat now, and its renewals write
         the permits back while admissions are paused."""

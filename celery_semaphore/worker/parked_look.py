@@ -17,9 +17,7 @@ from typing import Any
 
 from celery_semaphore.config import SemaphoreConfig, get_config, task_config
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreError
-from celery_semaphore.core.redis import parked_index
-from celery_semaphore.core.redis.connection import mask_url
-from celery_semaphore.core.redis.discovery import index_parked, parked_counts
+from celery_semaphore.core.operations import OperatedStore
 from celery_semaphore.formats import Gate
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.state import state_of
@@ -75,14 +73,12 @@ class ParkedLook:
         lists the semaphores parked in before the index, with one SCAN); then the
         names whose parked tasks are gone leave the index."""
         config = get_config(self.app)
-        client = state_of(self.app).semaphores.client(config.redis_url)
-        url = mask_url(config.redis_url)
+        store = state_of(self.app).semaphores.store(config.redis_url)
         revoked = set(self.revoked())
         self._dropped &= revoked
         drop = sorted(revoked - self._dropped)
-        index_parked(client, config.namespace, url)
-        now_ms, entries = parked_index.read(client, config.namespace, url)
-        names = [name for name, _ in entries]
+        index = store.parked_index(config.namespace)
+        names = index.names
         # those parked in at the last look too: the first call after a loss notices it
         failed = False
         for name in sorted(set(names) | self.parked_in):
@@ -93,16 +89,16 @@ class ParkedLook:
             except SemaphoreError as error:  # this semaphore only: the others are looked after
                 logger.warning("could not hand over parked tasks of %s: %s", name, error)
                 failed = True
-        self.parked_in = self._with_parked_tasks(client, set(names))
+        self.parked_in = self._with_parked_tasks(store, set(names))
         if not failed:  # else the revoked are named again next beat, where it failed too
             self._dropped.update(drop)
-        parked_index.forget_idle(client, config.namespace, now_ms, entries, url)
+        index.forget_idle()
 
-    def _with_parked_tasks(self, client: Any, names: set[str]) -> set[str]:
+    def _with_parked_tasks(self, store: OperatedStore, names: set[str]) -> set[str]:
         """The semaphores among ``names`` (those with a ``parked`` hash) that hold
         parked messages: the hash also keeps tasks waiting in place and arrived
         hand-overs, which a loss does not lose (their messages are with a worker or in
         the broker)."""
         config = get_config(self.app)
-        counts = parked_counts(client, config.namespace, sorted(names), mask_url(config.redis_url))
+        counts = store.parked_counts(config.namespace, sorted(names))
         return {name for name, count in counts.items() if count > 0}

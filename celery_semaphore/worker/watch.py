@@ -1,7 +1,8 @@
 """The watch connection: a worker notices a restart of the semaphores' Redis at once.
 
 A thread holds a connection to the semaphores' Redis, subscribed to
-``<namespace>:watch``. It breaks when Redis restarts or fails over, and once it
+``<namespace>:watch``
+(the store's `watch()`). It breaks when Redis restarts or fails over, and once it
 connects again (redis-py's pub/sub reconnects by itself, or this loop makes a new
 one) it calls ``on_change``: the heartbeat then beats at once, and its calls notice
 a loss of the data if there was one (`celery_semaphore.core.redis.epochs`). A message on
@@ -12,13 +13,12 @@ made due at once.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from celery_semaphore.config import get_config
-from celery_semaphore.core.redis.keys import watch_channel
+from celery_semaphore.core.operations import Watching
 from celery_semaphore.state import state_of
 
 WATCH_RETRY = 0.1  # seconds between attempts of the watch connection to connect again
@@ -38,33 +38,26 @@ class Watch:
     def start(self) -> None:
         self.thread.start()
 
-    def _reconnected(self, connection: Any) -> None:
-        self.on_change()
-
     def _run(self) -> None:
         config = get_config(self.app)
-        client = state_of(self.app).semaphores.client(config.redis_url)
-        pubsub, broken = None, False
+        watching: Watching | None = None
+        broken = False
         while not self.stop.is_set():
             try:
-                if pubsub is None:
-                    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                    pubsub.subscribe(watch_channel(config.namespace))
-                    connection = getattr(pubsub, "connection", None)
-                    if connection is not None:
-                        connection.register_connect_callback(self._reconnected)
+                if watching is None:
+                    store = state_of(self.app).semaphores.store(config.redis_url)
+                    watching = store.watch(config.namespace)
                     if broken:
                         broken = False
                         self.on_change()
                 # No blocking read: under gevent it would block the whole worker.
-                if pubsub.get_message(timeout=0) is not None:
+                if watching.heard():
                     self.on_change()
                 self.stop.wait(WATCH_POLL)
             except Exception:  # broken, or its client closed under it: connect again
-                with contextlib.suppress(Exception):
-                    pubsub.close()  # type: ignore[union-attr]
-                pubsub, broken = None, True
+                if watching is not None:
+                    watching.close()
+                watching, broken = None, True
                 self.stop.wait(WATCH_RETRY)
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+        if watching is not None:
+            watching.close()

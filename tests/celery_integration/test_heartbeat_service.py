@@ -18,7 +18,8 @@ from celery import Celery
 
 import celery_semaphore
 from celery_semaphore import LimitedTask, Permit, Place, Semaphore, per_key, signals
-from celery_semaphore.core.redis import epochs, parked_index
+from celery_semaphore.core import losses
+from celery_semaphore.core.redis import parked_index
 from celery_semaphore.core.redis.keys import watch_channel
 from celery_semaphore.formats import GATES_HEADER, Gate, encode_gates
 from celery_semaphore.signals import permit_lost
@@ -303,7 +304,7 @@ def test_parked_tasks_are_found_without_scan_once_the_heartbeat_started(
 
     heartbeat = Heartbeat(app, list, interval=LEASE / 4)
     heartbeat.look_after_parked()  # the first look, before anything parked
-    client = state_of(app).semaphores.client(redis_url)
+    client = state_of(app).semaphores.store(redis_url).client
     before = scans(client)
 
     elsewhere = Semaphore(redis_url, "hb-parked", 1, lease_timeout=LEASE, on_handover=list)
@@ -340,7 +341,7 @@ def test_a_semaphore_whose_hand_over_fails_does_not_stop_the_others(
     def plain() -> None: ...
 
     heartbeat = Heartbeat(app, list, interval=LEASE / 4)
-    client = state_of(app).semaphores.client(redis_url)
+    client = state_of(app).semaphores.store(redis_url).client
     made = [
         Semaphore(redis_url, name, 1, lease_timeout=LEASE, on_handover=list)
         for name in ("a-broken", "b-parked")  # looked after in this order
@@ -453,7 +454,7 @@ def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
         caplog.clear()
         return [(r.levelno, r.getMessage()) for r in records]
 
-    epochs.listen(heartbeat.notice)
+    losses.listen(heartbeat.notice)
     signals.data_lost.connect(on_data_lost)
     try:
         block_and_wait(park=True)
@@ -483,7 +484,7 @@ def test_a_data_loss_is_an_error_only_where_tasks_were_parked(
         assert len(signalled) == 2
     finally:
         signals.data_lost.disconnect(on_data_lost)
-        epochs.unlisten(heartbeat.notice)
+        losses.unlisten(heartbeat.notice)
         parked.close()
         in_place.close()
 

@@ -11,6 +11,7 @@ import pytest
 from celery import Celery
 
 from celery_semaphore.config import SemaphoreConfig
+from celery_semaphore.core.operations import operated_store
 from celery_semaphore.core.redis.connection import connect
 from celery_semaphore.core.redis.server import read_persistence
 from celery_semaphore.durability import ParkingSafety
@@ -80,12 +81,12 @@ def test_the_brokers_unix_socket_server_takes_parked_tasks_without_asking(
 ) -> None:
     app.conf.broker_url = unix_redis.url  # ?db=0
     semaphores = unix_redis.url.replace("?db=0", "?db=1")
-    client = connect(semaphores)[0]
+    store = operated_store(semaphores)
     elsewhere = Celery("elsewhere", broker="redis://127.0.0.1:1/0", set_as_current=False)
     config = SemaphoreConfig(redis_url=semaphores)
     try:
-        assert ParkingSafety().allows(app, config, client)
-        assert not ParkingSafety().allows(elsewhere, config, client)  # it persists nothing
+        assert ParkingSafety().allows(app, config, store)
+        assert not ParkingSafety().allows(elsewhere, config, store)  # it persists nothing
     finally:
-        client.close()
+        store.close()
         elsewhere.close()

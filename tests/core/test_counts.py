@@ -15,7 +15,8 @@ import redis
 from outcomes import granted, refused
 
 from celery_semaphore import Handover, Semaphore
-from celery_semaphore.core.redis.discovery import open_semaphore, read_counts
+from celery_semaphore.core.operations import open_semaphore
+from celery_semaphore.core.redis.discovery import read_counts
 from celery_semaphore.core.results import SemaphoreCounts
 from devkit.redis_servers import RedisClusterServers, RedisServer
 

@@ -26,8 +26,9 @@ import redis
 from outcomes import granted, refused
 
 from celery_semaphore import Handover, Place, Semaphore
+from celery_semaphore.core.operations import open_semaphore
 from celery_semaphore.core.redis import scripts
-from celery_semaphore.core.redis.discovery import open_semaphore, read_counts
+from celery_semaphore.core.redis.discovery import read_counts
 from devkit.redis_servers import RedisServer
 
 LUA = Path(__file__).resolve().parents[2] / "celery_semaphore" / "core" / "redis" / "lua"

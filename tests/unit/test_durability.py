@@ -29,7 +29,8 @@ WARNING = "waiting tasks do not park in the Redis at"
 
 class FakeRedis:
     """Answers CONFIG GET with ``answers`` in turn (the last one again and again);
-    an exception in them is raised."""
+    an exception in them is raised. A store too: its ``persistence()`` is what the
+    Redis store reads."""
 
     def __init__(self, *answers: Any) -> None:
         self.answers = list(answers)
@@ -42,6 +43,10 @@ class FakeRedis:
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+    def persistence(self) -> Any:
+        """As the Redis store's ``persistence()`` reads it: through CONFIG GET."""
+        return read_persistence(self, "redis://fake")
 
 
 class Clock:

@@ -10,7 +10,6 @@ URL forms (query-string options such as ``ssl_ca_certs`` pass through to redis-p
 
 from __future__ import annotations
 
-import re
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -24,6 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_semaphore.core.errors import SemaphoreBackendError, SemaphoreConnectionError
+from celery_semaphore.core.urls import mask_url
 
 from .packing import packs_faster
 
@@ -32,14 +32,6 @@ AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 _SCHEMES = ("redis", "rediss", "unix")
 _SCRIPT_DENIED = "user executing the script can't"
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``: in the user-info part (which
-    ends at the last ``@`` before the path, as redis-py parses it) and in a
-    ``password=`` query option (which redis-py honours too)."""
-    url = re.sub(r"(://[^:/?#]*:)[^/?#]*@", r"\1***@", url)
-    return re.sub(r"([?&]\w*password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def _split(url: str) -> tuple[str, str, bool]:

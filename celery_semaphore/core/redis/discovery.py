@@ -14,8 +14,6 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.core._sync.semaphore import Semaphore
-from celery_semaphore.core.errors import UnknownSemaphore
 from celery_semaphore.core.rates import RateLimit
 from celery_semaphore.core.redis.arguments import counts_args
 from celery_semaphore.core.results import SemaphoreCounts
@@ -46,30 +44,19 @@ def semaphore_names(
     return sorted(n for n in names if n is not None)
 
 
-def open_semaphore(
-    client: SyncClient,
-    namespace: str,
-    name: str,
-    url: str = "",
-    *,
-    override_only: bool = False,
-    **kwargs: Any,
-) -> Semaphore:
-    """The existing semaphore ``name``, with the limit its users declared.
-
-    With ``override_only``, also one that no contender has used yet but whose
-    limit an operator set (``set-limit`` before its first use): opened with
-    that override as its limit. Raises UnknownSemaphore otherwise.
-    """
+def recorded_limit(
+    client: SyncClient, namespace: str, name: str, url: str = "", *, override_only: bool = False
+) -> int | None:
+    """The limit the users of semaphore ``name`` declared (the last to ask), or with
+    ``override_only`` the override an operator set before its first use; None if
+    neither."""
     meta = semaphore_keys(namespace, name).meta
     try:
         declared, override = client.hmget(meta, ["limit", "override"])
     except redis.RedisError as error:
         raise translate(error, url or "redis") from error
     limit = declared if declared is not None or not override_only else override
-    if limit is None:
-        raise UnknownSemaphore(name, namespace)
-    return Semaphore(client, name, int(text(limit)), namespace=namespace, url=url, **kwargs)
+    return None if limit is None else int(text(limit))
 
 
 def read_counts(
@@ -80,7 +67,7 @@ def read_counts(
     url: str = "",
 ) -> list[SemaphoreCounts]:
     """The counts of each semaphore of ``names`` that exists (one that no contender
-    has declared a limit for is left out, as `open_semaphore()` refuses it), with
+    has declared a limit for is left out, as `recorded_limit()` says None), with
     the ``meta`` ``fields`` asked for, read by counts.lua: O(log n) Redis work each.
 
     On a single Redis (or one behind Sentinel) the calls go in pipelines of

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
+from celery_semaphore.core import losses
 from celery_semaphore.core.redis.replies import text
+from celery_semaphore.core.results import DataLoss
 
 logger = logging.getLogger(__name__)
 
@@ -29,33 +30,7 @@ logger = logging.getLogger(__name__)
 EPOCH_REPLY = "celery_semaphore:epoch"
 
 
-@dataclass(frozen=True)
-class DataLoss:
-    """Redis at ``url`` lost the data this process had seen there.
-
-    Times are the Redis server's (seconds since the epoch): ``lost_at`` when a
-    client first noticed (0 if nobody that knew the data has noticed yet: then
-    nothing was paused), ``resumes_at`` when admissions resume (no permit is
-    granted before: the workers write back the permits of the tasks they run
-    meanwhile), ``noticed_at`` when this process noticed.
-    """
-
-    url: str
-    epoch_key: str
-    lost_at: float
-    resumes_at: float
-    noticed_at: float
-
-    @property
-    def pause(self) -> float:
-        """How long admissions are paused, in seconds."""
-        return max(0.0, self.resumes_at - self.lost_at) if self.lost_at else 0.0
-
-
-Listener = Callable[[DataLoss], None]
-
 _known: dict[tuple[str, str], str] = {}
-_listeners: list[Listener] = []
 _lock = threading.Lock()
 
 
@@ -86,23 +61,8 @@ def learn(url: str, epoch_key: str, reply: Sequence[Any]) -> DataLoss | None:
     if before is None or before == epoch:
         return None
     loss = DataLoss(url, epoch_key, int(lost_ms) / 1000, int(resumes_ms) / 1000, int(now_ms) / 1000)
-    for listener in list(_listeners):
-        try:
-            listener(loss)
-        except Exception:  # a listener must not break the call that noticed
-            logger.exception("a data-loss listener failed")
+    losses.tell(loss)
     return loss
-
-
-def listen(listener: Listener) -> None:
-    """Call ``listener`` with each `DataLoss` this process notices (in the thread
-    whose call noticed it: keep it short)."""
-    _listeners.append(listener)
-
-
-def unlisten(listener: Listener) -> None:
-    if listener in _listeners:
-        _listeners.remove(listener)
 
 
 def forget() -> None:

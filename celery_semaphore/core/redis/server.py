@@ -6,13 +6,13 @@ park: `celery_semaphore.durability`; the worker's checks at start:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
 from celery_semaphore.core.errors import SemaphoreConnectionError
+from celery_semaphore.core.results import Persistence
 
 from .connection import translate
 
@@ -46,15 +46,6 @@ def eviction_policy(client: Any) -> str | None:
     except Exception:  # CONFIG may be disabled (managed Redis): nothing to say
         return None
     return str(policy) if maxmemory else None
-
-
-@dataclass(frozen=True)
-class Persistence:
-    """What ``CONFIG GET appendonly`` said: ``every_write`` True (``yes`` on every
-    node asked), False (``no`` somewhere), None (refused: ``detail`` says why)."""
-
-    every_write: bool | None
-    detail: str
 
 
 def read_persistence(client: Any, url: str = "") -> Persistence:

@@ -30,6 +30,7 @@ from celery_semaphore.core.redis._async.listening import listen, reconnectable, 
 from celery_semaphore.core.redis.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.redis.joint import joint_problem
 from celery_semaphore.core.redis.keys import ROLE_TYPES
+from celery_semaphore.core.redis.operations import AsyncRedisOperations
 from celery_semaphore.core.redis.replies import text
 from celery_semaphore.core.redis.scripts import on_demand, registered
 from celery_semaphore.core.requests import (
@@ -44,20 +45,25 @@ from celery_semaphore.core.requests import (
 from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
 
 
-class AsyncRedisStore:
+class AsyncRedisStore(AsyncRedisOperations):
     """Semaphores in one Redis (`celery_semaphore.core._async.store.AsyncStore`).
 
     ``redis``: a URL or a ready client of the matching kind; a client made from a URL
-    is closed by `aclose()`, one passed in is the caller's. ``url``: what a client
-    passed in was made from (for messages)."""
+    is closed by `aclose()`, one passed in is the caller's unless ``owns_client``.
+    ``url``: what a client passed in was made from (for messages). The synchronous
+    store also has an operators' side (`celery_semaphore.core.redis.operations`)."""
 
     def __init__(
-        self, redis: str | redis.asyncio.Redis | redis.asyncio.RedisCluster, url: str = ""
+        self,
+        redis: str | redis.asyncio.Redis | redis.asyncio.RedisCluster,
+        url: str = "",
+        *,
+        owns_client: bool = False,
     ) -> None:
         self.client: AsyncClient
         self.client, self.url = connect_async(redis, url)
         self.cluster = is_cluster(self.client)
-        self._owns_client = isinstance(redis, str)
+        self._owns_client = owns_client or isinstance(redis, str)
         self._scripts = registered(self.client)
 
     def __repr__(self) -> str:

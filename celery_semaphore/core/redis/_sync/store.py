@@ -31,6 +31,7 @@ from celery_semaphore.core.redis._sync.listening import listen, reconnectable, u
 from celery_semaphore.core.redis.connection import SyncClient, connect, is_cluster, translate
 from celery_semaphore.core.redis.joint import joint_problem
 from celery_semaphore.core.redis.keys import ROLE_TYPES
+from celery_semaphore.core.redis.operations import RedisOperations
 from celery_semaphore.core.redis.replies import text
 from celery_semaphore.core.redis.scripts import on_demand, registered
 from celery_semaphore.core.requests import (
@@ -45,18 +46,25 @@ from celery_semaphore.core.requests import (
 from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
 
 
-class RedisStore:
+class RedisStore(RedisOperations):
     """Semaphores in one Redis (`celery_semaphore.core._sync.store.Store`).
 
     ``redis``: a URL or a ready client of the matching kind; a client made from a URL
-    is closed by `close()`, one passed in is the caller's. ``url``: what a client
-    passed in was made from (for messages)."""
+    is closed by `close()`, one passed in is the caller's unless ``owns_client``.
+    ``url``: what a client passed in was made from (for messages). The synchronous
+    store also has an operators' side (`celery_semaphore.core.redis.operations`)."""
 
-    def __init__(self, redis: str | redis.Redis | redis.RedisCluster, url: str = "") -> None:
+    def __init__(
+        self,
+        redis: str | redis.Redis | redis.RedisCluster,
+        url: str = "",
+        *,
+        owns_client: bool = False,
+    ) -> None:
         self.client: SyncClient
         self.client, self.url = connect(redis, url)
         self.cluster = is_cluster(self.client)
-        self._owns_client = isinstance(redis, str)
+        self._owns_client = owns_client or isinstance(redis, str)
         self._scripts = registered(self.client)
 
     def __repr__(self) -> str:
