@@ -12,6 +12,7 @@ not stop the others, and with the hand-over settings of the tasks that use it
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +25,10 @@ from celery_semaphore.state import state_of
 
 logger = logging.getLogger(__name__)
 
+#: Semaphore names whose settings a worker keeps from the tasks it saw running (see
+#: `ParkedLook.learn`), as many as the app state keeps semaphores.
+LEARNED_MOST = 1024
+
 
 class ParkedLook:
     """The parked tasks a worker looks after; ``parked_in``: the semaphores that held
@@ -35,13 +40,24 @@ class ParkedLook:
         self.parked_in: set[str] = set()
         self._dropped: set[str] = set()
         self._configs: dict[str, SemaphoreConfig] | None = None  # by semaphore name
+        #: The settings of the semaphores no task declares by name (per-key ones), as
+        #: seen running, the `LEARNED_MOST` last learned.
+        self._learned: OrderedDict[str, SemaphoreConfig] = OrderedDict()
 
     def learn(self, name: str, task: Any) -> None:
         """``task`` uses semaphore ``name`` (a running request's gate: per-key names are
-        known no other way): hand its parked tasks over with ``task``'s settings."""
-        configs = self._declared_configs()
-        if name not in configs:
-            configs[name] = task_config(task)
+        known no other way): hand its parked tasks over with ``task``'s settings. The
+        first task seen on a name stays; past `LEARNED_MOST` names, the one learned
+        longest ago is forgotten (a key function makes a name per key, for the life of
+        the worker): its parked tasks are handed over with the app's settings."""
+        if name in self._declared_configs():
+            return
+        if name in self._learned:
+            self._learned.move_to_end(name)
+            return
+        self._learned[name] = task_config(task)
+        if len(self._learned) > LEARNED_MOST:
+            self._learned.popitem(last=False)
 
     def config_for(self, name: str) -> SemaphoreConfig:
         """The settings semaphore ``name``'s parked tasks are handed over with: those of
@@ -50,7 +66,7 @@ class ParkedLook:
         disagree, the shortest deadline (a copy handed over again too soon is dropped
         by its token; one handed over too late waits); of those seen running, the first
         seen; else the app's."""
-        return self._declared_configs().get(name) or get_config(self.app)
+        return self._declared_configs().get(name) or self._learned.get(name) or get_config(self.app)
 
     def _declared_configs(self) -> dict[str, SemaphoreConfig]:
         if self._configs is None:
