@@ -4,7 +4,7 @@ redis-py client: `celery_semaphore.core.redis`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_semaphore.core._async.store import AsyncStore
 from celery_semaphore.core._sync.store import Store
@@ -14,6 +14,7 @@ from celery_semaphore.core.redis._async.store import AsyncRedisStore
 from celery_semaphore.core.redis._sync.store import RedisStore
 
 MEMORY = "memory://"
+T = TypeVar("T")
 STORES = (AsyncMemoryStore, MemoryStore, AsyncRedisStore, RedisStore)
 
 
@@ -21,20 +22,31 @@ def is_store(where: Any) -> bool:
     return isinstance(where, STORES)
 
 
+def _given(where: T, url: str) -> T:
+    """``where`` (a store, or a memory:// URL), which says its own URL: ``url`` is for
+    a redis-py client passed in."""
+    if url:
+        raise TypeError(
+            f"url= is only for a redis-py client passed in (the URL it was made from); "
+            f"{where!r} says its own, got url={url!r}"
+        )
+    return where
+
+
 def async_store(where: Any, url: str = "") -> AsyncStore:
     """The asyncio store ``where`` names (see the module docstring); ``url``: what a
     client passed in was made from."""
     if isinstance(where, (AsyncMemoryStore, AsyncRedisStore)):
-        return where
+        return _given(where, url)
     if isinstance(where, str) and where.startswith(MEMORY):
-        return AsyncMemoryStore(where)
+        return AsyncMemoryStore(_given(where, url))
     return AsyncRedisStore(where, url)
 
 
 def sync_store(where: Any, url: str = "") -> Store:
     """The synchronous store ``where`` names (see the module docstring)."""
     if isinstance(where, (MemoryStore, RedisStore)):
-        return where
+        return _given(where, url)
     if isinstance(where, str) and where.startswith(MEMORY):
-        return MemoryStore(where)
+        return MemoryStore(_given(where, url))
     return RedisStore(where, url)

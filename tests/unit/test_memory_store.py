@@ -1,0 +1,93 @@
+"""The memory store (``memory://``) as a user's tests meet it: the public API, no server.
+
+What it answers is the reference model's, compared with Redis's by tests/conformance;
+here: that it is a store one can use (waiting, waking, asyncio, hand-overs, sharing by
+URL) and says clearly what it is not for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+
+from celery_semaphore import AsyncSemaphore, Handover, Semaphore, SemaphoreSet, SemaphoreTimeout
+from celery_semaphore.core.operations import operated_store
+
+
+def url() -> str:
+    return f"memory://test-{uuid.uuid4().hex}"
+
+
+def test_semaphores_of_one_url_share_their_state_and_another_url_is_another_store() -> None:
+    where = url()
+    first, again = Semaphore(where, "api", 1), Semaphore(where, "api", 1)
+    elsewhere = Semaphore(url(), "api", 1)
+    permit = first.acquire()
+    assert again.try_acquire() is None
+    assert elsewhere.try_acquire() is not None
+    permit.release()
+    assert again.try_acquire() is not None
+
+
+def test_a_blocked_waiter_is_woken_by_a_release_in_another_thread() -> None:
+    sem = Semaphore(url(), "api", 1, recheck_interval=30.0, waiter_lease=90.0)
+    held = sem.acquire(holder="first")
+    threading.Timer(0.2, held.release).start()
+    started = time.monotonic()
+    permit = sem.acquire(timeout=10, holder="second")
+    waited = time.monotonic() - started
+    assert permit.holder == "second"
+    assert waited < 5.0, "woken by the release, not by the 30 s re-check"
+    with pytest.raises(SemaphoreTimeout):
+        sem.acquire(timeout=0.1, holder="third")
+    assert [w.holder for w in sem.status().waiters] == []
+
+
+def test_the_asyncio_semaphore_runs_on_it_in_fifo_order() -> None:
+    async def main() -> list[str]:
+        sem = AsyncSemaphore(url(), "api", 1)
+        order: list[str] = []
+        first = await sem.acquire(holder="first")
+
+        async def worker(name: str) -> None:
+            permit = await sem.acquire(timeout=10, holder=name)
+            order.append(name)
+            await permit.release()
+
+        tasks = []
+        for name in ("a", "b", "c"):
+            tasks.append(asyncio.create_task(worker(name)))
+            await asyncio.sleep(0.02)  # each takes its place in line in turn
+        await first.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == ["a", "b", "c"]
+
+
+def test_a_parked_waiter_is_handed_over_when_a_permit_frees() -> None:
+    handed: list[Handover] = []
+    sem = Semaphore(url(), "api", 1, on_handover=handed.extend)
+    held = sem.acquire(holder="holder")
+    place = sem.attempt("waiter")
+    assert not isinstance(place, type(held))
+    sem.park("waiter", "the message", place.ticket)
+    assert handed == []
+    held.release()
+    assert [(h.holder, h.payload) for h in handed] == [("waiter", "the message")]
+    permit = sem.attempt("waiter", handover=handed[0].token)
+    assert permit.holder == "waiter"  # type: ignore[union-attr]
+
+
+def test_what_it_is_not_for_is_said_in_one_line() -> None:
+    where = url()
+    with pytest.raises(ValueError, match="cannot be taken in one step yet"):
+        SemaphoreSet([Semaphore(where, "a", 1), Semaphore(where, "b", 1)])
+    with pytest.raises(ValueError, match="the memory store is for semaphores used in one process"):
+        operated_store("memory://")
+    with pytest.raises(TypeError, match=r"url= is only for a redis-py client passed in"):
+        Semaphore("memory://", "api", 1, url="redis://elsewhere")
