@@ -217,8 +217,8 @@ def test_the_dispatch_setting_names_what_a_publisher_needs() -> None:
         spec().park("h", None, "payload", park_lease=10, info="", due=None)
     parking = spec(handover_window=1.0)
     request = parking.park("h", 4, "p", park_lease=10, info="i", due=0.0)
-    args = arguments.park_args(parking, request)
-    assert args[7] == 1  # ARGV[8]: a budget already spent still hands over (in 1 ms)
+    args = arguments.ParkArgs(*arguments.park_args(parking, request))
+    assert args.due_ms == 1  # a budget already spent still hands over (in 1 ms)
 
 
 def test_bad_arguments_name_the_argument() -> None:
@@ -273,7 +273,7 @@ def test_the_scripts_form_of_a_rate() -> None:
 def test_shadow_limits_in_the_scripts_form() -> None:
     shadowed = spec(shadow=["rate"])
     request = shadowed.acquire("h", None, queue=True, wait_lease=None, lease_timeout=None, info="")
-    assert arguments.acquire_args(shadowed, request)[13] == "r"
+    assert arguments.AcquireArgs(*arguments.acquire_args(shadowed, request)).shadow == "r"
     assert spec(shadow=("rate", "limit")).shadow_codes == "lr"
     with pytest.raises(ValueError, match="shadow must list only 'limit' and 'rate', got 'cap'"):
         spec(shadow=["cap"])
@@ -286,7 +286,7 @@ def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() 
         request = sem.acquire("h", None, queue=True, wait_lease=None, lease_timeout=None,
                               info="", ask=Ask(**kw))  # type: ignore[arg-type]  # fmt: skip
         assert sem.resolve(Ask(**kw)).text == request.ask.text  # type: ignore[arg-type]
-        return str(arguments.acquire_args(sem, request)[14])
+        return arguments.AcquireArgs(*arguments.acquire_args(sem, request)).weight
 
     limited = SemaphoreSpec(
         "w",
@@ -307,18 +307,12 @@ def test_weights_in_the_scripts_form_and_the_ones_that_could_never_be_granted() 
     with pytest.raises(ValueError, match=r"rate_weight must be an int from 1"):
         weight_of(limited, rate_weight=0)
     kept = limited.park("h", None, "p", park_lease=1, info="", due=None)
-    assert arguments.park_args(limited, kept)[-1] == ""
+    assert arguments.ParkArgs(*arguments.park_args(limited, kept)).weight == ""
     plain = limited.park("h", None, "p", park_lease=1, info="", due=None, ask=Ask())
-    assert arguments.park_args(limited, plain)[-1] == "1|1"
+    assert arguments.ParkArgs(*arguments.park_args(limited, plain)).weight == "1|1"
     renewal = limited.renew([("h", None, 3), ("g", 7, None)], 1000)
-    assert arguments.renew_args(limited, renewal)[4:] == [
-        "h",
-        "",
-        3,
-        "g",
-        7,
-        "",
-    ]
+    held = arguments.renew_args(limited, renewal)[len(arguments.RenewArgs._fields) :]
+    assert held == [*arguments.Held("h", "", 3), *arguments.Held("g", 7, "")]
     with pytest.raises(ValueError, match="holder must not contain NUL"):
         limited.release("h\0", None)
 

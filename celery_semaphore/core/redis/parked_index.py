@@ -43,6 +43,7 @@ from typing import Any
 
 import redis
 
+from .arguments import ForgetArgs, RegisterArgs
 from .connection import SyncClient, translate
 from .keys import semaphore_keys
 from .replies import text
@@ -103,7 +104,8 @@ def register(client: SyncClient, namespace: str, name: str, url: str = "") -> No
     """List semaphore ``name`` now, whenever it was last listed."""
     script = registered(client)["parked_index/register"]
     try:
-        script(keys=[index_key(namespace)], args=[name], client=client)
+        args = list(RegisterArgs(name=name))
+        script(keys=[index_key(namespace)], args=args, client=client)
     except redis.RedisError as error:
         raise translate(error, url or "redis") from error
 
@@ -138,7 +140,7 @@ def forget_idle(
                 continue
             if client.hlen(semaphore_keys(namespace, name).parked):
                 continue
-            args = [name, score, least_ms]
+            args = list(ForgetArgs(name=name, score=score, least_ms=least_ms))
             if script(keys=[index_key(namespace)], args=args, client=client):
                 forgotten.append(name)
     except redis.RedisError as error:

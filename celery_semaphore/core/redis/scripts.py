@@ -3,18 +3,20 @@ imported, and how they are called: as functions of one Redis Functions library
 (``FCALL``) where the server has Functions, else as scripts (``EVALSHA``).
 
 Each script of a semaphore is the prelude (the ``common_*.lua`` files, joined in
-the order of `COMMON`) followed by the script's own file, so the helpers (clock,
-reclaim, wake-up) are written once (``acquire`` and ``acquire_all`` have
+the order of `COMMON`) followed by its table of argument indexes (``local ARG``,
+generated from `arguments.SIGNATURES`) and the script's own file, so the helpers
+(clock, reclaim, wake-up) are written once (``acquire`` and ``acquire_all`` have
 ``admit.lua`` in between: how one semaphore weighs a contender); the scripts of
 ``lua/parked_index/`` touch the namespace's parked index alone and stand by
 themselves.
 
 As scripts, each call runs its whole text: the helpers are defined again on every
 call. As a library (`LIBRARY`), the helpers are defined once, when the library is
-loaded, and each call runs only its own part: the same Lua, cheaper. Which way a
-client calls is chosen at its first call (`functions.py`); a client whose server
-has no Functions (Redis < 7), or refuses them (an ACL, a managed Redis), calls the
-scripts, and so does every client while ``CELERY_SEMAPHORE_REDIS_FUNCTIONS=0``.
+loaded (and each script's ``ARG``), and each call runs only its own part: the same
+Lua, cheaper. Which way a client calls is chosen at its first call (`functions.py`);
+a client whose server has no Functions (Redis < 7), or refuses them (an ACL, a
+managed Redis), calls the scripts, and so does every client while
+``CELERY_SEMAPHORE_REDIS_FUNCTIONS=0``.
 redis-py's ``Script`` objects send EVALSHA and fall back to loading the script on
 NOSCRIPT (after a Redis restart).
 
@@ -35,6 +37,7 @@ from typing import Any
 from celery_semaphore.core.constants import lua_prelude
 
 from . import functions
+from .arguments import SIGNATURES
 
 NAMES = (
     "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "counts", "configure",
@@ -72,13 +75,22 @@ _PARKED_INDEX = {
 }
 
 
+#: Each script's generated table of its arguments' indexes (``local ARG = {...}``, from
+#: its `arguments.Signature`), put right before its own part: the Lua reads
+#: ``ARGV[ARG.holder]``, never a number.
+_ARG = {name: SIGNATURES[name].lua() for name in (*NAMES, *ON_DEMAND_NAMES, *_PARKED_INDEX)}
+
+
 def _assemble(name: str) -> str:
     *shared, own = PARTS.get(name, ("common", name))
-    return "\n".join([*(_OWN[part] for part in shared), _BEGIN, _OWN[own]])
+    return "\n".join([*(_OWN[part] for part in shared), _BEGIN, _ARG[name], _OWN[own]])
 
 
 #: Each script's name (``parked_index/<name>`` for those of the parked index): its source.
-SOURCES = {**{name: _assemble(name) for name in NAMES}, **_PARKED_INDEX}
+SOURCES = {
+    **{name: _assemble(name) for name in NAMES},
+    **{name: f"{_ARG[name]}\n{own}" for name, own in _PARKED_INDEX.items()},
+}
 ON_DEMAND_SOURCES = {name: _assemble(name) for name in ON_DEMAND_NAMES}
 
 
@@ -87,7 +99,8 @@ def _library(version: str) -> tuple[str, str, dict[str, str]]:
     package ``version`` and these sources (their digest names the library: two
     builds of one version with other Lua are two libraries)."""
     parts = [_OWN["common"], _OWN["admit"], *(_OWN[n] for n in (*NAMES, *ON_DEMAND_NAMES))]
-    digest = hashlib.sha1("\0".join([*parts, *_PARKED_INDEX.values()]).encode()).hexdigest()
+    parts += [*_PARKED_INDEX.values(), *_ARG.values()]
+    digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()
     name = f"celery_semaphore_v{re.sub(r'[^0-9A-Za-z]', '_', version)}_{digest[:12]}"
     functions = {script: f"{name}_{script.replace('/', '_')}" for script in SOURCES}
     functions.update({script: f"{name}_{script}" for script in ON_DEMAND_NAMES})
@@ -96,7 +109,7 @@ def _library(version: str) -> tuple[str, str, dict[str, str]]:
     for script, function in functions.items():
         own = _PARKED_INDEX.get(script) or _OWN[script]
         body = f"run_{script.replace('/', '_')}"
-        lines += [f"local function {body}()", own, "end"]
+        lines += [f"local {body}", "do", _ARG[script], f"{body} = function()", own, "end", "end"]
         wrap = "plain_call" if script in _PARKED_INDEX else "semaphore_call"
         registered.append(f"redis.register_function('{function}', {wrap}({body}))")
     lines += [

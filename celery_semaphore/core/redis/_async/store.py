@@ -146,7 +146,9 @@ class AsyncRedisStore(AsyncRedisOperations):
         register = self._scripts["parked_index/register"]
         try:
             await register(
-                keys=[parked_index.index_key(namespace)], args=[spec.name], client=self.client
+                keys=[parked_index.index_key(namespace)],
+                args=list(arguments.RegisterArgs(name=spec.name)),
+                client=self.client,
             )
         except redis.RedisError as error:
             raise translate(error, self.url) from error

@@ -144,7 +144,11 @@ class RedisStore(RedisOperations):
         started = parked_index.clock()
         register = self._scripts["parked_index/register"]
         try:
-            register(keys=[parked_index.index_key(namespace)], args=[spec.name], client=self.client)
+            register(
+                keys=[parked_index.index_key(namespace)],
+                args=list(arguments.RegisterArgs(name=spec.name)),
+                client=self.client,
+            )
         except redis.RedisError as error:
             raise translate(error, self.url) from error
         listings.done(namespace, spec.name, started)

@@ -1,34 +1,35 @@
 -- acquire.lua: take a permit, or take/keep a place in line. Never blocks.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] holder           id of the contender
--- ARGV[2] declared limit   the caller's (see effective_limit()); recorded in meta.limit
--- ARGV[3] lease ms         lease of a granted permit
--- ARGV[4] waiter lease ms  how long a refused contender keeps its place; 0: don't queue
--- ARGV[5] ticket           a ticket presented again, or ''
--- ARGV[6] info             free text stored with the holder/waiter (shown by status)
--- ARGV[7] idle ms          every key expires after this long without use
--- ARGV[8] wake channel     for after_free(), when reclaiming made room
--- ARGV[9] handover token   the token of the handed-over copy this is, or ''
--- ARGV[10] dispatch        '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
--- ARGV[11] in place        '1': the contender, if refused, waits in place (subscribed
---                          to the wake channel): a release may grant it the permit
---                          directly (see grant_in_place()); '': it does not
--- ARGV[12] family          '' or the family of semaphores this one belongs to (recorded
---                          in meta.family for metrics.py)
--- ARGV[13] rate            '' or the caller's rate, "<interval µs>|<burst>" (see "Rates"
---                          in common_rates.lua); recorded in meta.rate
--- ARGV[14] shadow          the caller's limits that only count, never refuse: '', 'l'
---                          (the concurrency limit), 'r' (the rate) or 'lr'. A grant one of
---                          them would have refused counts in m_shadow_limit / m_shadow_rate
---                          (and how late the rate's slot was, in m_shadow_wait_ms; the
---                          most permits held at once over the limit, in m_shadow_peak); the
---                          rate's schedule moves on as if enforced, so its lateness grows
---                          while tasks start faster than the rate. A drain still refuses.
---                          Recorded in meta.shadow (see "Shadow limits" in common_rates.lua).
--- ARGV[15] weight          "<permits>|<grants>" the contender asks for at once, or ''
---                          (1|1; see "Weights" in common_weights.lua), and its priority and
---                          fair key if it has them (see "The order of the line" there)
+-- ARGV: arguments.py's AcquireArgs, read as ARGV[ARG.<name>]:
+-- ARG.holder       id of the contender
+-- ARG.declared     the caller's limit (see effective_limit()); recorded in meta.limit
+-- ARG.lease_ms     lease of a granted permit
+-- ARG.waiter_ms    how long a refused contender keeps its place; 0: don't queue
+-- ARG.ticket       a ticket presented again, or ''
+-- ARG.info         free text stored with the holder/waiter (shown by status)
+-- ARG.idle_ms      every key expires after this long without use
+-- ARG.channel      the wake channel, for after_free(), when reclaiming made room
+-- ARG.handover     the token of the handed-over copy this is, or ''
+-- ARG.dispatch     '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
+-- ARG.in_place     '1': the contender, if refused, waits in place (subscribed
+--                  to the wake channel): a release may grant it the permit
+--                  directly (see grant_in_place()); '': it does not
+-- ARG.family       '' or the family of semaphores this one belongs to (recorded
+--                  in meta.family for metrics.py)
+-- ARG.rate         '' or the caller's rate, "<interval µs>|<burst>" (see "Rates"
+--                  in common_rates.lua); recorded in meta.rate
+-- ARG.shadow       the caller's limits that only count, never refuse: '', 'l'
+--                  (the concurrency limit), 'r' (the rate) or 'lr'. A grant one of
+--                  them would have refused counts in m_shadow_limit / m_shadow_rate
+--                  (and how late the rate's slot was, in m_shadow_wait_ms; the
+--                  most permits held at once over the limit, in m_shadow_peak); the
+--                  rate's schedule moves on as if enforced, so its lateness grows
+--                  while tasks start faster than the rate. A drain still refuses.
+--                  Recorded in meta.shadow (see "Shadow limits" in common_rates.lua).
+-- ARG.weight       "<permits>|<grants>" the contender asks for at once, or ''
+--                  (1|1; see "Weights" in common_weights.lua), and its priority and
+--                  fair key if it has them (see "The order of the line" there)
 --
 -- Returns {1, fencing token, lease expiry ms, now ms, waited ms, the shadow limits that
 -- would have refused it ('', 'l', 'r', 'lr'), ms its slot was ahead by a shadow rate, handovers}
@@ -48,12 +49,14 @@
 -- (it was waiting): that entry is dropped and it asks like anyone else.
 
 local g = {
-  holder = ARGV[1], declared = ARGV[2], lease_ms = tonumber(ARGV[3]), waiter_ms = tonumber(ARGV[4]),
-  presented = tonumber(ARGV[5]), info = ARGV[6], idle_ms = tonumber(ARGV[7]), channel = ARGV[8],
-  handover = ARGV[9], cfg = ARGV[10], family = ARGV[12], shadow = ARGV[14], weight = ARGV[15] or '',
+  holder = ARGV[ARG.holder], declared = ARGV[ARG.declared], lease_ms = tonumber(ARGV[ARG.lease_ms]),
+  waiter_ms = tonumber(ARGV[ARG.waiter_ms]), presented = tonumber(ARGV[ARG.ticket]),
+  info = ARGV[ARG.info], idle_ms = tonumber(ARGV[ARG.idle_ms]), channel = ARGV[ARG.channel],
+  handover = ARGV[ARG.handover], cfg = ARGV[ARG.dispatch], family = ARGV[ARG.family],
+  shadow = ARGV[ARG.shadow], weight = ARGV[ARG.weight] or '',
 }
 g.want_k, g.want_j = weight_in(g.weight)
-declared_rate, declared_shadow = ARGV[13], g.shadow
+declared_rate, declared_shadow = ARGV[ARG.rate], g.shadow
 
 if g.handover ~= '' and arrival(g.holder, g.handover) == 'stale' then
   return {2, token_of(redis.call('HGET', parked, g.holder))}
@@ -70,7 +73,7 @@ else
   if g.waiter_ms > 0 and not ticket then
     ticket = new_ticket(s.m, g.weight, s.meta_writes)
   end
-  result = {0, unpack(refuse_gate(s, g, ticket, g.waiter_ms, ARGV[11] == '1', true))}
+  result = {0, unpack(refuse_gate(s, g, ticket, g.waiter_ms, ARGV[ARG.in_place] == '1', true))}
 end
 result[#result + 1] = finish_gate(s, g)
 return result

@@ -2,18 +2,28 @@
 --
 -- KEYS: n groups of the ten of common_keys.lua, one per semaphore (its call_keys), in the
 -- caller's order; every group's tenth is the same epoch hash (one Redis, one slot).
--- ARGV[1] holder           id of the contender, the same in every semaphore
--- ARGV[2] hold back ms     its place in the lines of the semaphores that would admit it,
---                          while another refuses it (it waits, and asks again when
---                          woken); 0: it leaves those lines
--- ARGV[3] info             as in acquire.lua
--- ARGV[4] ticket           a ticket presented again, or ''
--- ARGV[5] handover         "<i>|<token>": the contender is the copy of a parked task
---                          that semaphore i handed over with that token (see arrival()
---                          in common_parked.lua; a stale copy changes nothing), or ''
--- ARGV[5 + 10(i-1) + 1 .. 10] semaphore i: declared limit, lease ms, waiter lease ms
---                          (0: don't queue), idle ms, wake channel, dispatch, family,
---                          rate, shadow, weight (each as in acquire.lua)
+-- ARGV: arguments.py's AcquireAllArgs, then a Gate per semaphore, read as ARGV[ARG.<name>]:
+-- ARG.holder       id of the contender, the same in every semaphore
+-- ARG.hold_ms      hold back: its place in the lines of the semaphores that would admit
+--                  it, while another refuses it (it waits, and asks again when woken);
+--                  0: it leaves those lines
+-- ARG.info         as in acquire.lua
+-- ARG.ticket       a ticket presented again, or ''
+-- ARG.handover     "<i>|<token>": the contender is the copy of a parked task
+--                  that semaphore i handed over with that token (see arrival()
+--                  in common_parked.lua; a stale copy changes nothing), or ''
+-- Then semaphore i's Gate, each as in acquire.lua (waiter_ms 0: don't queue), read as
+-- ARGV[a + ARG.gate.<name>] from a = ARG.gate.first + ARG.gate.size * (i - 1):
+-- ARG.gate.declared
+-- ARG.gate.lease_ms
+-- ARG.gate.waiter_ms
+-- ARG.gate.idle_ms
+-- ARG.gate.channel
+-- ARG.gate.dispatch
+-- ARG.gate.family
+-- ARG.gate.rate
+-- ARG.gate.shadow
+-- ARG.gate.weight
 --
 -- Each semaphore is weighed exactly as acquire.lua weighs it (admit.lua): reclaim,
 -- effective limit, rate room, drain, the pause after a data loss, weights, shadow
@@ -44,25 +54,27 @@
 
 local n = #KEYS / 10
 local gates, states = {}, {}
-local hold_back_ms = tonumber(ARGV[2])
+local hold_back_ms = tonumber(ARGV[ARG.hold_ms])
+local each = ARG.gate
 for i = 1, n do
-  local a = 5 + 10 * (i - 1)
+  local a = each.first + each.size * (i - 1)
   local g = {
-    holder = ARGV[1], info = ARGV[3], presented = tonumber(ARGV[4]), handover = '',
-    declared = ARGV[a + 1], lease_ms = tonumber(ARGV[a + 2]), waiter_ms = tonumber(ARGV[a + 3]),
-    idle_ms = tonumber(ARGV[a + 4]), channel = ARGV[a + 5], cfg = ARGV[a + 6], family = ARGV[a + 7],
-    rate = ARGV[a + 8], shadow = ARGV[a + 9], weight = ARGV[a + 10],
+    holder = ARGV[ARG.holder], info = ARGV[ARG.info], presented = tonumber(ARGV[ARG.ticket]),
+    handover = '', declared = ARGV[a + each.declared], lease_ms = tonumber(ARGV[a + each.lease_ms]),
+    waiter_ms = tonumber(ARGV[a + each.waiter_ms]), idle_ms = tonumber(ARGV[a + each.idle_ms]),
+    channel = ARGV[a + each.channel], cfg = ARGV[a + each.dispatch], family = ARGV[a + each.family],
+    rate = ARGV[a + each.rate], shadow = ARGV[a + each.shadow], weight = ARGV[a + each.weight],
   }
   g.want_k, g.want_j = weight_in(g.weight)
   gates[i] = g
 end
 
-local by, token = string.match(ARGV[5], '^(%d+)|(%d+)$')
+local by, token = string.match(ARGV[ARG.handover], '^(%d+)|(%d+)$')
 if by then
   by = tonumber(by)
   use(by, gates[by].rate, gates[by].shadow)
-  if arrival(ARGV[1], token) == 'stale' then
-    return {2, by, token_of(redis.call('HGET', parked, ARGV[1]))}
+  if arrival(ARGV[ARG.holder], token) == 'stale' then
+    return {2, by, token_of(redis.call('HGET', parked, ARGV[ARG.holder]))}
   end
   gates[by].handover = token
 end

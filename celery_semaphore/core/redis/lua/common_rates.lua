@@ -20,7 +20,7 @@
 -- Shadow limits -----------------------------------------------------------------
 --
 -- A caller may declare its concurrency limit, its rate or both as shadow limits
--- (acquire.lua's ARGV[14]): they count the grants they would have refused, and refuse
+-- (acquire.lua's ARG.shadow): they count the grants they would have refused, and refuse
 -- none: '', 'l', 'r' or 'lr'. As with the limit, a caller that declares its own
 -- (acquire, enqueue, release: ``declared_shadow``) goes by it, and the others (park,
 -- dispatch, renew, configure) by the recorded one, meta.shadow (the last acquirer's; an

@@ -1,16 +1,17 @@
 -- configure.lua: set or clear a runtime setting of a live semaphore.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] field     'override' (the runtime limit), 'draining' ('1': admit nobody),
---                   'rate_override' (the runtime rate, "<interval µs>|<burst>"), or
---                   'rate_pause' (the rate grants nothing for this many ms from now:
---                   a pause that ends later than one already set replaces it; a
---                   semaphore without a rate is not paused)
--- ARGV[2] value     the new value, or '' to clear the setting
--- ARGV[3] idle ms
--- ARGV[4] wake channel
--- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
--- ARGV[6] rate       the caller's rate, or '' for none declared (see "Rates" in common_rates.lua)
+-- ARGV: arguments.py's ConfigureArgs, read as ARGV[ARG.<name>]:
+-- ARG.field        'override' (the runtime limit), 'draining' ('1': admit nobody),
+--                  'rate_override' (the runtime rate, "<interval µs>|<burst>"), or
+--                  'rate_pause' (the rate grants nothing for this many ms from now:
+--                  a pause that ends later than one already set replaces it; a
+--                  semaphore without a rate is not paused)
+-- ARG.value        the new value, or '' to clear the setting
+-- ARG.idle_ms
+-- ARG.channel
+-- ARG.dispatch     '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
+-- ARG.rate         the caller's rate, or '' for none declared (see "Rates" in common_rates.lua)
 --
 -- Returns {the previous value or '', handovers}. Then after_free() (the caller
 -- declares no limit), so a raised limit or an ended drain admits waiters at once.
@@ -20,8 +21,9 @@
 -- first task comes, however long after. That first acquire or enqueue records
 -- the limit and touches every key, so idle expiry applies from then on.
 
-local field, value, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-if ARGV[6] ~= '' then declared_rate = ARGV[6] end
+local field, value, idle_ms = ARGV[ARG.field], ARGV[ARG.value], tonumber(ARGV[ARG.idle_ms])
+local channel, cfg = ARGV[ARG.channel], ARGV[ARG.dispatch]
+if ARGV[ARG.rate] ~= '' then declared_rate = ARGV[ARG.rate] end
 local SETTINGS = {override = true, draining = true, rate_override = true, rate_pause = true}
 if not SETTINGS[field] then
   return redis.error_reply('ERR unknown semaphore setting ' .. field)

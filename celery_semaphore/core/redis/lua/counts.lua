@@ -1,9 +1,10 @@
 -- counts.lua: the figures of one semaphore a metrics scrape exports; changes nothing.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua; a reader: pause 0).
--- ARGV[1] sent horizon ms   entries of ``sent`` older than this are not counted
--- ARGV[2 ..]                meta fields to answer with as they are (metrics.py: family
---                           and the m_* counters)
+-- ARGV: arguments.py's CountsArgs, then any number of MetaField, read as ARGV[ARG.<name>]:
+-- ARG.horizon_ms   entries of ``sent`` older than this are not counted
+-- ARG.fields.name  a meta field to answer with as it is (metrics.py: family and the m_*
+--                  counters)
 --
 -- Returns {now ms, recorded limit or '', effective limit, draining 0/1, live holders,
 -- live waiters, parked, handed over, sent, the effective rate ("<interval µs>|<burst>"
@@ -17,13 +18,14 @@
 -- lookup in wexp per sent entry; which fair keys wait most: a scan of meta), are not
 -- read.
 
-local horizon_ms = tonumber(ARGV[1])
+local horizon_ms = tonumber(ARGV[ARG.horizon_ms])
 local fields = {'limit', 'override', 'draining', 'n_parked', 'n_handed', 'rate',
   'rate_override', 'rate_pause', 'n_fair_keys'}
 local asked = {}
-for i = 2, EPOCH_ARG - 1 do
-  asked[#asked + 1] = ARGV[i]
-  fields[#fields + 1] = ARGV[i]
+for i = ARG.fields.first, EPOCH_ARG - 1, ARG.fields.size do
+  local field = ARGV[i + ARG.fields.name]
+  asked[#asked + 1] = field
+  fields[#fields + 1] = field
 end
 local m = load_meta(fields)
 

@@ -7,23 +7,24 @@
 -- follows a reclaim or a drop is after_free() (the caller declares no limit).
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] idle ms
--- ARGV[2] wake channel
--- ARGV[3] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>"
--- ARGV[4..] holders to drop from the line if they are parked or handed over
---           (a holder asking in person, or holding a permit, is left alone)
+-- ARGV: arguments.py's DispatchArgs, then any number of Dropped, read as ARGV[ARG.<name>]:
+-- ARG.idle_ms
+-- ARG.channel
+-- ARG.dispatch     "<max block ms>|<deadline ms>|<rate lead ms>"
+-- ARG.drop.holder  a holder to drop from the line if it is parked or handed over (a
+--                  holder asking in person, or holding a permit, is left alone)
 --
 -- Returns {dropped count, {holder, handover token, payload, ...}}; changes nothing
 -- if meta is gone (expired, or Redis lost it): writing would recreate it unexpiring.
 
-local idle_ms, channel, cfg = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local idle_ms, channel, cfg = tonumber(ARGV[ARG.idle_ms]), ARGV[ARG.channel], ARGV[ARG.dispatch]
 local m = load_meta({}, true)
 local found = false
 for _, value in pairs(m) do found = found or value end
 if not found then return {0, {}} end
 local dropped = 0
-for i = 4, EPOCH_ARG - 1 do
-  local holder = ARGV[i]
+for i = ARG.drop.first, EPOCH_ARG - 1, ARG.drop.size do
+  local holder = ARGV[i + ARG.drop.holder]
   local state = state_in(redis.call('HGET', parked, holder))
   if state == 'p' or state == 'h' then
     leave_line({holder}, 'forget', m)

@@ -1,27 +1,29 @@
 -- park.lua: stay in line without asking: leave a payload to be handed over when due.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] holder           id of the waiter (the task id)
--- ARGV[2] ticket           its ticket, or '' (keeps the one it has, or takes a new one)
--- ARGV[3] payload          opaque text handed back to whoever publishes it when due
--- ARGV[4] park lease ms    how long the place holds without being handed over
--- ARGV[5] info             free text stored with the waiter
--- ARGV[6] idle ms
--- ARGV[7] dispatch         "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
--- ARGV[8] due ms           hand it over after this long even if its turn has not
---                          come (its wait budget runs out then), or 0
--- ARGV[9] wake channel     for after_free(), when reclaiming made room
--- ARGV[10] weight          "<permits>|<grants>", or '' to keep the one recorded
---                          (see "Weights" in common_weights.lua)
+-- ARGV: arguments.py's ParkArgs, read as ARGV[ARG.<name>]:
+-- ARG.holder       id of the waiter (the task id)
+-- ARG.ticket       its ticket, or '' (keeps the one it has, or takes a new one)
+-- ARG.payload      opaque text handed back to whoever publishes it when due
+-- ARG.park_ms      how long the place holds without being handed over
+-- ARG.info         free text stored with the waiter
+-- ARG.idle_ms
+-- ARG.dispatch     "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
+-- ARG.due_ms       hand it over after this long even if its turn has not
+--                  come (its wait budget runs out then), or 0
+-- ARG.channel      for after_free(), when reclaiming made room
+-- ARG.weight       "<permits>|<grants>", or '' to keep the one recorded
+--                  (see "Weights" in common_weights.lua)
 --
 -- Returns {ticket, position, {holder, handover token, payload, ...}}: the
 -- waiters now due, possibly this one (a permit freed since it was refused).
 -- The caller declares no limit (see effective_limit()).
 
-local holder, presented, payload = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local park_ms, info, idle_ms, cfg = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
-local due_ms, channel = tonumber(ARGV[8]), ARGV[9]
-local weight = ARGV[10] ~= '' and ARGV[10] or nil
+local holder, presented = ARGV[ARG.holder], tonumber(ARGV[ARG.ticket])
+local payload, park_ms, info = ARGV[ARG.payload], tonumber(ARGV[ARG.park_ms]), ARGV[ARG.info]
+local idle_ms, cfg, due_ms = tonumber(ARGV[ARG.idle_ms]), ARGV[ARG.dispatch], tonumber(ARGV[ARG.due_ms])
+local channel = ARGV[ARG.channel]
+local weight = ARGV[ARG.weight] ~= '' and ARGV[ARG.weight] or nil
 
 local reclaimed = reclaim(nil)
 local m = load_meta({'ticket'}, true)

@@ -1,20 +1,21 @@
 -- release.lua: give a permit back; without a token, also leave the line.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] holder
--- ARGV[2] fencing token, or '' to release whatever this holder holds and drop
---         its place in line (the by-id release of a worker that lost the child)
--- ARGV[3] idle ms
--- ARGV[4] wake channel
--- ARGV[5] dispatch   '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
--- ARGV[6] declared limit  the caller's: what follows the release (after_free()) stays
---                        within it (see effective_limit())
--- ARGV[7] unused    n > 0: the permit is given back unused (its task did not start:
---                   another of its limits refused it), so the n rate intervals its grant
---                   spent are given back too (its weight's grants: see "Rates" and
---                   "Weights" in common_weights.lua); '': it was used
--- ARGV[8] shadow   the caller's shadow limits, as acquire.lua's ARGV[14]: what follows
---                   the release moves the line by the limits the caller enforces
+-- ARGV: arguments.py's ReleaseArgs, read as ARGV[ARG.<name>]:
+-- ARG.holder
+-- ARG.token        fencing token, or '' to release whatever this holder holds and drop
+--                  its place in line (the by-id release of a worker that lost the child)
+-- ARG.idle_ms
+-- ARG.channel
+-- ARG.dispatch     '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
+-- ARG.declared     the caller's: what follows the release (after_free()) stays
+--                  within it (see effective_limit())
+-- ARG.unused       n > 0: the permit is given back unused (its task did not start:
+--                  another of its limits refused it), so the n rate intervals its grant
+--                  spent are given back too (its weight's grants: see "Rates" and
+--                  "Weights" in common_weights.lua); '': it was used
+-- ARG.shadow       the caller's shadow limits, as acquire.lua's ARG.shadow: what follows
+--                  the release moves the line by the limits the caller enforces
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
@@ -23,9 +24,10 @@
 -- unknown or expired holder, or a stale token releases nothing (a holder restored
 -- by id after a data loss has token 0: any token releases it).
 
-local holder, token, idle_ms, channel, cfg = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local declared, unused = ARGV[6], tonumber(ARGV[7]) or 0
-declared_shadow = ARGV[8]
+local holder, token, idle_ms = ARGV[ARG.holder], ARGV[ARG.token], tonumber(ARGV[ARG.idle_ms])
+local channel, cfg = ARGV[ARG.channel], ARGV[ARG.dispatch]
+local declared, unused = ARGV[ARG.declared], tonumber(ARGV[ARG.unused]) or 0
+declared_shadow = ARGV[ARG.shadow]
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)

@@ -1,13 +1,15 @@
 -- renew.lua: compare-and-extend the leases of any number of holders.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] lease ms    new lease, counted from now
--- ARGV[2] idle ms
--- ARGV[3] wake channel
--- ARGV[4] dispatch    '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
--- ARGV[5..] triples: holder, fencing token ('' = any token of this holder), the permits
---           it holds ('': 1), written back with it after a data loss (see "Weights"
---           in common_weights.lua; a live holder's own record says)
+-- ARGV: arguments.py's RenewArgs, then any number of Held, read as ARGV[ARG.<name>]:
+-- ARG.lease_ms     new lease, counted from now
+-- ARG.idle_ms
+-- ARG.channel
+-- ARG.dispatch     '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
+-- ARG.held.holder  each held permit (ARGV[i + ARG.held.holder], i from ARG.held.first)
+-- ARG.held.token   fencing token ('' = any token of this holder)
+-- ARG.held.permits the permits it holds ('': 1), written back with it after a data loss
+--                  (see "Weights" in common_weights.lua; a live holder's own record says)
 --
 -- Returns {new lease expiry ms, {lost holder, ...}, handovers, restored}. A holder whose
 -- lease already ran out is reclaimed first and so reported lost: a renew never
@@ -20,13 +22,15 @@
 -- missing holder is written back instead (its token, or 0 if given none), and counted
 -- in ``restored``.
 
-local lease_ms, idle_ms, channel, cfg = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local lease_ms, idle_ms = tonumber(ARGV[ARG.lease_ms]), tonumber(ARGV[ARG.idle_ms])
+local channel, cfg = ARGV[ARG.channel], ARGV[ARG.dispatch]
 
 local reclaimed = reclaim(nil)
 local expires = now_ms + lease_ms
 local lost, lost_permits, restored = {}, 0, 0
-for i = 5, EPOCH_ARG - 1, 3 do
-  local holder, token, k = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+for i = ARG.held.first, EPOCH_ARG - 1, ARG.held.size do
+  local holder, token = ARGV[i + ARG.held.holder], ARGV[i + ARG.held.token]
+  local k = tonumber(ARGV[i + ARG.held.permits])
   local live = redis.call('ZSCORE', holders, holder)
   local record = live and redis.call('HGET', hinfo, holder)
   local current = token_of(record)

@@ -1,11 +1,12 @@
 -- status.lua: read the state of one semaphore; changes nothing.
 --
 -- KEYS: the ten of common_keys.lua; the last ARGV: the epoch (common_keys.lua).
--- ARGV[1] most   at most this many holders and waiters are listed
--- ARGV[2] sent horizon ms  entries of ``sent`` older than this are not counted
--- ARGV[3] declared limit   the caller's (see effective_limit())
--- ARGV[4] declared rate    the caller's, or '' for none declared (see "Rates" in common_rates.lua)
--- ARGV[5] fair top         at most this many fair keys are listed (see below)
+-- ARGV: arguments.py's StatusArgs, read as ARGV[ARG.<name>]:
+-- ARG.most         at most this many holders and waiters are listed
+-- ARG.horizon_ms   entries of ``sent`` older than this are not counted
+-- ARG.declared     the caller's (see effective_limit())
+-- ARG.rate         the caller's, or '' for none declared (see "Rates" in common_rates.lua)
+-- ARG.fair_top     at most this many fair keys are listed (see below)
 --
 -- Returns {now ms, recorded limit or '', override or '', effective limit, draining 0/1,
 -- live holders, live waiters,
@@ -30,7 +31,7 @@
 -- before (all keys'), how many key records were read, and {key, waiting, grants in
 -- this minute and the minute before, ...} of the ``fair top`` with the most waiting
 -- among those read (ties: more grants first, then by key); then what its shadow limits
--- counted (see acquire.lua's ARGV[14]): m_shadow_limit, m_shadow_rate, m_shadow_wait_ms
+-- counted (see acquire.lua's ARG.shadow): m_shadow_limit, m_shadow_rate, m_shadow_wait_ms
 -- and m_shadow_peak (0 where absent), and the shadow limits recorded (meta.shadow, the
 -- last acquirer's declaration: '', 'l', 'r' or 'lr'). The fair key records are read by
 -- HSCAN of meta, at most FAIR_SCAN_CALLS calls of FAIR_SCAN_COUNT: a line of more
@@ -41,9 +42,10 @@
 
 local FAIR_SCAN_CALLS, FAIR_SCAN_COUNT = 4, 1000
 
-local most, horizon_ms, declared = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-if ARGV[4] ~= '' then declared_rate = ARGV[4] end
-local fair_top = tonumber(ARGV[5])
+local most, horizon_ms = tonumber(ARGV[ARG.most]), tonumber(ARGV[ARG.horizon_ms])
+local declared = ARGV[ARG.declared]
+if ARGV[ARG.rate] ~= '' then declared_rate = ARGV[ARG.rate] end
+local fair_top = tonumber(ARGV[ARG.fair_top])
 local m = load_meta({'limit', 'override', 'draining', 'n_parked', 'n_handed', 'rate',
   'rate_override', 'tat', 'rate_pause', 'n_fair_keys', 'fair_grants', 'm_shadow_limit',
   'm_shadow_rate', 'm_shadow_wait_ms', 'm_shadow_peak', 'shadow'})

@@ -5,16 +5,17 @@
 --
 -- KEYS[1] index  ZSET  semaphore name -> when a process last listed it, ms of
 --                      server time (<namespace>:parked-index, the only key touched)
--- ARGV[1] the semaphore's name
+-- ARGV: arguments.py's RegisterArgs, read as ARGV[ARG.<name>]:
+-- ARG.name         the semaphore's name
 --
 -- Returns the score it has now. A later time replaces an earlier one, never
 -- the reverse (a server clock that stepped back does not age a name).
 
 local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[ARG.name]))
 if not score or now_ms > score then
-  redis.call('ZADD', KEYS[1], now_ms, ARGV[1])
+  redis.call('ZADD', KEYS[1], now_ms, ARGV[ARG.name])
   score = now_ms
 end
 return score
