@@ -203,7 +203,7 @@ def our_call_arguments(
     )
     release = spec.release("bench-holder", 12345)
     return (
-        spec.keys.call_keys,
+        semaphore.keys.call_keys,
         [*arguments.acquire_args(spec, acquire), epoch],
         [*arguments.release_args(spec, release), epoch],
     )

@@ -17,7 +17,6 @@ from .ask import PLAIN, Ask
 from .model.order import PLAIN_ASKED, Asked
 from .model.parking import Dispatch
 from .rates import RateLimit, parse_rate
-from .redis.keys import SemaphoreKeys, semaphore_keys
 from .results import SHADOW_CODES, Place
 
 DEFAULT_NAMESPACE = "celery_semaphore"
@@ -71,7 +70,6 @@ class SemaphoreSpec:
         handover_deadline: float = DEFAULT_HANDOVER_DEADLINE,
         family: str = "",
         pause_after_loss: float | None = None,
-        cluster: bool = False,
         rate: str | RateLimit | None = None,
         shadow: Iterable[str] = (),
         fair_weights: validation.FairWeights | None = None,
@@ -99,7 +97,6 @@ class SemaphoreSpec:
         self.waiter_lease = validation.check_seconds(waiter_lease, "waiter_lease")
         self.recheck_interval = validation.check_seconds(recheck_interval, "recheck_interval")
         idle = validation.check_seconds(idle_ttl, "idle_ttl")
-        self.keys: SemaphoreKeys = semaphore_keys(self.namespace, self.name, cluster=cluster)
         self.pause_after_loss = (
             self.lease_timeout / 4 + PAUSE_MARGIN
             if pause_after_loss is None

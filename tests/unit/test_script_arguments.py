@@ -14,7 +14,7 @@ from celery_semaphore import Ask
 from celery_semaphore.core.model.parking import Dispatch
 from celery_semaphore.core.protocol import FAIR_TOP, SENT_HORIZON, STATUS_MOST, SemaphoreSpec
 from celery_semaphore.core.redis import arguments, scripts
-from celery_semaphore.core.redis.arguments import SIGNATURES, Signature
+from celery_semaphore.core.redis.arguments import SIGNATURES, Signature, channel_of
 from celery_semaphore.core.requests import (
     PLAIN_ASKED,
     Acquire,
@@ -76,7 +76,7 @@ def test_acquire_and_release_are_packed_by_name() -> None:
     assert items == []
     assert args == dict(
         holder="h", declared=3, lease_ms=9000, waiter_ms=7000, ticket=5, info="i",
-        idle_ms=s.idle_ms, channel=s.keys.channel, handover=11, dispatch="500|30000|200",
+        idle_ms=s.idle_ms, channel=channel_of(s), handover=11, dispatch="500|30000|200",
         in_place="1", family="fam", rate=s.rate_text, shadow="r", weight=asked.text,
     )  # fmt: skip
     plain = read("acquire", arguments.acquire_args(s, Acquire("h", None, 0, 1, "")))[0]
@@ -89,7 +89,7 @@ def test_acquire_and_release_are_packed_by_name() -> None:
 
     args, _ = read("release", arguments.release_args(s, Release("h", 42, unused=2)))
     assert args == dict(
-        holder="h", token=42, idle_ms=s.idle_ms, channel=s.keys.channel,
+        holder="h", token=42, idle_ms=s.idle_ms, channel=channel_of(s),
         dispatch="500|30000|200", declared=3, unused=2, shadow="r",
     )  # fmt: skip
     assert read("release", arguments.release_args(s, Release("h")))[0]["token"] == ""
@@ -103,7 +103,7 @@ def test_park_and_enqueue_are_packed_by_name() -> None:
     args, _ = read("park", arguments.park_args(s, park))
     assert args == dict(
         holder="h", ticket="", payload="payload", park_ms=4000, info="i", idle_ms=s.idle_ms,
-        dispatch="500|30000|200", due_ms=1, channel=s.keys.channel, weight=asked.text,
+        dispatch="500|30000|200", due_ms=1, channel=channel_of(s), weight=asked.text,
     )  # fmt: skip
 
     near = Enqueue("h", wait_ms=7000, info="i", ask=asked)
@@ -111,7 +111,7 @@ def test_park_and_enqueue_are_packed_by_name() -> None:
     assert items == []
     assert args == dict(
         holder="h", waiter_ms=7000, info="i", idle_ms=s.idle_ms, declared=3, family="",
-        horizon_ms=s.sent_horizon_ms, channel=s.keys.channel, rate=s.rate_text,
+        horizon_ms=s.sent_horizon_ms, channel=channel_of(s), rate=s.rate_text,
         weight=asked.text, shadow="",
     )  # fmt: skip
     far = ParkWhenFar(window_us=100, head="<", tail=">", park_ms=4000, due_ms=2)
@@ -124,13 +124,13 @@ def test_park_and_enqueue_are_packed_by_name() -> None:
 def test_the_variadic_scripts_are_packed_by_name() -> None:
     s = spec()
     args, items = read("dispatch", arguments.dispatch_args(s, ["a", "b"]))
-    assert args == dict(idle_ms=s.idle_ms, channel=s.keys.channel, dispatch="500|30000|200")
+    assert args == dict(idle_ms=s.idle_ms, channel=channel_of(s), dispatch="500|30000|200")
     assert items == [{"holder": "a"}, {"holder": "b"}]
 
     renewal = Renew((("h", None, 3), ("g", 7, None)), lease_ms=9000)
     args, items = read("renew", arguments.renew_args(s, renewal))
     assert args == dict(
-        lease_ms=9000, idle_ms=s.idle_ms, channel=s.keys.channel, dispatch="500|30000|200"
+        lease_ms=9000, idle_ms=s.idle_ms, channel=channel_of(s), dispatch="500|30000|200"
     )
     assert items == [
         {"holder": "h", "token": "", "permits": 3},
@@ -148,10 +148,10 @@ def test_the_variadic_scripts_are_packed_by_name() -> None:
     assert args == dict(holder="h", hold_ms=300, info="i", ticket=4, handover="2|9")
     assert items == [
         dict(declared=2, lease_ms=30, waiter_ms=10, idle_ms=first.idle_ms,
-             channel=first.keys.channel, dispatch="500|30000|200", family="f", rate="",
+             channel=channel_of(first), dispatch="500|30000|200", family="f", rate="",
              shadow="", weight=""),
         dict(declared=5, lease_ms=40, waiter_ms=20, idle_ms=second.idle_ms,
-             channel=second.keys.channel, dispatch="500|30000|200", family="",
+             channel=channel_of(second), dispatch="500|30000|200", family="",
              rate=second.rate_text, shadow="", weight=asks[1].text),
     ]  # fmt: skip
 
@@ -160,7 +160,7 @@ def test_configure_and_status_are_packed_by_name() -> None:
     s = spec(rate="20/s")
     args, _ = read("configure", arguments.configure_args(s, Configure("override", "7")))
     assert args == dict(
-        field="override", value="7", idle_ms=s.idle_ms, channel=s.keys.channel,
+        field="override", value="7", idle_ms=s.idle_ms, channel=channel_of(s),
         dispatch="500|30000|200", rate=s.rate_text,
     )  # fmt: skip
     args, _ = read("status", arguments.status_args(s))

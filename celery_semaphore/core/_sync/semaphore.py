@@ -161,7 +161,6 @@ class Semaphore:
             handover_deadline=handover_deadline,
             family=family,
             pause_after_loss=pause_after_loss,
-            cluster=self.store.cluster,
             rate=rate,
             shadow=shadow,
             fair_weights=fair_weights,
@@ -178,7 +177,8 @@ class Semaphore:
     limit = property(lambda self: self._spec.limit)
     rate = property(lambda self: self._spec.rate)
     lease_timeout = property(lambda self: self._spec.lease_timeout)
-    keys = property(lambda self: self._spec.keys)
+    #: The Redis keys (the Redis store's; AttributeError on another store).
+    keys = property(lambda self: self.store.keys_of(self._spec))
     family = property(lambda self: self._spec.family)
     url = property(lambda self: self.store.url)
     #: The Redis client (the Redis store's; AttributeError on another store).

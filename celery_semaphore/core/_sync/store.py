@@ -43,9 +43,6 @@ class Store(Protocol):
 
     #: Where the store is, for messages (a password masked).
     url: str
-    #: Whether the store spreads keys over nodes (a Redis Cluster): key names then carry
-    #: a hash tag.
-    cluster: bool
 
     def acquire(
         self, spec: SemaphoreSpec, request: Acquire

@@ -30,6 +30,7 @@ from celery_semaphore.core.requests import (
 )
 from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
 
+from .keys import keys_of
 from .replies import (
     ConfigureReply,
     DispatchReply,
@@ -272,6 +273,11 @@ SIGNATURES = {
 }
 
 
+def channel_of(spec: SemaphoreSpec) -> str:
+    """The semaphore's wake channel (`celery_semaphore.core.redis.keys`)."""
+    return keys_of(spec.namespace, spec.name).channel
+
+
 def dispatch_text(dispatch: Dispatch | None) -> str:
     """'' (this client publishes no handovers) or "<max block ms>|<deadline ms>|<rate
     lead ms>" (dispatch() in common_after_free.lua)."""
@@ -294,7 +300,7 @@ def acquire_args(spec: SemaphoreSpec, asked: Acquire) -> list[Any]:
             ticket=optional(asked.ticket),
             info=asked.info,
             idle_ms=spec.idle_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             handover=optional(asked.handover),
             dispatch=dispatch_text(spec.dispatch),
             in_place="1" if asked.in_place else "",
@@ -317,7 +323,7 @@ def park_args(spec: SemaphoreSpec, asked: Park) -> list[Any]:
             idle_ms=spec.idle_ms,
             dispatch=dispatch_text(spec.dispatch),
             due_ms=asked.due_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             weight="" if asked.ask is None else (asked.ask.text or "1|1"),
         )
     )
@@ -328,7 +334,7 @@ def dispatch_args(spec: SemaphoreSpec, drop: Sequence[str]) -> list[Any]:
     it on semaphores it knows only by name."""
     args: list[Any] = list(
         DispatchArgs(
-            idle_ms=spec.idle_ms, channel=spec.keys.channel, dispatch=dispatch_text(spec.dispatch)
+            idle_ms=spec.idle_ms, channel=channel_of(spec), dispatch=dispatch_text(spec.dispatch)
         )
     )
     for holder in drop:
@@ -347,7 +353,7 @@ def enqueue_args(spec: SemaphoreSpec, asked: Enqueue) -> list[Any]:
             declared=spec.limit,
             family=spec.family,
             horizon_ms=spec.sent_horizon_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             rate=spec.rate_text,
             weight=asked.ask.text,
             shadow=spec.shadow_codes,
@@ -372,7 +378,7 @@ def release_args(spec: SemaphoreSpec, asked: Release) -> list[Any]:
             holder=asked.holder,
             token=optional(asked.token),
             idle_ms=spec.idle_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             dispatch=dispatch_text(spec.dispatch),
             declared=spec.limit,
             unused=asked.unused or "",
@@ -387,7 +393,7 @@ def renew_args(spec: SemaphoreSpec, asked: Renew) -> list[Any]:
         RenewArgs(
             lease_ms=asked.lease_ms,
             idle_ms=spec.idle_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             dispatch=dispatch_text(spec.dispatch),
         )
     )
@@ -402,7 +408,7 @@ def configure_args(spec: SemaphoreSpec, asked: Configure) -> list[Any]:
             field=asked.field,
             value=asked.value,
             idle_ms=spec.idle_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             dispatch=dispatch_text(spec.dispatch),
             rate=spec.rate_text,
         )
@@ -450,7 +456,7 @@ def joint_acquire_args(specs: Sequence[SemaphoreSpec], asked: AcquireAll) -> lis
             lease_ms=lease_ms,
             waiter_ms=wait_ms,
             idle_ms=spec.idle_ms,
-            channel=spec.keys.channel,
+            channel=channel_of(spec),
             dispatch=dispatch_text(spec.dispatch),
             family=spec.family,
             rate=spec.rate_text,

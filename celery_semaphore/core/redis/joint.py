@@ -12,6 +12,8 @@ from redis.crc import key_slot
 
 from celery_semaphore.core.protocol import SemaphoreSpec
 
+from .keys import keys_of
+
 
 def joint_problem(
     members: Sequence[tuple[Any, str, SemaphoreSpec]], *, cluster: bool
@@ -37,7 +39,8 @@ def joint_problem(
             return problem
     names = [member[2].name for member in members]
     slots = {
-        name: key_slot(s.keys.meta.encode()) for name, (_, _, s) in zip(names, members, strict=True)
+        name: key_slot(keys_of(s.namespace, s.name).meta.encode())
+        for name, (_, _, s) in zip(names, members, strict=True)
     }
     if len(set(names)) < len(names):
         twice = sorted({name for name in names if names.count(name) > 1})
@@ -48,6 +51,6 @@ def joint_problem(
             f"semaphores must have their keys in one Redis Cluster slot to be taken in one "
             f"step, and these are not ({where})"
         )
-    elif len({member[2].keys.epoch for member in members}) > 1:
+    elif len({keys_of(m.namespace, m.name, cluster).epoch for _, _, m in members}) > 1:
         problem = "semaphores must share one data epoch hash (one Redis, one Cluster slot)"
     return problem

@@ -11,6 +11,7 @@ namespace is on one slot, where one script can take several of them at once
 
 from __future__ import annotations
 
+import functools
 from functools import lru_cache
 from itertools import count
 from typing import NamedTuple
@@ -55,6 +56,13 @@ class SemaphoreKeys(NamedTuple):
 
 def _escape(text: str) -> str:
     return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+@functools.lru_cache(maxsize=4096)
+def keys_of(namespace: str, name: str, cluster: bool = False) -> SemaphoreKeys:
+    """`semaphore_keys()`, kept for the semaphores used most (every call of a
+    semaphore names its keys)."""
+    return semaphore_keys(namespace, name, cluster=cluster)
 
 
 def semaphore_keys(namespace: str, name: str, *, cluster: bool = False) -> SemaphoreKeys:

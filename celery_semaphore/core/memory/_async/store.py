@@ -34,8 +34,6 @@ class AsyncMemoryStore:
     """The semaphores of ``url`` (``memory://`` or ``memory://<name>``) in this process
     (`celery_semaphore.core._async.store.AsyncStore`)."""
 
-    cluster = False
-
     def __init__(self, url: str) -> None:
         self.url = url
         self._backend = backend.backend_for(url)

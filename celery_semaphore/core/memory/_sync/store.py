@@ -35,8 +35,6 @@ class MemoryStore:
     """The semaphores of ``url`` (``memory://`` or ``memory://<name>``) in this process
     (`celery_semaphore.core._sync.store.Store`)."""
 
-    cluster = False
-
     def __init__(self, url: str) -> None:
         self.url = url
         self._backend = backend.backend_for(url)

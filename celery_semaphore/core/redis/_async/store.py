@@ -29,7 +29,7 @@ from celery_semaphore.core.redis import arguments, epochs, parked_index, wake_me
 from celery_semaphore.core.redis._async.listening import listen, reconnectable, unlisten
 from celery_semaphore.core.redis.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.redis.joint import joint_problem
-from celery_semaphore.core.redis.keys import ROLE_TYPES
+from celery_semaphore.core.redis.keys import ROLE_TYPES, SemaphoreKeys, keys_of
 from celery_semaphore.core.redis.operations import AsyncRedisOperations
 from celery_semaphore.core.redis.replies import text
 from celery_semaphore.core.redis.scripts import on_demand, registered
@@ -69,6 +69,11 @@ class AsyncRedisStore(AsyncRedisOperations):
     def __repr__(self) -> str:
         return f"AsyncRedisStore({self.url!r})"
 
+    def keys_of(self, spec: SemaphoreSpec) -> SemaphoreKeys:
+        """The Redis keys of the semaphore ``spec`` describes (on a Cluster, its epoch
+        hash is its slot's)."""
+        return keys_of(spec.namespace, spec.name, self.cluster)
+
     async def _call(
         self,
         script: str,
@@ -81,9 +86,9 @@ class AsyncRedisStore(AsyncRedisOperations):
         first one's epoch hash); a script that answers with another epoch than this
         process knows (a data loss, or the first call) is run again with that one. A
         ``reader`` (status) neither learns an epoch nor starts a pause (common_epoch.lua)."""
-        keys = specs[0].keys
+        keys = self.keys_of(specs[0])
         pause = 0.0 if reader else specs[0].pause_after_loss
-        call_keys = [key for spec in specs for key in spec.keys.call_keys]
+        call_keys = [key for spec in specs for key in self.keys_of(spec).call_keys]
         for _ in range(3):
             epoch = epochs.argument(self.url, keys.epoch, pause)
             reply = await self._run(script, call_keys, [*args, epoch], specs)
@@ -106,12 +111,12 @@ class AsyncRedisStore(AsyncRedisOperations):
 
     async def _wrong_type(self, specs: Sequence[SemaphoreSpec]) -> Exception:
         for spec in specs:
-            expected_types = zip(spec.keys.call_keys, (*ROLE_TYPES, "hash"), strict=True)
+            expected_types = zip(self.keys_of(spec).call_keys, (*ROLE_TYPES, "hash"), strict=True)
             for key, expected in expected_types:
                 actual = text(await self.client.type(key))
                 if actual not in ("none", expected):
                     return SemaphoreKeyTypeError(key, actual, expected)
-        return SemaphoreKeyTypeError(specs[0].keys.meta, "unknown type", "hash")
+        return SemaphoreKeyTypeError(self.keys_of(specs[0]).meta, "unknown type", "hash")
 
     async def acquire(
         self, spec: SemaphoreSpec, request: Acquire
@@ -189,12 +194,12 @@ class AsyncRedisStore(AsyncRedisOperations):
 
     async def note_lost(self, spec: SemaphoreSpec, count: int) -> None:
         try:
-            await self.client.hincrby(spec.keys.meta, "m_lost", count)
+            await self.client.hincrby(self.keys_of(spec).meta, "m_lost", count)
         except redis.RedisError as error:
             raise translate(error, self.url) from error
 
     async def listen(self, specs: Sequence[SemaphoreSpec]) -> Any:
-        return await listen(self.client, self.url, [spec.keys.channel for spec in specs])
+        return await listen(self.client, self.url, [self.keys_of(spec).channel for spec in specs])
 
     async def wait_for_wakeup(
         self, subscription: Any, ticket: int, holder: str, seconds: float
