@@ -78,6 +78,12 @@ class HolderInfo:
     permits: int = 1
 
 
+#: A waiter's state (`WaiterInfo.state`) by its parked record's letter, as every store
+#: keeps it (common_parked.lua; the model's `Parking`): parked, handed over, waiting in
+#: place, or none: asking itself.
+WAITER_STATES = {"p": "parked", "h": "handed over", "w": "waiting in place", "": "asking"}
+
+
 @dataclass(frozen=True)
 class WaiterInfo:
     """A waiter in line. ``state``: ``"parked"`` (it left a payload and stopped

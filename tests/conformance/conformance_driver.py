@@ -8,17 +8,35 @@ before each call, so the two see nearly the same times; where a value is the clo
 itself (tickets, tokens, slots), the comparison is of orders (tickets and tokens are
 bound one to one, and every new pair must sit in the same order among all pairs
 seen) or within `CLOCK_SLACK`, never of raw µs.
+
+A store that publishes wake messages (Redis) is also heard: `WakeChannel` subscribes to
+the semaphore's wake channel, and every call's messages are compared with what the
+model says it published (`SemaphoreModel.published`). `lose_data` makes a store lose a
+namespace's data between calls, as a restart without persistence would; `PairSet`
+drives several semaphores taken at once (`SemaphoreSet`) against `model.acquire_all`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from celery_semaphore import Handover, Permit, Place, RateLimit, StaleHandover
+import pytest
+
+from celery_semaphore import (
+    Handover,
+    Permit,
+    Place,
+    Places,
+    RateLimit,
+    SemaphoreSet,
+    StaleHandover,
+)
 from celery_semaphore.core import model
 from celery_semaphore.core.model import Asked, Caller, SemaphoreModel
+from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import parse_rate
 
 #: How far apart a store's time-valued replies (slots, pauses, lateness) may be from the
@@ -68,6 +86,49 @@ def near(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= CLOCK_SLACK
 
 
+class WakeChannel:
+    """What a store publishes on a semaphore's wake channel, heard call by call: after
+    each call the driver publishes on a channel of its own to the same subscriber, so
+    every message before that one is the call's (Redis delivers a subscriber's
+    messages in the order the server published them)."""
+
+    def __init__(self, client: Any, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self.mark = f"{channel}:conformance-mark"
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(channel, self.mark)
+
+    def heard(self) -> list[str]:
+        """The messages published on the wake channel since the last call."""
+        self.client.publish(self.mark, "")
+        messages: list[str] = []
+        deadline = time.monotonic() + 2.0
+        while True:
+            # None: nothing yet, or a subscribe confirmation (ignored).
+            message = self.pubsub.get_message(timeout=0.1)
+            assert time.monotonic() < deadline, "the wake channel's mark never came"
+            if message is None:
+                continue
+            channel = message["channel"]
+            if (channel.decode() if isinstance(channel, bytes) else channel) == self.mark:
+                return messages
+            data = message["data"]
+            messages.append(data.decode() if isinstance(data, bytes) else str(data))
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+
+def wake_channel(sem: Any) -> WakeChannel | None:
+    """The wake channel of ``sem``'s store, if it has one (a Redis client)."""
+    try:
+        client = sem.client
+    except AttributeError:
+        return None
+    return WakeChannel(client, sem.keys.channel)
+
+
 def model_rate(rate: RateLimit | None) -> model.Rate | None:
     return None if rate is None else model.Rate(rate.interval_us, rate.burst)
 
@@ -98,10 +159,17 @@ class Pair:
         handover_deadline: float = 30.0,
         sem: Any = None,
         model_of: SemaphoreModel | None = None,
+        namespace: str | None = None,
+        pause_after_loss: float | None = None,
+        listen: bool = False,
     ) -> None:
         self.store = store
         #: What the store handed over during the current call (its on_handover).
         self.received: list[Handover] = []
+        #: The store's clock read for the latest call (what the model was given).
+        self.model_now = 0
+        #: What the latest call published on the wake channel (when listening).
+        self.last_heard: list[str] = []
         publishing: dict[str, Any] = {}
         dispatch = None
         if handover_window is not None:
@@ -110,17 +178,29 @@ class Pair:
                 handover_deadline=handover_deadline,
             )  # fmt: skip
             dispatch = model.Dispatch(int(handover_window * 1000), int(handover_deadline * 1000))
+        if namespace is not None:
+            publishing["namespace"] = namespace
         self.sem = sem or store.semaphore(
             limit, rate=rate, shadow=shadow, fair_weights=fair_weights,
-            lease_timeout=lease, waiter_lease=waiter_lease, **publishing,
+            lease_timeout=lease, waiter_lease=waiter_lease, pause_after_loss=pause_after_loss,
+            **publishing,
         )  # fmt: skip
         self.model = model_of or SemaphoreModel()
+        pause = lease / 4 + PAUSE_MARGIN if pause_after_loss is None else pause_after_loss
         self.caller = Caller(
             limit=self.sem.limit,
             rate=model_rate(self.sem.rate),
             shadow=("l" if "limit" in shadow else "") + ("r" if "rate" in shadow else ""),
             dispatch=dispatch,
+            pause_ms=max(1, int(pause * 1000)),
         )
+        #: The store's wake channel, heard after every call (None: not listening).
+        self.wakes = wake_channel(self.sem) if listen else None
+        if listen and self.wakes is None:
+            pytest.skip(
+                f"the {store.name} store's wake messages are the model's own (no channel "
+                "to listen to): nothing to compare"
+            )
         self.shadow = frozenset(shadow)
         self.fair_weights = dict(fair_weights or {})
         self.lease_ms = max(1, int(1000 * lease))
@@ -147,13 +227,19 @@ class Pair:
         )  # fmt: skip
         other.tickets, other.tokens, other.permits = self.tickets, self.tokens, self.permits
         other.handover_tokens, other.copies = self.handover_tokens, self.copies
+        other.wakes = self.wakes
         return other
+
+    def close(self) -> None:
+        if self.wakes is not None:
+            self.wakes.close()
 
     def now(self) -> int:
         """The store's clock for the call about to be made (and a clean slate for what
         the call hands over)."""
         self.received.clear()
-        return self.store.now_us()
+        self.model_now = self.store.now_us()
+        return self.model_now
 
     def in_store_terms(self, holder: str, payload: str) -> str:
         """A payload the model made around its ticket (take_place_or_park), with the
@@ -165,7 +251,9 @@ class Pair:
 
     def handed_over(self) -> list[Handover]:
         """The call's handovers, the store's against the model's: the same waiters in the
-        same order, with their payloads, delays, and tokens in the model's order."""
+        same order, with their payloads, delays, and tokens in the model's order (and,
+        when listening, what the call published: `heard`)."""
+        self.heard()
         got = list(self.received)
         wanted = [
             (h.holder, self.in_store_terms(h.holder, h.payload)) for h in self.model.handovers
@@ -175,6 +263,28 @@ class Pair:
             self.handover_tokens.bind(real.token, expected.token)
             self.copies.setdefault(real.holder, []).append(real.token)
             assert near(real.delay, expected.delay_ms / 1000)
+        return got
+
+    def heard(self) -> list[str]:
+        """The call's wake messages against the model's `published`: the same grants in
+        place (holder, fencing token in the model's order, lease end, wait) and the
+        same wake-ups (the highest admissible ticket, in the model's order, or "inf")."""
+        if self.wakes is None:
+            return []
+        got = self.last_heard = self.wakes.heard()
+        expected = self.model.published
+        assert len(got) == len(expected), (got, expected)
+        for message, said in zip(got, expected, strict=True):
+            if isinstance(said, model.WakeUp):
+                assert (message == "inf") == (said.ticket is None), (message, said)
+                if said.ticket is not None:
+                    self.tickets.bind(int(float(message)), said.ticket)
+                continue
+            code, holder, token, expires_ms, waited_ms = message.split("|")
+            assert (code, holder) == ("g", said.holder), (message, said)
+            self.tokens.bind(int(token), said.token)
+            assert near(int(expires_ms) / 1000, said.expires_ms / 1000)
+            assert near(int(waited_ms) / 1000, said.waited_ms / 1000)
         return got
 
     def ask(
@@ -207,9 +317,12 @@ class Pair:
         info: str = "",
         lease: float | None = None,
         handover: int | None = None,
+        in_place: bool = False,
     ) -> Permit | Place | None:
         """``ticket``: a ticket the store gave (the model gets its own for it); so is
-        ``handover``, a handover token. None: the copy was stale (StaleHandover)."""
+        ``handover``, a handover token. None: the copy was stale (StaleHandover).
+        ``in_place``: refused, it waits in place (only where the driver listens)."""
+        assert self.wakes is not None or not in_place, "in_place needs a pair made with listen="
         result: Permit | Place | None
         modelled_ticket = None if ticket is None else self.tickets.to_model[ticket]
         modelled_handover = None if handover is None else self.handover_tokens.to_model[handover]
@@ -218,7 +331,7 @@ class Pair:
             result = self.sem.attempt(
                 holder, ticket, queue=queue, weight=weight, rate_weight=rate_weight,
                 priority=priority, fair_key=fair_key, info=info, lease_timeout=lease,
-                handover=handover,
+                handover=handover, in_place=in_place,
             )  # fmt: skip
         except StaleHandover as stale:
             result = None
@@ -228,7 +341,7 @@ class Pair:
             lease_ms=self.lease_ms if lease is None else max(1, int(1000 * lease)),
             waiter_lease_ms=self.waiter_lease_ms if queue else 0,
             ticket=modelled_ticket, ask=self.ask(weight, rate_weight, priority, fair_key),
-            info=info, handover=modelled_handover,
+            info=info, handover=modelled_handover, in_place=in_place,
         )  # fmt: skip
         self.handed_over()
         if isinstance(expected, model.Stale):
@@ -269,6 +382,11 @@ class Pair:
         assert (place.rate_due == 0) == (slot == 0), (place.rate_due, slot)
         assert (place.rate_paused_for is None) == (pause is None)
         assert place.limit_binds == ("limit" not in self.shadow)
+        resumes = expected.resumes_ms
+        now_ms = self.model_now // 1000
+        assert near(place.resumes_in, (resumes - now_ms) / 1000 if resumes else None), (
+            place.resumes_in, resumes - now_ms,
+        )  # fmt: skip
 
     def take_place(
         self,
@@ -297,6 +415,7 @@ class Pair:
             slot = None
         assert near(place.rate_due, slot), (place.rate_due, slot)
         assert (place.rate_due == 0) == (slot == 0), (place.rate_due, slot)
+        self.heard()
         return place
 
     def take_place_or_park(
@@ -388,23 +507,37 @@ class Pair:
     def renew_permit(self, index: int) -> bool:
         permit, token, caller = self.permits[index]
         now = self.now()
+        before = permit.semaphore.restored
         renewed = permit.renew()
         _, lost = self.model.renew(
-            [(permit.holder, token)], self.lease_ms, now, dispatch=caller.dispatch
-        )
+            [(permit.holder, token)], self.lease_ms, now, dispatch=caller.dispatch,
+            pause_ms=caller.pause_ms, permits={permit.holder: permit.weight},
+        )  # fmt: skip
         assert renewed is (permit.holder not in lost), (permit, token)
+        assert permit.semaphore.restored - before == len(self.model.restored)
         self.handed_over()
         return bool(renewed)
 
-    def renew_many(self, holders: list[str]) -> set[str]:
+    def renew_many(self, holders: list[str], weight: int | None = None) -> set[str]:
+        """By holder id (as a worker renews its requests); ``weight``: the permits each
+        holds, written back with it after a data loss."""
         now = self.now()
-        lost = self.sem.renew_many(holders)
+        before = self.sem.restored
+        lost = self.sem.renew_many(holders, weight=weight)
         _, expected = self.model.renew(
-            [(h, None) for h in holders], self.lease_ms, now, dispatch=self.caller.dispatch
-        )
+            [(h, None) for h in holders], self.lease_ms, now, dispatch=self.caller.dispatch,
+            pause_ms=self.caller.pause_ms, permits=dict.fromkeys(holders, weight or 1),
+        )  # fmt: skip
         assert lost == set(expected)
+        assert self.sem.restored - before == len(self.model.restored), "restored"
         self.handed_over()
         return set(lost)
+
+    def learn_epoch(self) -> None:
+        now = self.now()
+        self.sem.learn_epoch()
+        self.model.learn_epoch(self.caller.pause_ms, now)
+        self.heard()
 
     def set_limit(self, limit: int | None) -> None:
         now = self.now()
@@ -475,7 +608,7 @@ class Pair:
             assert near(h.acquired_at, modelled[h.holder].acquired_ms / 1000)
             assert near(h.expires_at, modelled[h.holder].expires_ms / 1000)
         in_line = [(w.holder, w.info, w.state, w.fair_key) for w in real.waiters]
-        states = {"p": "parked", "h": "handed over", "": "asking"}
+        states = {"p": "parked", "h": "handed over", "w": "waiting in place", "": "asking"}
         assert in_line == [
             (w.holder, w.info, states[w.state], None if w.ask is None else w.ask.fair_key)
             for w in expected.waiters
@@ -497,3 +630,93 @@ class Pair:
         assert near(real.shadow_delay, expected.shadow_wait_ms / 1000)
         recorded = {"l": "limit", "r": "rate"}
         assert real.shadow == frozenset(recorded[c] for c in expected.recorded_shadow)
+        resumes = expected.resumes_ms
+        assert near(real.resumes_at, resumes / 1000 if resumes else None)
+
+
+def lose_data(*pairs: Pair) -> None:
+    """The store loses the data of these pairs' semaphores and their namespace's epoch
+    hash, as a restart without persistence would (only theirs: other tests share the
+    server); the model forgets the same (`SemaphoreModel.lose_data`)."""
+    client = wake_client(pairs[0])
+    for p in pairs:
+        client.delete(*p.sem.keys.script_keys, p.sem.keys.epoch)
+    for modelled in {id(p.model): p.model for p in pairs}.values():
+        modelled.lose_data()
+
+
+def wake_client(pair: Pair) -> Any:
+    """The Redis client of ``pair``'s store, or skip: a store that cannot lose its data
+    between calls (the memory store) has no data loss to test."""
+    try:
+        return pair.sem.client
+    except AttributeError:
+        pytest.skip(f"the {pair.store.name} store cannot lose its data between calls")
+
+
+class PairSet:
+    """Several pairs of one store and namespace taken at once: the store's `SemaphoreSet`
+    and `model.acquire_all` over the pairs' models (which share one `model.Epochs`, as
+    the semaphores share one epoch hash). The pairs share one ticket binding: a refused
+    contender's one ticket stands in every line."""
+
+    def __init__(self, pairs: list[Pair]) -> None:
+        self.pairs = pairs
+        try:
+            self.set = SemaphoreSet([p.sem for p in pairs])
+        except ValueError as error:
+            pytest.skip(f"the {pairs[0].store.name} store takes no set at once: {error}")
+        for p in pairs[1:]:
+            p.tickets = pairs[0].tickets
+
+    def attempt(
+        self,
+        holder: str,
+        ticket: int | None = None,
+        *,
+        queue: bool = True,
+        hold_back: float = 0.0,
+        weights: list[int] | None = None,
+        priority: int = 0,
+        fair_keys: list[str | None] | None = None,
+    ) -> Any:
+        first = self.pairs[0]
+        modelled_ticket = None if ticket is None else first.tickets.to_model[ticket]
+        now = first.now()
+        for p in self.pairs[1:]:
+            p.received.clear()
+        result = self.set.attempt(
+            holder, ticket, queue=queue, hold_back=hold_back, weights=weights,
+            priority=priority, fair_keys=fair_keys,
+        )  # fmt: skip
+        keys = fair_keys or [None] * len(self.pairs)
+        parts = []
+        for i, p in enumerate(self.pairs):
+            weight = 1 if weights is None else weights[i]
+            ask = p.ask(weight, None, priority, keys[i])
+            waiter_ms = p.waiter_lease_ms if queue else 0
+            parts.append(model.Part(p.model, p.caller, p.lease_ms, waiter_ms, ask))
+        expected = model.acquire_all(
+            parts, holder, now, hold_back_ms=int(1000 * hold_back), ticket=modelled_ticket
+        )
+        for p in self.pairs:
+            p.handed_over()
+        if isinstance(expected, model.RefusedAll):
+            assert isinstance(result, Places), (holder, result, expected)
+            assert result.refused_by == expected.refused_by, (result, expected)
+            assert (result.ticket == 0) == (expected.ticket == 0), (result, expected)
+            if result.ticket:
+                first.tickets.bind(result.ticket, expected.ticket)
+            for p, place, said in zip(self.pairs, result.places, expected.places, strict=True):
+                p.model_now = now
+                p.refused(place, said)
+            return result
+        assert isinstance(expected, list), expected
+        assert not hasattr(result, "places"), (holder, result, expected)
+        for p, permit, grant in zip(self.pairs, result, expected, strict=True):
+            p.granted(permit, grant)
+        return result
+
+    def check(self) -> None:
+        for p in self.pairs:
+            p.check()

@@ -4,14 +4,16 @@ compared after every step.
 
 Each example draws one semaphore: a limit, maybe a rate (slow: time plays no part),
 maybe shadow limits, and either a fair line (every contender has a fair key, as the
-docs ask) or priorities. Leases are long; expiry is the scenarios' business.
+docs ask) or priorities. Leases are long; expiry is the scenarios' business. On a store
+that publishes wake messages, contenders may wait in place, and every call's messages
+are compared too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from conformance_driver import Pair, Store
+from conformance_driver import Pair, Store, wake_channel
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -71,6 +73,7 @@ class ConformanceMachine(RuleBasedStateMachine):
             handover_window=1.0 if publishing else None,
         )  # fmt: skip
         self.publishing = publishing
+        self.pair.wakes = wake_channel(self.pair.sem)
         # Another client of the same semaphore that declares a larger limit.
         self.other = self.pair.sibling(limit + 1, rate=rate, fair_weights={"k2": 2})
 
@@ -80,16 +83,29 @@ class ConformanceMachine(RuleBasedStateMachine):
         return self.pair
 
     def _attempt(
-        self, holder: str, ticket: int | None, queue: bool, weight: int, other: bool = False
+        self,
+        holder: str,
+        ticket: int | None,
+        queue: bool,
+        weight: int,
+        *,
+        other: bool = False,
+        in_place: bool = False,
     ) -> None:
         (self.other if other else self.p).attempt(
             holder, ticket, queue=queue, weight=min(weight, self.heaviest),
-            priority=self.priorities[holder], fair_key=self.keys[holder],
+            priority=self.priorities[holder], fair_key=self.keys[holder], in_place=in_place,
         )  # fmt: skip
 
     @rule(holder=holders_st, queue=st.booleans(), weight=st.integers(1, 2))
     def attempt(self, holder: str, queue: bool, weight: int) -> None:
         self._attempt(holder, None, queue, weight)
+
+    @precondition(lambda self: self.pair is not None and self.pair.wakes is not None)
+    @rule(holder=holders_st, weight=st.integers(1, 2))
+    def attempt_in_place(self, holder: str, weight: int) -> None:
+        """A waiter blocked in wait_for_turn: a release may grant it in place."""
+        self._attempt(holder, None, True, weight, in_place=True)
 
     @rule(holder=holders_st)
     def attempt_as_another_client(self, holder: str) -> None:
@@ -184,6 +200,10 @@ class ConformanceMachine(RuleBasedStateMachine):
     def store_matches_model(self) -> None:
         if self.pair is not None:
             self.pair.check()
+
+    def teardown(self) -> None:
+        if self.pair is not None:
+            self.pair.close()
 
 
 def test_the_store_follows_the_model(store_factory: Callable[[], Store]) -> None:

@@ -13,8 +13,10 @@ import time
 import uuid
 
 import pytest
+from celery import Celery
 
 from celery_semaphore import AsyncSemaphore, Handover, Semaphore, SemaphoreSet, SemaphoreTimeout
+from celery_semaphore.config import get_config
 from celery_semaphore.core.operations import operated_store
 
 
@@ -83,11 +85,45 @@ def test_a_parked_waiter_is_handed_over_when_a_permit_frees() -> None:
     assert permit.holder == "waiter"  # type: ignore[union-attr]
 
 
-def test_what_it_is_not_for_is_said_in_one_line() -> None:
+def test_a_set_takes_all_its_semaphores_or_none() -> None:
     where = url()
-    with pytest.raises(ValueError, match="cannot be taken in one step yet"):
-        SemaphoreSet([Semaphore(where, "a", 1), Semaphore(where, "b", 1)])
+    a, b = Semaphore(where, "a", 1), Semaphore(where, "b", 2)
+    both = SemaphoreSet([a, b])
+    held = b.acquire(holder="other", weight=2)
+    refused = both.attempt("both")
+    assert not hasattr(refused, "permits") and refused.refused_by == (1,)  # type: ignore[union-attr]
+    assert a.status().holder_count == 0, "nothing taken where it would have been admitted"
+    held.release()
+    permits = both.acquire(timeout=10, holder="both")
+    assert [p.semaphore.name for p in permits.permits] == ["a", "b"]
+    with pytest.raises(ValueError, match="distinct names"):
+        SemaphoreSet([a, Semaphore(where, "a", 1)])
+
+
+def test_a_waiter_in_place_is_granted_its_permit_by_the_release() -> None:
+    """As on Redis: the release grants the permit straight to the waiter in place (a
+    wake message naming it), so nobody else can take it between."""
+    sem = Semaphore(url(), "api", 1, recheck_interval=30.0)
+    held = sem.acquire(holder="first")
+    granted: list[object] = []
+    waiter = threading.Thread(target=lambda: granted.append(sem.acquire(timeout=10, holder="w")))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while not any(w.state == "waiting in place" for w in sem.status().waiters):
+        assert time.monotonic() < deadline, "the waiter never waited in place"
+        time.sleep(0.01)
+    held.release()
+    assert sem.try_acquire(holder="late") is None, "the permit went to the waiter in place"
+    waiter.join(5)
+    assert [p.holder for p in granted] == ["w"]  # type: ignore[attr-defined]
+
+
+def test_what_it_is_not_for_is_said_in_one_line() -> None:
     with pytest.raises(ValueError, match="the memory store is for semaphores used in one process"):
         operated_store("memory://")
     with pytest.raises(TypeError, match=r"url= is only for a redis-py client passed in"):
         Semaphore("memory://", "api", 1, url="redis://elsewhere")
+    app = Celery("memory", broker="memory://", set_as_current=False)
+    app.conf.semaphore_redis_url = "memory://"
+    with pytest.raises(ValueError, match=r"semaphore_redis_url 'memory://': the memory store"):
+        get_config(app)

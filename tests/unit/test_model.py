@@ -15,14 +15,20 @@ from celery_semaphore.core.model import (
     Asked,
     Caller,
     Dispatch,
+    Epochs,
     Granted,
+    GrantedInPlace,
     Handover,
     ParkIfFar,
+    Part,
     Rate,
     Refused,
+    RefusedAll,
     SemaphoreModel,
     Stale,
     State,
+    WakeUp,
+    acquire_all,
     seq_after,
 )
 from celery_semaphore.core.model.order import fair_head, roll_minute, stored
@@ -558,3 +564,103 @@ def test_a_place_taken_at_publish_parks_at_once_when_its_turn_is_far() -> None:
     assert model.parking.records["t2"].payload == f"head-{parked.ticket}-tail"
     assert model.waiters["t2"].expires_ms == (T0 + 2) // MS + LEASE
     assert set(model.sent) == {"t1"}
+
+
+# Waiting in place and wake messages ------------------------------------------------
+
+
+def test_a_release_grants_the_waiters_in_place_at_the_head_and_wakes_the_rest() -> None:
+    model, one = SemaphoreModel(), Caller(limit=2)
+    attempt(model, "a", caller=one)
+    attempt(model, "b", caller=one)
+    model.attempt(one, "c", T0 + 1, lease_ms=5_000, waiter_lease_ms=LEASE, in_place=True)
+    attempt(model, "d", T0 + 2, one)
+    assert model.parking.state_of("c") is State.IN_PLACE
+    model.release(one, "a", T0 + 9 * MS)
+    assert model.published == [GrantedInPlace("c", T0 + 9 * MS, T0 // MS + 9 + 5_000, 9)]
+    assert model.parking.state_of("c") is None, "served: its mark goes with its place"
+    model.release(one, "b", T0 + 10 * MS)
+    assert model.published == [WakeUp(model.waiters["d"].ticket)], "d asks itself: woken"
+    model.set_override(5, T0 + 11 * MS, one)
+    assert model.published == [WakeUp(None)], "more free than wait: anyone"
+
+
+def test_asking_without_waiting_in_place_clears_the_mark() -> None:
+    model, one = SemaphoreModel(), Caller(limit=1)
+    attempt(model, "a", caller=one)
+    model.attempt(one, "b", T0, lease_ms=LEASE, waiter_lease_ms=LEASE, in_place=True)
+    attempt(model, "b", T0 + 1, one)
+    assert model.parking.state_of("b") is None
+    model.release(one, "a", T0 + 2)
+    assert "b" not in model.holders
+
+
+# Data loss -------------------------------------------------------------------------
+
+
+def test_a_first_use_starts_no_pause_a_loss_does() -> None:
+    model, one = SemaphoreModel(), Caller(limit=1, pause_ms=2_000)
+    granted(attempt(model, "a", caller=one))
+    assert model.epochs.hash is not None and model.epochs.hash.lost_ms == 0
+    model.lose_data()
+    assert model.status(one, T0 + MS).resumes_ms == 0, "a reader notices nothing"
+    place = refused(attempt(model, "b", T0 + MS, one))
+    assert place.resumes_ms == T0 // MS + 1 + 2_000 and place.holders == 0
+    assert len(model.epochs.noticed) == 1
+    granted(attempt(model, "b", T0 + 2_002 * MS, one))
+
+
+def test_a_loss_noticed_late_pauses_from_when_it_is_noticed() -> None:
+    model, one = SemaphoreModel(), Caller(limit=1, pause_ms=2_000)
+    model.learn_epoch(one.pause_ms, T0)
+    model.lose_data()
+    known, model.epochs.known = model.epochs.known, None  # another process, first use
+    granted(attempt(model, "a", T0 + MS, one))
+    model.epochs.known = known
+    place = refused(attempt(model, "b", T0 + 5 * MS, one))
+    assert place.resumes_ms == T0 // MS + 5 + 2_000
+
+
+def test_renewals_write_permits_back_while_paused() -> None:
+    model, one = SemaphoreModel(), Caller(limit=1, pause_ms=2_000)
+    first = granted(attempt(model, "a", caller=one))
+    model.lose_data()
+    model.learn_epoch(one.pause_ms, T0 + MS)
+    _, lost = model.renew([("a", first.token), ("w", None)], LEASE, T0 + 2 * MS,
+                          permits={"w": 2})  # fmt: skip
+    assert lost == [] and model.restored == ["a", "w"]
+    assert (model.holders["a"].token, model.holders["w"].token) == (first.token, 0)
+    assert model.epochs.hash is not None and model.epochs.hash.restored == 2
+    assert model.release(one, "w", T0 + 3 * MS, token=12345), "token 0: any token releases it"
+    _, lost = model.renew([("gone", 7)], LEASE, T0 + 2_002 * MS)
+    assert lost == ["gone"], "after the pause nothing is written back"
+
+
+def test_a_holder_written_back_by_id_that_asks_held_nothing() -> None:
+    model, one = SemaphoreModel(), Caller(limit=2, pause_ms=2_000)
+    model.learn_epoch(one.pause_ms, T0)
+    model.lose_data()
+    model.renew([("w", None)], LEASE, T0 + MS, pause_ms=one.pause_ms, permits={"w": 2})
+    granted(attempt(model, "w", T0 + 2_002 * MS, one))
+    assert model.holders["w"].permits == 1 and model.holders["w"].token != 0
+
+
+# Several semaphores at once --------------------------------------------------------
+
+
+def test_a_set_grants_all_or_none_with_one_ticket() -> None:
+    epochs = Epochs()
+    a, b = SemaphoreModel(epochs), SemaphoreModel(epochs)
+    one = Caller(limit=1)
+    granted(attempt(a, "x", caller=one))
+    parts = [Part(a, one, LEASE, LEASE), Part(b, one, LEASE, LEASE)]
+    result = acquire_all(parts, "y", T0 + 1)
+    assert isinstance(result, RefusedAll) and result.refused_by == (0,)
+    assert [p.ticket for p in result.places] == [result.ticket, 0], "it leaves B's line"
+    assert b.holders == {} and a.line() == ["y"] and b.line() == []
+    held = acquire_all(parts, "y", T0 + 2, hold_back_ms=LEASE, ticket=result.ticket)
+    assert isinstance(held, RefusedAll) and b.line() == ["y"], "held back in B"
+    a.release(one, "x", T0 + 3)
+    both = acquire_all(parts, "y", T0 + 4)
+    assert isinstance(both, list) and len(both) == 2
+    assert set(a.holders) == set(b.holders) == {"y"} and a.line() == b.line() == []

@@ -2,36 +2,50 @@
 the model's replies turned into the values of `celery_semaphore.core.results`.
 
 Time is the process's wall clock, read once per operation, as a script reads the
-server's. A change that may admit a waiter (anything but a refusal or a read) moves
-the store's ``changes`` counter, which is what a waiting `wait_for_wakeup` watches:
-there are no wake messages and no grants in place (a waiter asks again).
+server's. What an operation publishes on a semaphore's wake channel in the model (a
+permit granted to a waiter in place, the tickets now admissible) goes into the
+store's `Messages`, which a waiting `wait_for_wakeup` reads, as a Redis waiter reads
+its channel. The semaphores of one namespace share one epoch (as one Redis does); a
+memory store never loses its data, so nothing is ever paused after a loss.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from celery_semaphore.core import model
 from celery_semaphore.core.errors import StaleHandover
 from celery_semaphore.core.model import Caller, SemaphoreModel
+from celery_semaphore.core.model.epochs import Epochs
+from celery_semaphore.core.model.joint import Part
+from celery_semaphore.core.model.joint import acquire_all as model_acquire_all
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.rates import RateLimit
-from celery_semaphore.core.requests import Acquire, Configure, Enqueue, Park, Release, Renew
+from celery_semaphore.core.requests import (
+    Acquire,
+    AcquireAll,
+    Configure,
+    Enqueue,
+    Park,
+    Release,
+    Renew,
+)
 from celery_semaphore.core.results import (
     SHADOW_CODES,
+    WAITER_STATES,
     FairKeyInfo,
     Grant,
     Handover,
     HolderInfo,
     Parked,
     Place,
+    Places,
     SemaphoreStatus,
     WaiterInfo,
 )
-
-STATES = {"p": "parked", "h": "handed over", "": "asking"}
 
 
 def now_us() -> int:
@@ -53,6 +67,7 @@ def rate_limit(rate: model.Rate | None) -> RateLimit | None:
 def caller_of(spec: SemaphoreSpec) -> Caller:
     """What a client of these settings declares with its calls."""
     return Caller(
+        pause_ms=max(1, int(spec.pause_after_loss * 1000)),
         limit=spec.limit,
         rate=model_rate(spec.rate),
         shadow=spec.shadow_codes,
@@ -117,7 +132,7 @@ def status_of(name: str, status: model.Status, fair_keys_read: int) -> Semaphore
             w.since_ms / 1000,
             w.expires_ms / 1000,
             w.info,
-            STATES[w.state],
+            WAITER_STATES[w.state],
             None if w.ask is None else w.ask.fair_key,
         )
         for position, w in enumerate(status.waiters, 1)
@@ -165,40 +180,66 @@ def status_of(name: str, status: model.Status, fair_keys_read: int) -> Semaphore
     )
 
 
+class Messages:
+    """What the operations published on the semaphores' wake channels, numbered, the
+    `KEPT` last ones kept (a waiter reads those after the number it last saw)."""
+
+    KEPT = 10_000
+
+    def __init__(self) -> None:
+        self.last = 0
+        self.kept: deque[tuple[int, tuple[str, str], model.Published]] = deque(maxlen=self.KEPT)
+
+    def publish(self, key: tuple[str, str], published: Sequence[model.Published]) -> None:
+        for message in published:
+            self.last += 1
+            self.kept.append((self.last, key, message))
+
+    def since(
+        self, seen: int, keys: frozenset[tuple[str, str]]
+    ) -> list[tuple[int, model.Published]]:
+        return [(n, m) for n, key, m in self.kept if n > seen and key in keys]
+
+
 class Backend:
     """The semaphores of one ``memory://`` URL in this process."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.models: dict[tuple[str, str], SemaphoreModel] = {}
-        #: Moves on every change that may admit a waiter (see the module docstring).
-        self.changes = 0
+        self.epochs: dict[str, Epochs] = {}  # by namespace
+        self.messages = Messages()
 
     def model_of(self, spec: SemaphoreSpec) -> SemaphoreModel:
         key = (spec.namespace, spec.name)
         if key not in self.models:
-            self.models[key] = SemaphoreModel()
+            epochs = self.epochs.setdefault(spec.namespace, Epochs())
+            self.models[key] = SemaphoreModel(epochs)
         return self.models[key]
+
+    def told(self, spec: SemaphoreSpec, modelled: SemaphoreModel) -> list[Handover]:
+        """What the last call on ``modelled`` published (kept for the waiters), and the
+        waiters it handed over."""
+        self.messages.publish((spec.namespace, spec.name), modelled.published)
+        return handovers_of(modelled)
 
 
 def acquire(
     backend: Backend, spec: SemaphoreSpec, asked: Acquire
 ) -> tuple[Grant | Place, list[Handover]]:
-    """Waiting in place is not modelled: ``asked.in_place`` changes nothing here."""
     with backend.lock:
         modelled, now = backend.model_of(spec), now_us()
         reply = modelled.attempt(
             caller_of(spec), asked.holder, now, lease_ms=asked.lease_ms,
             waiter_lease_ms=asked.wait_ms, ticket=asked.ticket, ask=asked.ask, info=asked.info,
-            handover=asked.handover,
+            handover=asked.handover, in_place=asked.in_place,
         )  # fmt: skip
         if isinstance(reply, model.Stale):
             raise StaleHandover(spec.name, reply.token)
-        handovers = handovers_of(modelled)
+        handovers = backend.told(spec, modelled)
         if isinstance(reply, model.Granted):
-            backend.changes += 1
             return grant_of(reply), handovers
-        return place_of(reply, modelled, now), handovers  # a refusal wakes nobody
+        return place_of(reply, modelled, now), handovers
 
 
 def park(backend: Backend, spec: SemaphoreSpec, asked: Park) -> tuple[Parked, list[Handover]]:
@@ -208,8 +249,7 @@ def park(backend: Backend, spec: SemaphoreSpec, asked: Park) -> tuple[Parked, li
             caller_of(spec), asked.holder, asked.payload, now, park_lease_ms=asked.park_ms,
             ticket=asked.ticket, info=asked.info, due_ms=asked.due_ms, ask=asked.ask,
         )  # fmt: skip
-        backend.changes += 1
-        return Parked(place.ticket, place.position), handovers_of(modelled)
+        return Parked(place.ticket, place.position), backend.told(spec, modelled)
 
 
 def enqueue(
@@ -227,16 +267,14 @@ def enqueue(
             caller_of(spec), asked.holder, now, waiter_lease_ms=asked.wait_ms, ask=asked.ask,
             info=asked.info, park_if_far=park_if_far,
         )  # fmt: skip
-        backend.changes += 1
-        return enqueued_place(place), place.parked, handovers_of(modelled)
+        return enqueued_place(place), place.parked, backend.told(spec, modelled)
 
 
 def dispatch(backend: Backend, spec: SemaphoreSpec, drop: Sequence[str]) -> list[Handover]:
     with backend.lock:
         modelled = backend.model_of(spec)
         modelled.dispatch(caller_of(spec), now_us(), tuple(drop))
-        backend.changes += 1
-        return handovers_of(modelled)
+        return backend.told(spec, modelled)
 
 
 def release(backend: Backend, spec: SemaphoreSpec, asked: Release) -> tuple[bool, list[Handover]]:
@@ -245,8 +283,7 @@ def release(backend: Backend, spec: SemaphoreSpec, asked: Release) -> tuple[bool
         released = modelled.release(
             caller_of(spec), asked.holder, now_us(), asked.token, unused=asked.unused
         )
-        backend.changes += 1
-        return released, handovers_of(modelled)
+        return released, backend.told(spec, modelled)
 
 
 def renew(
@@ -256,8 +293,7 @@ def renew(
         modelled = backend.model_of(spec)
         held = [(holder, token) for holder, token, _ in asked.held]
         expires_ms, lost = modelled.renew(held, asked.lease_ms, now_us(), dispatch=spec.dispatch)
-        backend.changes += 1
-        return expires_ms / 1000, set(lost), handovers_of(modelled), 0
+        return expires_ms / 1000, set(lost), backend.told(spec, modelled), 0
 
 
 def configure(
@@ -281,8 +317,7 @@ def configure(
             previous = None
         else:
             raise ValueError(f"unknown setting {asked.field!r}")
-        backend.changes += 1
-        return previous, handovers_of(modelled)
+        return previous, backend.told(spec, modelled)
 
 
 def status(backend: Backend, spec: SemaphoreSpec) -> SemaphoreStatus:
@@ -302,3 +337,49 @@ def backend_for(url: str) -> Backend:
         if url not in BACKENDS:
             BACKENDS[url] = Backend()
         return BACKENDS[url]
+
+
+def acquire_all(
+    backend: Backend, specs: Sequence[SemaphoreSpec], asked: AcquireAll
+) -> tuple[list[Grant] | Places, list[list[Handover]]]:
+    """A permit of every semaphore of ``specs``, or their places (`model.joint`)."""
+    with backend.lock:
+        models, now = [backend.model_of(spec) for spec in specs], now_us()
+        parts = [
+            Part(modelled, caller_of(spec), lease_ms, wait_ms, ask)
+            for modelled, spec, lease_ms, wait_ms, ask in zip(
+                models, specs, asked.lease_ms, asked.wait_ms, asked.asks, strict=True
+            )
+        ]
+        reply = model_acquire_all(
+            parts, asked.holder, now, hold_back_ms=asked.hold_ms, ticket=asked.ticket,
+            info=asked.info, handover=asked.came_by,
+        )  # fmt: skip
+        if isinstance(reply, model.StaleCopy):
+            raise StaleHandover(specs[reply.index].name, reply.token)
+        handovers = [
+            backend.told(spec, modelled) for spec, modelled in zip(specs, models, strict=True)
+        ]
+        if isinstance(reply, model.RefusedAll):
+            places = tuple(
+                place_of(refused, m, now) for refused, m in zip(reply.places, models, strict=True)
+            )
+            return Places(reply.ticket, places, reply.refused_by), handovers
+        return [grant_of(granted) for granted in reply], handovers
+
+
+def wake_up_in(
+    messages: Sequence[tuple[int, model.Published]], ticket: int, holder: str
+) -> tuple[bool, Grant | None]:
+    """Whether ``messages`` wake a waiter with ``ticket`` (a permit granted to ``holder``
+    in place: that Grant; or tickets up to its own now admissible), as a Redis waiter
+    reads its channel (`celery_semaphore.core.redis.wake_messages`)."""
+    for _, message in messages:
+        if isinstance(message, model.GrantedInPlace):
+            if message.holder == holder:
+                return True, Grant(
+                    message.token, message.expires_ms / 1000, message.waited_ms / 1000
+                )
+        elif message.ticket is None or not ticket or ticket <= message.ticket:
+            return True, None
+    return False, None

@@ -1,11 +1,12 @@
-"""The reference model: what one semaphore does, stated once, in Python.
+"""The reference model: what a semaphore does, stated once, in Python.
 
-A pure, in-memory, single-process model of ONE semaphore, written to be read as the
-specification of the Lua scripts in ``celery_semaphore/core/redis/lua/`` (each rule is one
-named function or method whose docstring gives the rule, its reason, and the Lua it
-mirrors). Time is an argument of every operation (``now_us``, the store's clock), never
-read by the model. ``tests/conformance`` drives this model and a real store with the
-same operations and compares every reply; ``tests/unit/test_model.py`` tests each rule.
+A pure, in-memory, single-process model of one semaphore (and of several taken at once:
+joint.py), written to be read as the specification of the Lua scripts in
+``celery_semaphore/core/redis/lua/`` (each rule is one named function or method whose
+docstring gives the rule, its reason, and the Lua it mirrors). Time is an argument of
+every operation (``now_us``, the store's clock), never read by the model.
+``tests/conformance`` drives this model and a real store with the same operations and
+compares every reply; ``tests/unit/test_model.py`` tests each rule.
 
 Covered (exactly, for the same clock readings the scripts take):
 
@@ -33,7 +34,21 @@ Covered (exactly, for the same clock readings the scripts take):
   near (the free permits, the window, a release since it parked), at its slot under a
   rate, at its due time, or again after its deadline with a new token; stale copies;
   a waiter served in person; revoked waiters dropped; nothing handed over while
-  draining; every call that frees capacity hands over what is due (after_free());
+  draining;
+- waiting in place and what follows freed capacity (after_free.py: after_free(), as
+  every call that frees capacity runs it): the ``w`` mark of a waiter blocked in
+  ``wait_for_turn`` (mark_in_place(), unmark_in_place()), grant_in_place() (a release
+  grants the waiters in place at the head of the line their permits directly), the
+  wake messages a call publishes (a grant in place, or the highest ticket now
+  admissible: wake(), `published`), then the handovers;
+- data loss (epochs.py, lua/common_epoch.lua): the epoch of the data and the one the
+  process knows, begin() (a first use, a loss, a loss noticed late, a reader), the
+  pause after a loss (nothing granted, handed over or woken), holders written back
+  by renewals while paused (token 0 when renewed by id; ``restored``; such a holder
+  dropped when it asks itself, released by any token), ``learn_epoch``,
+  ``note_lost``; `SemaphoreModel.lose_data` is the loss;
+- several semaphores at once (joint.py, acquire_all.lua): all or none, one ticket in
+  every line, the refusal's places, held back or leaving the lines that would admit;
 - ``status()``: every field above, as status.lua reads it (live entries only).
 
 The clock enters the handover window through the average hold time (meta.hold_ms):
@@ -43,11 +58,9 @@ on its own clock, so two runs agree on the window only while holds are shorter t
 
 NOT covered (yet):
 
-- waiting in place (the ``w`` mark, grant_in_place(): a release granting a blocked
-  waiter its permit directly) and the wake-up messages (PUBLISH): ``wait_for_turn``
-  and ``acquire`` are not modelled beyond their attempts;
-- data loss (epochs, the pause after a loss, holders restored by renew with token 0);
-- several semaphores at once (acquire_all.lua);
+- the blocking clients (``wait_for_turn``, ``acquire``, ``SemaphoreSet.acquire``):
+  their attempts and the messages they read are, not their loops and sleeps;
+- several Redis Cluster slots (one epoch hash per slot); the model has one Redis;
 - idle expiry of the keys, the batch bounds of one call (1,000 reclaimed, listed,
   looked at), the metrics counters and histograms, the pace estimate
   ``grant_interval``, ``hold_estimate`` as a reply field, ``family``, counts.lua.
@@ -55,6 +68,8 @@ NOT covered (yet):
 
 from celery_semaphore.core.constants import FAIR_TURN, PRIORITY_STEP
 
+from .epochs import EpochHash, Epochs
+from .joint import Part, acquire_all
 from .order import PLAIN_ASKED, Asked, FairKey, seq_after
 from .parking import Dispatch, Handover, ParkIfFar, Record, State
 from .rate import Rate, Room
@@ -63,12 +78,17 @@ from .replies import (
     Enqueued,
     FairKeyRow,
     Granted,
+    GrantedInPlace,
     HolderRow,
     ParkedPlace,
+    Published,
     Refused,
+    RefusedAll,
     Stale,
+    StaleCopy,
     Status,
     WaiterRow,
+    WakeUp,
 )
 from .semaphore import Holding, SemaphoreModel, Waiting
 
@@ -80,23 +100,32 @@ __all__ = [
     "Caller",
     "Dispatch",
     "Enqueued",
+    "EpochHash",
+    "Epochs",
     "FairKey",
     "FairKeyRow",
     "Granted",
+    "GrantedInPlace",
     "Handover",
     "HolderRow",
     "Holding",
     "ParkIfFar",
     "ParkedPlace",
+    "Part",
+    "Published",
     "Rate",
     "Record",
     "Refused",
+    "RefusedAll",
     "Room",
     "SemaphoreModel",
     "Stale",
+    "StaleCopy",
     "State",
     "Status",
     "WaiterRow",
     "Waiting",
+    "WakeUp",
+    "acquire_all",
     "seq_after",
 ]

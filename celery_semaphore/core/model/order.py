@@ -38,7 +38,7 @@ def stored(value: float) -> int:
 @dataclass(frozen=True)
 class Asked:
     """A contender's `celery_semaphore.Ask` as the scripts receive it, resolved against
-    the semaphore (its "weight text", acquire.lua's ARGV[15]): ``permits``
+    the semaphore (its "weight text", acquire.lua's ARG.weight): ``permits``
     at once (k), the rate's ``grants`` (j), its ``priority`` (-255..255, higher first),
     and the ``fair_key`` whose turns it takes with that key's ``fair_weight``.
 

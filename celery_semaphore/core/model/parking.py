@@ -3,7 +3,8 @@ park.lua, dispatch.lua): a waiter may leave a payload instead of asking again; t
 semaphore hands it over (to be published) when its turn is near.
 
 The rules that decide, as pure functions of the state they read; `SemaphoreModel`
-applies them. Waiting in place (the ``w`` mark) is not modelled.
+applies them. A waiter blocked in place (wait_for_turn) is marked here too (``w``:
+`Parking.mark_in_place`); what a release does for it is in after_free.py.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ class State(str, Enum):
     HANDED = "h"  # its payload was handed over, its copy not arrived yet
     ARRIVED = "d"  # the copy handed over last arrived (a tombstone)
     SERVED = "x"  # it was served by another copy: any copy on its way is stale
+    IN_PLACE = "w"  # it waits in place, subscribed to the wake channel (mark: its lease)
 
 
 @dataclass(frozen=True)
 class Record:
     """A parked record: the handover ``token`` of the copy handed over last (0 before
     any), its ``state``, its ``mark`` (the released count when it parked: a permit
-    released since says the line moved) and its ``payload``."""
+    released since says the line moved; waiting in place: the lease, ms, of the permit
+    a release may grant it) and its ``payload``."""
 
     token: int
     state: State
@@ -64,7 +67,7 @@ class Handover:
 @dataclass(frozen=True)
 class ParkIfFar:
     """What a publisher passes to park a new place at once when its turn is far
-    (enqueue.lua's ARGV[12..17]): the rate window (µs), the payload around the
+    (enqueue.lua's `Far` arguments): the rate window (µs), the payload around the
     ticket (``head`` + ticket + ``tail``), the park lease, the due time (0: none), and
     its `Dispatch`."""
 
@@ -91,7 +94,7 @@ def arrival(record: Record | None, token: int) -> Arrival:
         return Arrival.AGAIN
     if record.token != token or record.state is State.SERVED:
         return Arrival.STALE
-    if record.state is State.ARRIVED:
+    if record.state in (State.ARRIVED, State.IN_PLACE):
         return Arrival.AGAIN
     return Arrival.VALID
 
@@ -175,6 +178,36 @@ class Parking:
             self.handed[holder] = now_ms + TOMBSTONE_MS
         elif record.state is State.PARKED:
             self.forget(holder)
+        else:
+            self.unmark_in_place(holder)
+
+    def mark_in_place(self, holder: str, lease_ms: int) -> None:
+        """Refused while it waits in place (mark_in_place()): a release may grant it a
+        permit of ``lease_ms`` directly. Only a waiter that asks itself is marked (no
+        record, a tombstone ``d`` whose token it keeps, or a mark already): a parked or
+        handed-over one is not waiting anywhere, and a served one (``x``) is kept as the
+        tombstone that tells its stale copy."""
+        record = self.records.get(holder)
+        if record is None or record.state in (State.ARRIVED, State.IN_PLACE):
+            token = 0 if record is None else record.token
+            self.records[holder] = Record(token, State.IN_PLACE, lease_ms, "")
+
+    def unmark_in_place(self, holder: str) -> None:
+        """It no longer waits in place (unmark_in_place()): it asked without waiting, was
+        served, or left. A mark made on a tombstone becomes that tombstone again (its
+        token still tells a stale copy); any other goes."""
+        record = self.records.get(holder)
+        if record is None or record.state is not State.IN_PLACE:
+            return
+        if record.token == 0:
+            self.forget(holder)
+        else:
+            self.records[holder] = Record(record.token, State.ARRIVED, 0, "")
+
+    def in_place_lease(self, holder: str) -> int | None:
+        """The lease a waiter in place asked for (ms), or None if it is not waiting so."""
+        record = self.records.get(holder)
+        return record.mark if record is not None and record.state is State.IN_PLACE else None
 
     def arrive(self, holder: str, token: int, now_ms: int) -> Arrival:
         """A copy presenting handover ``token`` asks (acquire.lua: arrival() first)."""

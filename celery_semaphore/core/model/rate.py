@@ -77,6 +77,6 @@ def spend(rate: Rate, tat: int | None, grants: int, now_us: int) -> int:
 
 
 def give_back(rate: Rate, tat: int, grants: int) -> int:
-    """The tat after a permit its task never used is released (release.lua, ARGV[7]):
+    """The tat after a permit its task never used is released (release.lua, ARG.unused):
     its grants' intervals are given back, from the stored tat as it is."""
     return tat - grants * rate.interval_us

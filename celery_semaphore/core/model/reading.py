@@ -17,15 +17,18 @@ FAIR_TOP = 20
 
 
 def waiter_state(model: SemaphoreModel, waiter: str) -> str:
-    """A waiter's state as status shows it: "p" parked, "h" handed over, else ""."""
+    """A waiter's state as status shows it: "p" parked, "h" handed over, "w" waiting
+    in place, else ""."""
     state = model.parking.state_of(waiter)
-    return state.value if state in (State.PARKED, State.HANDED) else ""
+    return state.value if state in (State.PARKED, State.HANDED, State.IN_PLACE) else ""
 
 
 def status(model: SemaphoreModel, caller: Caller, now_us: int) -> Status:
     """What status.lua reads (it changes nothing, so it reclaims nothing): entries
-    whose lease ran out are left out of the lists and counts."""
+    whose lease ran out are left out of the lists and counts. A reader neither makes
+    nor learns an epoch: it reads the pause after a data loss that is there."""
     now_ms = now_us // 1000
+    _, resumes_ms = model.epochs.settle(0, now_us)
     declared = NOTHING if caller.rate is None else caller.rate
     rate = model.effective_rate(declared)
     room = model.room(declared, now_us)
@@ -88,4 +91,5 @@ def status(model: SemaphoreModel, caller: Caller, now_us: int) -> Status:
         shadow_wait_ms=model.shadow_wait_ms,
         shadow_peak=model.shadow_peak,
         recorded_shadow=model.recorded_shadow,
+        resumes_ms=resumes_ms,
     )

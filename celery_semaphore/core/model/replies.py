@@ -1,5 +1,6 @@
-"""What the model answers: the values the scripts return (acquire.lua, enqueue.lua,
-status.lua), as named fields, times on the semaphore's clock (ms, µs as named)."""
+"""What the model answers: the values the scripts return (acquire.lua, acquire_all.lua,
+enqueue.lua, status.lua) and the wake messages they publish, as named fields, times on
+the semaphore's clock (ms, µs as named)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,28 @@ class Declared(Enum):
 
 NOTHING = Declared.NOTHING
 
+#: The pause a client asks for after a data loss unless it sets one (its
+#: ``pause_after_loss``: a quarter of the default 60 s lease, plus 0.5 s).
+PAUSE_AFTER_LOSS_MS = 15_500
+
 
 @dataclass(frozen=True)
 class Caller:
     """What a client declares with its calls (effective_limit() in lua/common_meta.lua,
     effective_rate() in lua/common_rates.lua): its ``limit``, its ``rate`` (None: none),
     its ``shadow`` limits ('', 'l', 'r' or 'lr': they count and refuse nobody), how
-    long a task published with a place counts as sent (``sent_horizon_ms``), and, for a
-    client that publishes handovers, its `Dispatch` (None: its calls hand over nobody)."""
+    long a task published with a place counts as sent (``sent_horizon_ms``), for a
+    client that publishes handovers its `Dispatch` (None: its calls hand over nobody),
+    and the pause it asks for when it finds the data lost (``pause_ms``, the epoch
+    argument's: the client's ``pause_after_loss``, a quarter of the default lease
+    plus 0.5 s unless set)."""
 
     limit: int
     rate: Rate | None = None
     shadow: str = ""
     sent_horizon_ms: int = 3_600_000
     dispatch: Dispatch | None = None
+    pause_ms: int = PAUSE_AFTER_LOSS_MS
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,8 @@ class Refused:
     """A refusal (acquire.lua, code 0): ``ticket`` (0: not in line), ``position`` (1 +
     the waiters ahead), the permits held, the caller's effective limit, whether draining,
     the earliest holder lease end (0: no holder), µs until the rate allows it a grant
-    (None: no rate) and until when a RateLimited pause lasts (0: none)."""
+    (None: no rate), until when a RateLimited pause lasts (0: none), and until when
+    admissions are paused after a data loss (0: they are not)."""
 
     ticket: int
     position: int
@@ -64,6 +74,7 @@ class Refused:
     earliest_expiry_ms: int
     slot_us: int | None = None
     rate_pause_ms: int = 0
+    resumes_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,29 @@ class Enqueued:
     draining: bool
     slot_us: int | None = None
     parked: bool = False
+
+
+@dataclass(frozen=True)
+class GrantedInPlace:
+    """A wake message (grant_in_place()): a permit granted straight to ``holder``, a
+    waiter in place ("g|<holder>|<token>|<expires ms>|<waited ms>")."""
+
+    holder: str
+    token: int
+    expires_ms: int
+    waited_ms: int
+
+
+@dataclass(frozen=True)
+class WakeUp:
+    """A wake message (wake()): permits are free; the waiters up to ``ticket`` may be
+    admitted now and should ask again (None: "inf", any waiter)."""
+
+    ticket: int | None
+
+
+#: What a call publishes on the semaphore's wake channel, in order.
+Published = GrantedInPlace | WakeUp
 
 
 @dataclass(frozen=True)
@@ -157,3 +191,25 @@ class Status:
     shadow_wait_ms: int = 0
     shadow_peak: int = 0
     recorded_shadow: str = ""
+    #: When admissions resume after a data loss (ms; 0: not paused).
+    resumes_ms: int = 0
+
+
+@dataclass(frozen=True)
+class StaleCopy:
+    """acquire_all.lua, code 2: a stale copy of a task that semaphore ``index`` handed
+    over (``token``: its handover token of the copy handed over last)."""
+
+    index: int
+    token: int
+
+
+@dataclass(frozen=True)
+class RefusedAll:
+    """acquire_all.lua, code 0: nothing granted anywhere. ``ticket``: the one ticket of
+    every line it stands in (0: none); ``refused_by``: the semaphores that refused it;
+    ``places``: its `Refused` in each (ticket 0 where it does not stand in line)."""
+
+    ticket: int
+    refused_by: tuple[int, ...]
+    places: tuple[Refused, ...]

@@ -2,16 +2,21 @@
 apply to it, each rule once (see the package docstring for what is covered).
 
 Every operation takes the time, ``now_us``, as an argument: the model has no clock of
-its own. An operation is one script call: it reads the time once, as begin() does.
+its own. An operation is one script call: it reads the time once and settles the epoch
+of the data first, as begin() does (`SemaphoreModel.begin`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 
+from . import places, reading
 from . import rate as gcra
-from . import reading
+from .after_free import dispatch, grant_in_place, wake
+from .entries import Gate, Holding, Judgement, Waiting
+from .epochs import Epochs
 from .order import (
     PLAIN_ASKED,
     Asked,
@@ -24,65 +29,43 @@ from .order import (
     seq_after,
     stored,
 )
-from .parking import Arrival, Dispatch, Handover, ParkIfFar, Parking, State, window
-from .rate import NO_ROOM_LIMIT, Rate, Room
+from .parking import Arrival, Dispatch, Handover, Parking, State
+from .rate import Rate, Room
 from .replies import (
     NOTHING,
+    PAUSE_AFTER_LOSS_MS,
     Caller,
     Declared,
-    Enqueued,
     Granted,
-    ParkedPlace,
+    Published,
     Refused,
     Stale,
     Status,
 )
 
-
-@dataclass
-class Holding:
-    """A holder (holders + hinfo): its fencing token, when it was first granted, its
-    lease's end, the permits it holds (its seats), what it said of itself."""
-
-    token: int
-    acquired_ms: int
-    expires_ms: int
-    permits: int
-    info: str
-
-
-@dataclass
-class Waiting:
-    """A waiter (waiters + wexp + winfo): its ticket, its waiter lease's end, when it
-    first asked, what it said of itself."""
-
-    ticket: int
-    expires_ms: int
-    since_ms: int
-    info: str
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """How the semaphore weighs a contender (admit.lua's weigh_gate()): the waiters
-    ``ahead``, the permits held (``count``), the ``free`` permits, the permits and grants
-    needed (its own and those of the waiters ahead), the shadow limits that ``would``
-    have refused it, and the rate's ``room``."""
-
-    admitted: bool
-    ahead: int
-    count: int
-    free: int
-    need_permits: int
-    need_grants: int
-    would: str
-    room: Room
+__all__ = ["Gate", "Holding", "Judgement", "SemaphoreModel", "Waiting"]
 
 
 class SemaphoreModel:
-    """The reference model of one semaphore (see the package docstring)."""
+    """The reference model of one semaphore (see the package docstring). ``epochs``:
+    the epoch hash it shares with the other semaphores of its namespace (a set taken
+    at once shares one), new if not given."""
 
-    def __init__(self) -> None:
+    def __init__(self, epochs: Epochs | None = None) -> None:
+        self.epochs = epochs or Epochs()
+        #: While admissions are paused after a data loss, when they resume (ms; this
+        #: call's, set by `begin`), else 0.
+        self.resumes_ms = 0
+        #: The parked waiters the last call handed over (its reply's handovers).
+        self.handovers: list[Handover] = []
+        #: What the last call published on the wake channel, in order.
+        self.published: list[Published] = []
+        #: The holders the last renewal wrote back after a data loss (its ``restored``).
+        self.restored: list[str] = []
+        self.empty()
+
+    def empty(self) -> None:
+        """The semaphore's data as a first use finds it: no key at all."""
         self.holders: dict[str, Holding] = {}
         self.waiters: dict[str, Waiting] = {}
         #: The recorded asks of the waiters that ask for more than the default (meta "w|").
@@ -114,8 +97,42 @@ class SemaphoreModel:
         self.hold_ms: int | None = None
         #: Whether a weighted waiter was ever recorded (meta.n_weighted exists).
         self.weighted_ever = False
-        #: The parked waiters the last call handed over (its reply's handovers).
-        self.handovers: list[Handover] = []
+        #: Permits found lost by a caller renewing by id (meta.m_lost, `note_lost`).
+        self.lost_noted = 0
+
+    # Data loss (lua/common_epoch.lua; see epochs.py) --------------------------------
+
+    def lose_data(self) -> None:
+        """Redis loses its data (a restart without persistence, a failover to a replica
+        that lagged, a flush): this semaphore's keys and the epoch hash go. The
+        processes keep what they knew: the epoch, and the permits their tasks hold."""
+        self.empty()
+        self.epochs.lose()
+
+    def begin(self, pause_ms: int, now_us: int) -> None:
+        """The start of every call (begin()): the epoch settled (`Epochs.begin`; a
+        ``pause_ms`` of 0 is a reader's), and a clean slate for what the call tells."""
+        self.resumes_ms = self.epochs.begin(pause_ms, now_us)
+        self.handovers, self.published, self.restored = [], [], []
+
+    def paused(self) -> bool:
+        """Whether nothing may be granted or handed over now (paused()): draining, or
+        paused after a data loss until the epoch's resumes_ms.
+
+        Why: while paused the workers write back the permits their tasks hold
+        (`renew`), so the line resumes under the limit instead of over it."""
+        return self.draining or self.resumes_ms > 0
+
+    def learn_epoch(self, pause_ms: int, now_us: int) -> None:
+        """epoch.lua: learn the data epoch now, changing nothing else, so that a loss
+        before this process's next call is noticed (a worker does this at start)."""
+        self.begin(pause_ms, now_us)
+
+    def note_lost(self, count: int) -> None:
+        """Count ``count`` permits found lost by a caller that renews by id (an HINCRBY
+        of meta.m_lost, no script: no epoch, no reclaim). A metric no rule reads (nor
+        does dispatch.lua look for it when it asks whether meta exists)."""
+        self.lost_noted += count
 
     # The limits -----------------------------------------------------------------
 
@@ -293,14 +310,15 @@ class SemaphoreModel:
         """Whether the contender at ``ticket`` is admitted (weigh_gate()): a live holder
         always (it is granted again); else FIFO with weights: the permits and grants of
         the waiters ahead and its own must all fit in the free permits and the rate's
-        room (fit(): a heavy waiter at the head holds back those behind it). Draining
-        admits nobody new. A shadow limit that would refuse it admits it and says so.
+        room (fit(): a heavy waiter at the head holds back those behind it). While
+        paused (draining, or after a data loss) nobody new is admitted. A shadow limit
+        that would refuse it admits it and says so.
 
         (The waiters' weights ahead are summed only while so many could fit at all;
         past that each counts one. Only a rate's slot, not the outcome, shows it.)"""
         ahead = self.ahead_of(ticket)
         count = self.permits_held()
-        free = 0 if self.draining else self.effective_limit(caller.limit) - count
+        free = 0 if self.paused() else self.effective_limit(caller.limit) - count
         room = self.room(caller.rate, now_us)
         need_k, need_j = len(ahead), len(ahead)
         if ahead and len(ahead) < max(free, 0 if room.grants == gcra.UNBOUNDED else room.grants):
@@ -308,7 +326,7 @@ class SemaphoreModel:
             need_j = sum(self.ask_of(w).grants for w in ahead)
         need_k, need_j = need_k + ask.permits, need_j + ask.grants
         by_limit, by_rate, would = need_k <= free, need_j <= room.grants, ""
-        if not held and not self.draining:
+        if not held and not self.paused():
             if not by_limit and "l" in caller.shadow:
                 by_limit, would = True, "l"
             if not by_rate and "r" in caller.shadow:
@@ -329,6 +347,7 @@ class SemaphoreModel:
         ask: Asked = PLAIN_ASKED,
         info: str = "",
         handover: int | None = None,
+        in_place: bool = False,
     ) -> Granted | Refused | Stale:
         """Take a permit, or take or keep a place in line (acquire.lua); never blocks.
 
@@ -337,15 +356,51 @@ class SemaphoreModel:
         takes it only if refused while queueing (``waiter_lease_ms`` > 0: its place
         holds that long; 0: it keeps no new place and is told ticket 0). ``handover``:
         the token of the handed-over copy this is; a stale copy changes nothing.
-        Asking in person drops a payload it parked (it must not come twice)."""
+        Asking in person drops a payload it parked (it must not come twice).
+        ``in_place``: refused, it waits in place (`Parking.mark_in_place`), so a release
+        may grant it a permit of ``lease_ms`` directly (after_free.py)."""
+        self.begin(caller.pause_ms, now_us)
+        if handover is not None:
+            arrived = self.parking.arrive(holder, handover, now_us // 1000)
+            if arrived is Arrival.STALE:
+                return Stale(self.parking.records[holder].token)
+        gate = self.open_gate(caller, holder, ticket, handover, now_us)
+        weigh_at = gate.ticket if gate.ticket is not None else self.place(ask, now_us).ticket
+        gate.judged = self.judge(caller, ask, weigh_at, held=gate.holding is not None,
+                                 now_us=now_us)  # fmt: skip
+        if gate.judged.admitted:
+            result: Granted | Refused = self.grant(
+                caller, gate, ask=ask, info=info, lease_ms=lease_ms, now_us=now_us
+            )
+        else:
+            place = gate.ticket
+            if waiter_lease_ms > 0 and place is None:
+                place = self.new_ticket(ask, now_us)
+            result = self.refuse(
+                caller, gate, place, ask=ask, info=info, waiter_lease_ms=waiter_lease_ms,
+                in_place_ms=lease_ms if in_place else None, now_us=now_us,
+            )  # fmt: skip
+        self.handovers = self.finish_gate(caller, gate, now_us)
+        return result
+
+    def open_gate(
+        self, caller: Caller, holder: str, ticket: int | None, handover: int | None, now_us: int
+    ) -> Gate:
+        """The start of an acquire (open_gate()): its task has reached a worker (no longer
+        sent); run-out leases are reclaimed; the caller's limit, rate and shadow limits
+        are recorded; a holder written back by id after a data loss (token 0) asks
+        because it held nothing (it was waiting): that entry goes, and it asks like
+        anyone else; asking in person drops a payload it parked."""
         now_ms = now_us // 1000
-        self.handovers = []
-        if handover is not None and self.parking.arrive(holder, handover, now_ms) is Arrival.STALE:
-            return Stale(self.parking.records[holder].token)
         self.sent.pop(holder, None)
         reclaimed = self.reclaim(now_ms)
         self.record(caller)
         holding = self.holders.get(holder)
+        if holding is not None and holding.token == 0:
+            del self.holders[holder]
+            if self.epochs.hash is not None:
+                self.epochs.hash.restored -= 1
+            holding = None
         in_line = self.waiters.get(holder)
         parked = self.parking.state_of(holder) is State.PARKED
         if in_line is not None and handover is None and parked:
@@ -353,49 +408,59 @@ class SemaphoreModel:
         place = None if in_line is None else in_line.ticket
         if ticket is not None and (place is None or ticket < place):
             place = ticket
-        weigh_at = place if place is not None else self.place(ask, now_us).ticket
-        judged = self.judge(caller, ask, weigh_at, held=holding is not None, now_us=now_us)
-        if judged.admitted:
-            result: Granted | Refused = self.grant(
-                caller, holder, ask=ask, judged=judged, holding=holding, in_line=in_line,
-                info=info, lease_ms=lease_ms, now_us=now_us, handover=handover,
-            )  # fmt: skip
-        else:
-            result = self.refuse(
-                caller, holder, place, ask=ask, judged=judged, info=info,
-                waiter_lease_ms=waiter_lease_ms, now_us=now_us,
-            )  # fmt: skip
-        binds = judged.room.grants != gcra.UNBOUNDED and "r" not in caller.shadow
-        if reclaimed or (isinstance(result, Granted) and binds):
-            # What follows freed capacity; or, after a grant under a rate, the waiters
-            # of the next slots (finish_gate()).
-            self.handovers = self.dispatch_due(
-                caller.dispatch, now_us, limit=caller.limit, rate=caller.rate, shadow=caller.shadow
+        return Gate(holder, handover, reclaimed, holding, in_line, place)
+
+    def finish_gate(self, caller: Caller, gate: Gate, now_us: int) -> list[Handover]:
+        """The end of an acquire (finish_gate()): what follows freed capacity, if it
+        reclaimed anything or left a line; else, after a grant under a rate that binds,
+        the waiters of the next slots (`dispatch_due`). The handovers."""
+        rate, shadow, judged = caller.rate, caller.shadow, gate.judged
+        if gate.reclaimed or gate.left:
+            return self.after_free(
+                caller.dispatch, now_us, limit=caller.limit, rate=rate, shadow=shadow
             )
-        return result
+        binds = judged is not None and judged.room.grants != gcra.UNBOUNDED and "r" not in shadow
+        if gate.granted and binds:
+            return self.dispatch_due(
+                caller.dispatch, now_us, limit=caller.limit, rate=rate, shadow=shadow
+            )
+        return []
+
+    def leave_gate(self, gate: Gate) -> None:
+        """Takes the contender out of this line (leave_gate(): acquire_all, where this
+        semaphore would admit it while another refuses)."""
+        if gate.in_line is not None:
+            self.parking.unmark_in_place(gate.holder)
+            gate.left = self.leave_line(gate.holder)
 
     def refuse(
         self,
         caller: Caller,
-        holder: str,
+        gate: Gate,
         place: int | None,
         *,
         ask: Asked,
-        judged: Judgement,
         info: str,
         waiter_lease_ms: int,
         now_us: int,
+        in_place_ms: int | None = None,
     ) -> Refused:
-        """Not granted (refuse_gate()): queueing, it stands in line at its place (a new
-        ticket if it had none); the reply says where it stands and what it waits for."""
+        """Not granted (refuse_gate()): queueing, it stands in line at ``place`` (a new
+        ticket if it had none), marked waiting in place for a permit of ``in_place_ms``
+        if given, else unmarked; the reply says where it stands and what it waits for
+        (and until when admissions are paused after a data loss)."""
         now_ms = now_us // 1000
-        if waiter_lease_ms > 0 and place is None:
-            place = self.new_ticket(ask, now_us)
+        judged = gate.judged
+        assert judged is not None
         queued = 0
         if waiter_lease_ms > 0 and place is not None:
             self.stand_in_line(
-                holder, place, lease_ms=waiter_lease_ms, info=info, ask=ask, now_ms=now_ms
+                gate.holder, place, lease_ms=waiter_lease_ms, info=info, ask=ask, now_ms=now_ms
             )
+            if in_place_ms is not None:
+                self.parking.mark_in_place(gate.holder, in_place_ms)
+            elif gate.in_line is not None:
+                self.parking.unmark_in_place(gate.holder)
             queued = place
         rate = self.effective_rate(caller.rate)
         pause = self.rate_pause_ms or 0
@@ -410,40 +475,33 @@ class SemaphoreModel:
             if rate is None
             else judged.room.slot_in(rate.interval_us, judged.need_grants),
             rate_pause_ms=pause if rate is not None and pause > now_ms else 0,
+            resumes_ms=self.resumes_ms,
         )
 
     def grant(
-        self,
-        caller: Caller,
-        holder: str,
-        *,
-        ask: Asked,
-        judged: Judgement,
-        holding: Holding | None,
-        in_line: Waiting | None,
-        info: str,
-        lease_ms: int,
-        now_us: int,
-        handover: int | None,
+        self, caller: Caller, gate: Gate, *, ask: Asked, info: str, lease_ms: int, now_us: int
     ) -> Granted:
         """Grants the permit (grant_gate()): a new fencing token every time, even to a
         live holder asking again (same permits, same first grant time, no rate spent);
         a waiter leaves the line; the rate's schedule moves on by the grants it asked
         for (a shadow rate's too: its lateness is what it counts)."""
         now_ms = now_us // 1000
+        judged, holding, holder = gate.judged, gate.holding, gate.holder
+        assert judged is not None
         token = seq_after(self.fence, now_us)
         self.fence = token
         waited = 0
-        if in_line is not None:
+        if gate.in_line is not None:
             self.count_fair_grant(self.ask_of(holder), now_ms)
-            waited = now_ms - in_line.since_ms
-            self.leave_line(holder, "served" if handover is None else None, now_ms)
+            waited = now_ms - gate.in_line.since_ms
+            self.leave_line(holder, "served" if gate.handover is None else None, now_ms)
         rate = self.effective_rate(caller.rate)
         if holding is None and rate is not None:
             self.tat = gcra.spend(rate, self.tat, ask.grants, now_us)
         permits = ask.permits if holding is None else holding.permits
         acquired = now_ms if holding is None else holding.acquired_ms
         self.holders[holder] = Holding(token, acquired, now_ms + lease_ms, permits, info)
+        gate.granted = True
         late_ms = 0
         if "l" in judged.would:
             self.shadow_limit_refusals += 1
@@ -454,92 +512,25 @@ class SemaphoreModel:
             self.shadow_wait_ms += late_ms
         return Granted(token, now_ms + lease_ms, waited, judged.would, late_ms)
 
-    def take_place(
-        self,
-        caller: Caller,
-        holder: str,
-        now_us: int,
-        *,
-        waiter_lease_ms: int,
-        ask: Asked = PLAIN_ASKED,
-        info: str = "",
-        park_if_far: ParkIfFar | None = None,
-    ) -> Enqueued:
-        """Take a place in line without asking for a permit (enqueue.lua): the ticket
-        already held, or a new one; the place holds ``waiter_lease_ms`` from now either
-        way. It records the caller's limit (and shadow limits) only where none is
-        recorded, and counts the place as sent until its holder first asks.
-
-        With ``park_if_far``, a place whose turn is far is parked at once instead (one
-        call where a publisher would take a place, then park): far when draining, or
-        when the rate's slot is further than the window, or when at least (free permits
-        + limit) waiters are ahead (only the limits that bind count). It then holds the
-        park lease, is not counted as sent, and what is due is handed over."""
-        now_ms = now_us // 1000
-        self.handovers = []
-        self.reclaim(now_ms)
-        if self.recorded_limit is None:
-            self.recorded_limit = caller.limit
-            if caller.shadow:
-                self.recorded_shadow = caller.shadow
-        waiting = self.waiters.get(holder)
-        new = waiting is None
-        if waiting is None:
-            waiting = Waiting(self.new_ticket(ask, now_us), 0, now_ms, info)
-            self.waiters[holder] = waiting
-        ahead = self.ahead_of(waiting.ticket)
-        self.weigh_waiter(holder, ask)
-        rate = self.effective_rate(caller.rate)
-        room = self.room(caller.rate, now_us)
-        slot = None
-        if rate is not None:
-            grants = sum(self.ask_of(w).grants for w in ahead) + ask.grants
-            slot = room.slot_in(rate.interval_us, grants)
-        held = self.permits_held()
-        reply = Enqueued(
-            waiting.ticket, len(ahead) + 1, held, self.effective_limit(caller.limit),
-            self.draining, slot,
-        )  # fmt: skip
-        if park_if_far is not None:
-            binding = math.inf if "l" in caller.shadow else self.effective_limit(caller.limit)
-            binds = room.grants != gcra.UNBOUNDED and "r" not in caller.shadow
-            far = (
-                self.draining
-                or (binds and slot is not None and slot > park_if_far.window_us)
-                or len(ahead) >= max(0, binding - held) + binding
-            )
-            if far:
-                waiting.expires_ms = now_ms + park_if_far.park_lease_ms
-                self.sent.pop(holder, None)
-                self.parking.leave_payload(
-                    holder, park_if_far.head + str(waiting.ticket) + park_if_far.tail,
-                    released=self.released, due_ms=park_if_far.due_ms, now_ms=now_ms,
-                )  # fmt: skip
-                self.handovers = self.dispatch_due(
-                    park_if_far.dispatch, now_us, limit=None, rate=caller.rate,
-                    shadow=caller.shadow,
-                )  # fmt: skip
-                return replace(reply, parked=True)
-        if new:
-            self.sent.setdefault(holder, now_ms)
-        waiting.expires_ms = now_ms + waiter_lease_ms
-        return reply
+    #: enqueue.lua: see `places.take_place`.
+    take_place = places.take_place
 
     def release(
         self, caller: Caller, holder: str, now_us: int, token: int | None = None, *, unused: int = 0
     ) -> bool:
         """Give a permit back (release.lua); whether one was released. Idempotent: a
         second release, an unknown or reclaimed holder, or a stale ``token`` releases
-        nothing. Without a token (by id: a worker that lost the child) it also drops the
+        nothing (a holder written back by id after a data loss, token 0, is released by
+        any). Without a token (by id: a worker that lost the child) it also drops the
         holder's place in line. ``unused``: the permit's task never started, so the
         rate's grants it spent are given back too. Then, if anything was freed and
         someone waits, what follows freed capacity (handovers)."""
         now_ms = now_us // 1000
-        self.handovers = []
+        self.begin(caller.pause_ms, now_us)
         reclaimed = self.reclaim(now_ms)
         waiting = len(self.waiters)
         holding = self.holders.get(holder)
-        released = holding is not None and (token is None or holding.token == token)
+        released = holding is not None and (token is None or holding.token in (token, 0))
         if holding is not None and released:
             del self.holders[holder]
             self.note_hold(now_ms - holding.acquired_ms)
@@ -552,7 +543,7 @@ class SemaphoreModel:
             self.sent.pop(holder, None)
             left = waiting > 0 and self.leave_line(holder, "forget")
         if (released or reclaimed or left) and waiting > 0:
-            self.handovers = self.dispatch_due(
+            self.handovers = self.after_free(
                 caller.dispatch, now_us, limit=caller.limit, rate=NOTHING, shadow=caller.shadow
             )
         return released
@@ -570,32 +561,57 @@ class SemaphoreModel:
         now_us: int,
         *,
         dispatch: Dispatch | None = None,
+        pause_ms: int = PAUSE_AFTER_LOSS_MS,
+        permits: Mapping[str, int] | None = None,
     ) -> tuple[int, list[str]]:
         """Compare-and-extend (renew.lua): each (holder, token) still live with that
-        token (None: any) gets a lease of ``lease_ms`` from now; the others are lost.
-        A lease that already ran out is reclaimed first: a renew never resurrects."""
+        token (None: any; a holder written back by id holds token 0, which any renews)
+        gets a lease of ``lease_ms`` from now; the others are lost. A lease that already
+        ran out is reclaimed first: a renew never resurrects.
+
+        While admissions are paused after a data loss, a missing holder is written back
+        instead (`restore_holder`); ``permits``: what each holds (1 unless said)."""
         now_ms = now_us // 1000
-        self.handovers = []
+        self.begin(pause_ms, now_us)
         reclaimed = self.reclaim(now_ms)
         lost = []
         for holder, token in holders:
             holding = self.holders.get(holder)
-            if holding is not None and (token is None or holding.token == token):
+            if holding is not None and (token is None or holding.token in (token, 0)):
                 holding.expires_ms = now_ms + lease_ms
+            elif holding is None and self.resumes_ms > 0:
+                held = 1 if permits is None else permits.get(holder, 1)
+                self.restore_holder(holder, token or 0, held, now_ms + lease_ms, now_ms)
             else:
                 lost.append(holder)
         if reclaimed:
-            self.handovers = self.dispatch_due(dispatch, now_us, limit=None, rate=NOTHING)
+            self.handovers = self.after_free(dispatch, now_us, limit=None, rate=NOTHING)
         return now_ms + lease_ms, lost
+
+    def restore_holder(
+        self, holder: str, token: int, permits: int, expires_ms: int, now_ms: int
+    ) -> None:
+        """A renewal writes back a permit the data loss took (renew.lua, while paused):
+        its token (0 when renewed by id alone: it may have been a waiter, and its own
+        next ask drops it), first granted now, no info; counted in the epoch's
+        ``restored``.
+
+        Why: the tasks that held permits still run; written back during the pause,
+        they count against the limit when the line resumes, so it is not exceeded."""
+        self.holders[holder] = Holding(token, now_ms, expires_ms, permits, "")
+        self.restored.append(holder)
+        if self.epochs.hash is not None:
+            self.epochs.hash.restored += 1
 
     # Settings (configure.lua): each answers the previous value, reclaims, then hands
     # over what is due (so a raised limit or an ended drain hands over at once) ------
 
     def configured(self, now_us: int, caller: Caller | None) -> None:
+        self.begin(PAUSE_AFTER_LOSS_MS if caller is None else caller.pause_ms, now_us)
         self.reclaim(now_us // 1000)
         rate = NOTHING if caller is None or caller.rate is None else caller.rate
         cfg = None if caller is None else caller.dispatch
-        self.handovers = self.dispatch_due(cfg, now_us, limit=None, rate=rate)
+        self.handovers = self.after_free(cfg, now_us, limit=None, rate=rate)
 
     def set_override(
         self, limit: int | None, now_us: int, caller: Caller | None = None
@@ -630,7 +646,7 @@ class SemaphoreModel:
         pause that would end sooner than the one set changes nothing, and without a rate
         nothing is paused (and nothing else happens: not even a reclaim)."""
         now_ms = now_us // 1000
-        self.handovers = []
+        self.begin(caller.pause_ms, now_us)
         if self.effective_rate(NOTHING if caller.rate is None else caller.rate) is None:
             return
         self.rate_pause_ms = max(now_ms + ms, self.rate_pause_ms or 0)
@@ -638,39 +654,8 @@ class SemaphoreModel:
 
     # Parking and handover (park.lua, dispatch.lua; see parking.py) ------------------
 
-    def park(
-        self,
-        caller: Caller,
-        holder: str,
-        payload: str,
-        now_us: int,
-        *,
-        park_lease_ms: int,
-        ticket: int | None = None,
-        info: str = "",
-        due_ms: int = 0,
-        ask: Asked | None = None,
-    ) -> ParkedPlace:
-        """Stay in line without asking: leave ``payload`` to be handed over when due
-        (maybe at once), or ``due_ms`` from now at the latest. The place is its own, the
-        ticket presented if earlier, or a new one; it holds ``park_lease_ms``. ``ask``
-        None keeps the recorded one. The caller declares no limit."""
-        now_ms = now_us // 1000
-        self.reclaim(now_ms)
-        in_line = self.waiters.get(holder)
-        place = None if in_line is None else in_line.ticket
-        if ticket is not None and (place is None or ticket < place):
-            place = ticket
-        if place is None:
-            place = self.new_ticket(ask or PLAIN_ASKED, now_us)
-        self.stand_in_line(holder, place, lease_ms=park_lease_ms, info=info, ask=ask, now_ms=now_ms)
-        self.sent.pop(holder, None)
-        self.parking.leave_payload(
-            holder, payload, released=self.released, due_ms=due_ms, now_ms=now_ms
-        )
-        position = len(self.ahead_of(place)) + 1
-        self.handovers = self.dispatch_due(caller.dispatch, now_us, limit=None, rate=NOTHING)
-        return ParkedPlace(place, position)
+    #: park.lua: see `places.park`.
+    park = places.park
 
     def meta_found(self) -> bool:
         """Whether dispatch.lua finds the semaphore's meta: any of the fields that
@@ -696,7 +681,7 @@ class SemaphoreModel:
         """Hand over what is due, after dropping the named waiters that are parked or
         handed over (revoked tasks; one asking in person or holding stays); how many
         were dropped. A semaphore with no meta changes nothing (writing would make it)."""
-        self.handovers = []
+        self.begin(caller.pause_ms, now_us)
         if not self.meta_found():
             return 0
         dropped = 0
@@ -704,9 +689,28 @@ class SemaphoreModel:
             if self.parking.state_of(holder) in (State.PARKED, State.HANDED):
                 self.leave_line(holder, "forget")
                 dropped += 1
-        self.reclaim(now_us // 1000)
-        self.handovers = self.dispatch_due(caller.dispatch, now_us, limit=None, rate=NOTHING)
+        reclaimed = self.reclaim(now_us // 1000)
+        follow = self.after_free if reclaimed or dropped else self.dispatch_due
+        self.handovers = follow(caller.dispatch, now_us, limit=None, rate=NOTHING)
         return dropped
+
+    def after_free(
+        self,
+        cfg: Dispatch | None,
+        now_us: int,
+        *,
+        limit: int | None,
+        rate: Rate | Declared | None,
+        shadow: str | None = None,
+    ) -> list[Handover]:
+        """What follows freed capacity (after_free()): a released permit, a reclaimed
+        lease or waiter, a waiter that left, a raised limit, an ended drain. Free
+        permits go to the waiters in place at the head of the line, the others are
+        woken (both published: `published`, see after_free.py), then the parked waiters
+        now due are handed over (`dispatch_due`; the handovers)."""
+        self.published += grant_in_place(self, limit=limit, rate=rate, now_us=now_us)
+        self.published += wake(self, limit=limit, rate=rate, shadow=shadow, now_us=now_us)
+        return self.dispatch_due(cfg, now_us, limit=limit, rate=rate, shadow=shadow)
 
     def dispatch_due(
         self,
@@ -717,53 +721,8 @@ class SemaphoreModel:
         rate: Rate | Declared | None,
         shadow: str | None = None,
     ) -> list[Handover]:
-        """The parked waiters now due, handed over (dispatch()): for a caller that
-        publishes (``cfg``), among the first waiters of the line (`parking.window`), a
-        parked one whose permits and grants, with those ahead, fit in the free permits
-        and the rate's room, or one parked before the latest release (the line moved:
-        its turn is near); under a rate, the first one past the rate's window is handed
-        over with a delay that brings it at its slot (at most the deadline ahead), and
-        no one after it. Then those handed over that did not arrive by their deadline
-        (again, with a new token), and parked ones whose due time came; a due entry of
-        one no longer in line (or an aged tombstone) is forgotten. Only the limits that
-        bind count: a shadow limit (``shadow``; None: the recorded ones) moves nobody."""
-        if cfg is None or not self.parking.records:
-            return []
-        now_ms = now_us // 1000
-        codes = self.recorded_shadow if shadow is None else shadow
-        binding = math.inf if "l" in codes else self.effective_limit(limit)
-        room = NO_ROOM_LIMIT if "r" in codes else self.room(rate, now_us)
-        in_force = None if room.grants == gcra.UNBOUNDED else self.effective_rate(rate)
-        due = window(binding, self.permits_held(), paused=self.draining, hold_ms=self.hold_ms or 0,
-                     room=room, rate=in_force, cfg=cfg)  # fmt: skip
-        paused = in_force is not None and (self.rate_pause_ms or 0) > now_ms
-        out = []
-        k = j = 0
-        for holder in self.line()[: int(due.count)]:
-            k, j = k + self.ask_of(holder).permits, j + self.ask_of(holder).grants
-            record = self.parking.records.get(holder)
-            parked = record is not None and record.state is State.PARKED
-            progress = parked and record is not None and record.mark < self.released
-            slot_ms = 0
-            if in_force is not None:
-                slot_ms = math.ceil(room.slot_in(in_force.interval_us, j) / 1000)
-            if slot_ms > due.rate_window_ms or paused:
-                if parked and (k <= due.permits or progress) and slot_ms <= cfg.deadline_ms:
-                    out.append(self.hand_over(holder, cfg, slot_ms, now_us))
-                break
-            if parked and ((k <= due.permits and j <= room.grants) or progress):
-                out.append(self.hand_over(holder, cfg, 0, now_us))
-        for holder in self.parking.late(now_ms):
-            state = self.parking.state_of(holder)
-            if state in (State.HANDED, State.PARKED) and holder in self.waiters:
-                out.append(self.hand_over(holder, cfg, 0, now_us))
-            else:
-                self.parking.forget(holder)
-        return out
-
-    def hand_over(self, holder: str, cfg: Dispatch, delay_ms: int, now_us: int) -> Handover:
-        payload = self.parking.records[holder].payload
-        return self.parking.hand_over(holder, payload, cfg=cfg, delay_ms=delay_ms, now_us=now_us)
+        """The parked waiters now due, handed over (see `after_free.dispatch`)."""
+        return dispatch(self, cfg, now_us, limit=limit, rate=rate, shadow=shadow)
 
     # Reading ----------------------------------------------------------------------
 

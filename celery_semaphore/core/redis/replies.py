@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from celery_semaphore.core.rates import RateLimit
 from celery_semaphore.core.results import (
+    WAITER_STATES,
     FairKeyInfo,
     Grant,
     Handover,
@@ -23,8 +24,6 @@ from celery_semaphore.core.results import (
     WaiterInfo,
     shadow_kinds,
 )
-
-WAITER_STATES = {"p": "parked", "h": "handed over", "w": "waiting in place", "": "asking"}
 
 
 def text(value: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from celery_semaphore.core.errors import SemaphoreConnectionError
@@ -28,6 +29,14 @@ from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places
 
 #: How often a waiter looks whether anything changed (s): there are no wake messages.
 LOOK_EVERY = 0.005
+
+
+@dataclass
+class Listening:
+    """A waiter's subscription: the semaphores it listens to, the last message seen."""
+
+    keys: frozenset[tuple[str, str]]
+    seen: int
 
 
 class AsyncMemoryStore:
@@ -49,16 +58,16 @@ class AsyncMemoryStore:
     async def acquire_all(
         self, specs: Sequence[SemaphoreSpec], request: AcquireAll
     ) -> tuple[list[Grant] | Places, list[list[Handover]]]:
-        raise NotImplementedError(
-            "a SemaphoreSet on the memory store: the reference model does not take several "
-            "semaphores in one step yet; use a Redis store"
-        )
+        return backend.acquire_all(self._backend, specs, request)
 
     def joint_problem(self, specs: Sequence[SemaphoreSpec]) -> str | None:
-        return (
-            "semaphores on the memory store cannot be taken in one step yet (the reference "
-            "model does not state acquire_all); use a Redis store"
-        )
+        names = [spec.name for spec in specs]
+        if len(set(names)) < len(names):
+            twice = sorted({name for name in names if names.count(name) > 1})
+            return f"semaphores must have distinct names; given twice: {', '.join(twice)}"
+        if len({spec.namespace for spec in specs}) > 1:
+            return "semaphores must share one namespace to be taken in one step"
+        return None
 
     async def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
         return backend.park(self._backend, spec, request)
@@ -97,18 +106,28 @@ class AsyncMemoryStore:
         """The memory store keeps no metrics counters."""
 
     async def listen(self, specs: Sequence[SemaphoreSpec]) -> Any:
-        return self._backend.changes
+        keys = frozenset((spec.namespace, spec.name) for spec in specs)
+        with self._backend.lock:
+            return Listening(keys, self._backend.messages.last)
 
     async def wait_for_wakeup(
         self, subscription: Any, ticket: int, holder: str, seconds: float
     ) -> Grant | None:
-        """Until anything changed since the waiter last asked (it asks again), or
-        ``seconds`` pass."""
+        """Until a message published since the waiter last looked wakes it (see
+        `backend.wake_up_in`), or ``seconds`` pass: it looks every `LOOK_EVERY` s."""
         deadline = time.monotonic() + seconds
-        seen = self._backend.changes
-        while time.monotonic() < deadline and self._backend.changes == seen:
-            await asyncio.sleep(min(LOOK_EVERY, max(0.0, deadline - time.monotonic())))
-        return None
+        while True:
+            with self._backend.lock:
+                messages = self._backend.messages.since(subscription.seen, subscription.keys)
+            if messages:
+                subscription.seen = messages[-1][0]
+                woken, grant = backend.wake_up_in(messages, ticket, holder)
+                if woken:
+                    return grant
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(LOOK_EVERY, left))
 
     async def unlisten(self, subscription: Any, *, keep: bool) -> None:
         """Nothing to close."""
