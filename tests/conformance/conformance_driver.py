@@ -617,7 +617,11 @@ class Pair:
             self.tickets.bind(w.ticket, row.ticket)
             assert near(w.since, row.since_ms / 1000)
             assert near(w.expires_at, row.expires_ms / 1000)
-        assert [w.holder for w in real.sent_without_place] == expected.sent_without_place
+        assert [w.holder for w in real.sent_without_place] == [
+            s.holder for s in expected.sent_without_place
+        ]
+        for w, sent in zip(real.sent_without_place, expected.sent_without_place, strict=True):
+            assert near(w.since, sent.sent_ms / 1000)
         assert rate_text(real.rate) == rate_text(expected.rate)
         assert rate_text(real.rate_override) == rate_text(expected.rate_override)
         if expected.rate is not None:

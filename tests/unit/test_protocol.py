@@ -23,13 +23,12 @@ from celery_semaphore.core.redis.arguments import (
     parse_status,
 )
 from celery_semaphore.core.redis.replies import (
-    WAITER_STATES,
     HandoverRow,
     Refused,
     read,
     read_all,
 )
-from celery_semaphore.core.results import Grant
+from celery_semaphore.core.results import WAITER_STATES, Grant
 
 OPTIONS = dict(
     lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0

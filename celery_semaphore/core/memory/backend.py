@@ -24,6 +24,7 @@ from celery_semaphore.core.model.joint import Part
 from celery_semaphore.core.model.joint import acquire_all as model_acquire_all
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.readings import semaphore_status
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
@@ -34,17 +35,13 @@ from celery_semaphore.core.requests import (
     Renew,
 )
 from celery_semaphore.core.results import (
-    SHADOW_CODES,
-    WAITER_STATES,
-    FairKeyInfo,
     Grant,
     Handover,
-    HolderInfo,
     Parked,
     Place,
     Places,
     SemaphoreStatus,
-    WaiterInfo,
+    shadow_kinds,
 )
 
 
@@ -52,16 +49,8 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def shadow_kinds(codes: str) -> frozenset[str]:
-    return frozenset(SHADOW_CODES[code] for code in codes)
-
-
 def model_rate(rate: RateLimit | None) -> model.Rate | None:
     return None if rate is None else model.Rate(rate.interval_us, rate.burst)
-
-
-def rate_limit(rate: model.Rate | None) -> RateLimit | None:
-    return None if rate is None else RateLimit.decode(f"{rate.interval_us}|{rate.burst}")
 
 
 def caller_of(spec: SemaphoreSpec) -> Caller:
@@ -112,72 +101,6 @@ def enqueued_place(place: model.Enqueued) -> Place:
     return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
                  next_expiry_in=None,
                  rate_due=None if place.slot_us is None else place.slot_us / 1_000_000)  # fmt: skip
-
-
-def status_of(name: str, status: model.Status, fair_keys_read: int) -> SemaphoreStatus:
-    holders = sorted(
-        (
-            HolderInfo(
-                h.holder, h.token, h.acquired_ms / 1000, h.expires_ms / 1000, h.info, h.permits
-            )
-            for h in status.holders
-        ),
-        key=lambda h: h.acquired_at,
-    )
-    waiters = [
-        WaiterInfo(
-            w.holder,
-            w.ticket,
-            position,
-            w.since_ms / 1000,
-            w.expires_ms / 1000,
-            w.info,
-            WAITER_STATES[w.state],
-            None if w.ask is None else w.ask.fair_key,
-        )
-        for position, w in enumerate(status.waiters, 1)
-    ]
-    grants = status.fair_grants
-    return SemaphoreStatus(
-        name=name,
-        declared_limit=status.recorded_limit,
-        override=status.override,
-        effective_limit=status.effective_limit,
-        draining=status.draining,
-        holder_count=status.holder_count,
-        waiter_count=status.waiter_count,
-        holders=holders,
-        waiters=waiters,
-        server_time=status.now_ms / 1000,
-        parked_count=status.parked_count,
-        handed_over_count=status.handed_over_count,
-        sent_count=status.sent_count,
-        sent_without_place=[
-            WaiterInfo(holder, 0, 0, 0.0, 0.0, "", "in broker")
-            for holder in status.sent_without_place
-        ],
-        sent_without_place_count=len(status.sent_without_place),
-        resumes_at=None,
-        rate=rate_limit(status.rate),
-        rate_override=rate_limit(status.rate_override),
-        rate_room=status.rate_room,
-        next_start_at=status.next_start_ms / 1000 if status.rate else None,
-        rate_paused_until=status.rate_paused_until_ms / 1000
-        if status.rate_paused_until_ms
-        else None,
-        fair_keys_waiting=status.fair_keys_waiting,
-        fair_grants=grants,
-        fair_keys=[
-            FairKeyInfo(k.key, k.waiting, k.grants, round(k.grants / grants, 3) if grants else 0.0)
-            for k in status.fair_keys
-        ],
-        fair_keys_read=fair_keys_read,
-        shadow_limit_refusals=status.shadow_limit_refusals,
-        shadow_rate_refusals=status.shadow_rate_refusals,
-        shadow_delay=status.shadow_wait_ms / 1000,
-        shadow_peak=status.shadow_peak,
-        shadow=shadow_kinds(status.recorded_shadow),
-    )
 
 
 class Messages:
@@ -323,8 +246,7 @@ def configure(
 def status(backend: Backend, spec: SemaphoreSpec) -> SemaphoreStatus:
     with backend.lock:
         modelled = backend.model_of(spec)
-        read = modelled.status(caller_of(spec), now_us())
-        return status_of(spec.name, read, len(modelled.fair))
+        return semaphore_status(spec.name, modelled.status(caller_of(spec), now_us()))
 
 
 #: The stores of this process, by URL.

@@ -72,6 +72,17 @@ class Asked:
 PLAIN_ASKED = Asked()
 
 
+def asked_from_text(text: str) -> Asked:
+    """The ask a weight text says (`Asked.text`, the other way): '' is the default."""
+    if not text:
+        return PLAIN_ASKED
+    permits, grants, *rest = text.split("|", 4)
+    priority = int(rest[0]) if rest else 0
+    if len(rest) < 3:
+        return Asked(int(permits), int(grants), priority)
+    return Asked(int(permits), int(grants), priority, rest[2], int(rest[1]))
+
+
 @dataclass(frozen=True)
 class FairKey:
     """A fair key's record while it has waiters (meta "f|<key>").

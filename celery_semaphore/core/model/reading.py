@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .order import recent
 from .parking import State
-from .replies import NOTHING, Caller, FairKeyRow, HolderRow, Status, WaiterRow
+from .replies import NOTHING, Caller, FairKeyRow, HolderRow, SentRow, Status, WaiterRow
 
 if TYPE_CHECKING:
     from .semaphore import SemaphoreModel
@@ -77,7 +77,7 @@ def status(model: SemaphoreModel, caller: Caller, now_us: int) -> Status:
         parked_count=model.parking.count(State.PARKED),
         handed_over_count=model.parking.count(State.HANDED),
         sent_count=len(sent),
-        sent_without_place=lapsed,
+        sent_without_place=[SentRow(h, model.sent[h]) for h in lapsed],
         rate=rate,
         rate_override=model.rate_override,
         rate_room=0 if rate is None else int(room.grants),

@@ -154,6 +154,15 @@ class WaiterRow:
 
 
 @dataclass(frozen=True)
+class SentRow:
+    """A task published with a place that has not reached a worker, its place lapsed:
+    when it was sent (ms)."""
+
+    holder: str
+    sent_ms: int
+
+
+@dataclass(frozen=True)
 class FairKeyRow:
     key: str
     waiting: int
@@ -177,7 +186,7 @@ class Status:
     parked_count: int
     handed_over_count: int
     sent_count: int
-    sent_without_place: list[str]
+    sent_without_place: list[SentRow]
     rate: Rate | None
     rate_override: Rate | None
     rate_room: int
@@ -193,6 +202,11 @@ class Status:
     recorded_shadow: str = ""
     #: When admissions resume after a data loss (ms; 0: not paused).
     resumes_ms: int = 0
+    #: How many tasks are sent without a place (the list may show fewer: status.lua
+    #: lists at most STATUS_MOST); None: as many as listed.
+    sent_without_place_count: int | None = None
+    #: How many fair keys were read to find the busiest (None: every one).
+    fair_keys_read: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,17 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from celery_semaphore.core.model import replies as model_replies
+from celery_semaphore.core.model.order import asked_from_text
+from celery_semaphore.core.model.rate import Rate
 from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.readings import semaphore_status
 from celery_semaphore.core.results import (
-    WAITER_STATES,
-    FairKeyInfo,
     Grant,
     Handover,
-    HolderInfo,
     Place,
     SemaphoreCounts,
     SemaphoreStatus,
-    WaiterInfo,
     shadow_kinds,
 )
 
@@ -314,12 +314,6 @@ def parse_counts(name: str, fields: Sequence[str], reply: Sequence[Any]) -> Sema
     )
 
 
-def fair_key_in(order: str) -> str | None:
-    """The fair key of a weight text (`SemaphoreSpec.weight_arg`), or None."""
-    parts = order.split("|", 4)
-    return parts[4] if len(parts) == 5 else None
-
-
 def _seconds(microseconds: int | None) -> float | None:
     return None if microseconds is None else microseconds / 1_000_000
 
@@ -358,81 +352,76 @@ def place_of(refused: Refused) -> Place:
     )
 
 
+def model_rate(text_: str) -> Rate | None:
+    """A rate in the scripts' form ("<interval µs>|<burst>", '' for none)."""
+    if not text_:
+        return None
+    interval, _, burst = text_.partition("|")
+    return Rate(int(interval), int(burst or 1))
+
+
+def holder_row(row: HolderRow) -> model_replies.HolderRow:
+    """A holder as status.lua lists it: its hinfo record, "<fencing token>|<acquired
+    ms>[/<permits>]|<info>", read into named fields (the one place it is read)."""
+    token, acquired, info = [*row.record.split("|", 2), "", ""][:3]
+    acquired, _, permits = acquired.partition("/")
+    return model_replies.HolderRow(
+        row.holder, int(token or 0), int(acquired or 0), int(row.expires_ms), info,
+        int(permits or 1),
+    )  # fmt: skip
+
+
+def waiter_row(row: WaiterRow) -> model_replies.WaiterRow:
+    """A waiter as status.lua lists it: its winfo record, "<first ask ms>|<info>", and
+    its weight text while fair keys wait, read into named fields."""
+    since, _, info = row.record.partition("|")
+    ask = asked_from_text(row.order) if row.order else None
+    return model_replies.WaiterRow(
+        row.holder, int(row.ticket), int(since or 0), row.expires_ms, info, ask, row.state
+    )
+
+
 def status_of(name: str, reply: Sequence[Any]) -> SemaphoreStatus:
-    """status.lua's reply as a `SemaphoreStatus` of semaphore ``name``."""
+    """status.lua's reply as a `SemaphoreStatus` of semaphore ``name`` (read into the
+    model's `Status`, which every store reads into: `celery_semaphore.core.readings`)."""
     status = read(StatusReply, reply)
-    holders = []
-    for row in status.holders:
-        token, acquired, info = [*row.record.split("|", 2), "", ""][:3]
-        acquired, _, permits = acquired.partition("/")
-        holders.append(
-            HolderInfo(
-                row.holder,
-                int(token or 0),
-                int(acquired or 0) / 1000,
-                row.expires_ms / 1000,
-                info,
-                int(permits or 1),
-            )
-        )
-    holders.sort(key=lambda h: h.acquired_at)
-    waiters = []
-    for position, waiter in enumerate(status.waiters, 1):
-        since, _, info = waiter.record.partition("|")
-        waiters.append(
-            WaiterInfo(
-                waiter.holder,
-                int(waiter.ticket),
-                position,
-                int(since or 0) / 1000,
-                waiter.expires_ms / 1000,
-                info,
-                WAITER_STATES[waiter.state],
-                fair_key_in(waiter.order),
-            )
-        )
-    return SemaphoreStatus(
-        name=name,
-        declared_limit=status.recorded_limit,
-        override=status.override,
-        effective_limit=status.effective_limit,
-        draining=status.draining,
-        holder_count=status.holder_count,
-        waiter_count=status.waiter_count,
-        holders=holders,
-        waiters=waiters,
-        server_time=status.now_ms / 1000,
-        parked_count=status.parked_count,
-        handed_over_count=status.handed_over_count,
-        sent_count=status.sent_count,
-        sent_without_place=[
-            WaiterInfo(sent.holder, 0, 0, sent.sent_ms / 1000, 0.0, "", "in broker")
-            for sent in status.sent_without_place
-        ],
-        sent_without_place_count=status.sent_without_place_count,
-        resumes_at=status.resumes_ms / 1000 if status.resumes_ms else None,
-        rate=RateLimit.decode(status.rate),
-        rate_override=RateLimit.decode(status.rate_override),
-        rate_room=status.rate_room,
-        next_start_at=status.next_start_ms / 1000 if status.rate else None,
-        rate_paused_until=status.rate_paused_until_ms / 1000
-        if status.rate_paused_until_ms
-        else None,
-        fair_keys_waiting=status.fair_keys_waiting,
-        fair_grants=status.fair_grants,
-        fair_keys=[
-            FairKeyInfo(
-                row.key,
-                row.waiting,
-                row.grants,
-                round(row.grants / status.fair_grants, 3) if status.fair_grants else 0.0,
-            )
-            for row in status.fair_keys
-        ],
-        fair_keys_read=status.fair_keys_read,
-        shadow_limit_refusals=status.shadow_limit_refusals,
-        shadow_rate_refusals=status.shadow_rate_refusals,
-        shadow_delay=status.shadow_wait_ms / 1000,
-        shadow_peak=status.shadow_peak,
-        shadow=shadow_kinds(status.recorded_shadow),
+    return semaphore_status(
+        name,
+        model_replies.Status(
+            now_ms=status.now_ms,
+            recorded_limit=status.recorded_limit,
+            override=status.override,
+            effective_limit=status.effective_limit,
+            draining=status.draining,
+            holder_count=status.holder_count,
+            waiter_count=status.waiter_count,
+            holders=[holder_row(row) for row in status.holders],
+            waiters=[waiter_row(row) for row in status.waiters],
+            parked_count=status.parked_count,
+            handed_over_count=status.handed_over_count,
+            sent_count=status.sent_count,
+            sent_without_place=[
+                model_replies.SentRow(row.holder, int(row.sent_ms))
+                for row in status.sent_without_place
+            ],
+            sent_without_place_count=status.sent_without_place_count,
+            rate=model_rate(status.rate),
+            rate_override=model_rate(status.rate_override),
+            rate_room=status.rate_room,
+            next_start_ms=status.next_start_ms,
+            rate_paused_until_ms=status.rate_paused_until_ms,
+            fair_keys_waiting=status.fair_keys_waiting,
+            fair_grants=status.fair_grants,
+            fair_keys=[
+                model_replies.FairKeyRow(row.key, row.waiting, row.grants)
+                for row in status.fair_keys
+            ],
+            fair_keys_read=status.fair_keys_read,
+            shadow_limit_refusals=status.shadow_limit_refusals,
+            shadow_rate_refusals=status.shadow_rate_refusals,
+            shadow_wait_ms=status.shadow_wait_ms,
+            shadow_peak=status.shadow_peak,
+            recorded_shadow=status.recorded_shadow,
+            resumes_ms=status.resumes_ms,
+        ),
     )

@@ -1,0 +1,95 @@
+"""What a store reads of a semaphore (the model's `Status`: status.lua's fields, named
+once), as the `SemaphoreStatus` an operator sees. Every store reads into a `Status`
+(the Redis store from its script's reply, the memory store from its model) and this
+is the one place it becomes a `SemaphoreStatus`.
+"""
+
+from __future__ import annotations
+
+from celery_semaphore.core.model.rate import Rate
+from celery_semaphore.core.model.replies import Status
+from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.results import (
+    WAITER_STATES,
+    FairKeyInfo,
+    HolderInfo,
+    SemaphoreStatus,
+    WaiterInfo,
+    shadow_kinds,
+)
+
+
+def rate_limit(rate: Rate | None) -> RateLimit | None:
+    return None if rate is None else RateLimit.decode(f"{rate.interval_us}|{rate.burst}")
+
+
+def semaphore_status(name: str, status: Status) -> SemaphoreStatus:
+    """``status`` of semaphore ``name`` as an operator sees it: times in seconds,
+    holders by when they were granted, waiters in line order with their positions."""
+    holders = sorted(
+        (
+            HolderInfo(
+                h.holder, h.token, h.acquired_ms / 1000, h.expires_ms / 1000, h.info, h.permits
+            )
+            for h in status.holders
+        ),
+        key=lambda h: h.acquired_at,
+    )
+    waiters = [
+        WaiterInfo(
+            w.holder,
+            w.ticket,
+            position,
+            w.since_ms / 1000,
+            w.expires_ms / 1000,
+            w.info,
+            WAITER_STATES[w.state],
+            None if w.ask is None else w.ask.fair_key,
+        )
+        for position, w in enumerate(status.waiters, 1)
+    ]
+    grants = status.fair_grants
+    sent = status.sent_without_place
+    return SemaphoreStatus(
+        name=name,
+        declared_limit=status.recorded_limit,
+        override=status.override,
+        effective_limit=status.effective_limit,
+        draining=status.draining,
+        holder_count=status.holder_count,
+        waiter_count=status.waiter_count,
+        holders=holders,
+        waiters=waiters,
+        server_time=status.now_ms / 1000,
+        parked_count=status.parked_count,
+        handed_over_count=status.handed_over_count,
+        sent_count=status.sent_count,
+        sent_without_place=[
+            WaiterInfo(s.holder, 0, 0, s.sent_ms / 1000, 0.0, "", "in broker") for s in sent
+        ],
+        sent_without_place_count=len(sent)
+        if status.sent_without_place_count is None
+        else status.sent_without_place_count,
+        resumes_at=status.resumes_ms / 1000 if status.resumes_ms else None,
+        rate=rate_limit(status.rate),
+        rate_override=rate_limit(status.rate_override),
+        rate_room=status.rate_room,
+        next_start_at=status.next_start_ms / 1000 if status.rate else None,
+        rate_paused_until=status.rate_paused_until_ms / 1000
+        if status.rate_paused_until_ms
+        else None,
+        fair_keys_waiting=status.fair_keys_waiting,
+        fair_grants=grants,
+        fair_keys=[
+            FairKeyInfo(k.key, k.waiting, k.grants, round(k.grants / grants, 3) if grants else 0.0)
+            for k in status.fair_keys
+        ],
+        fair_keys_read=status.fair_keys_waiting
+        if status.fair_keys_read is None
+        else status.fair_keys_read,
+        shadow_limit_refusals=status.shadow_limit_refusals,
+        shadow_rate_refusals=status.shadow_rate_refusals,
+        shadow_delay=status.shadow_wait_ms / 1000,
+        shadow_peak=status.shadow_peak,
+        shadow=shadow_kinds(status.recorded_shadow),
+    )
