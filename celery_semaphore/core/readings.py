@@ -1,18 +1,21 @@
-"""What a store reads of a semaphore (the model's `Status`: status.lua's fields, named
-once), as the `SemaphoreStatus` an operator sees. Every store reads into a `Status`
-(the Redis store from its script's reply, the memory store from its model) and this
-is the one place it becomes a `SemaphoreStatus`.
+"""What a store answers, as the values of `celery_semaphore.core.results`: a grant, a
+place in line, a status. Every store reads its answers into the model's replies
+(`celery_semaphore.core.model.replies`: the scripts' fields, named once; the Redis
+store from its scripts' replies, the memory store from its model), and this is the one
+place they become a `Grant`, a `Place` or a `SemaphoreStatus`.
 """
 
 from __future__ import annotations
 
 from celery_semaphore.core.model.rate import Rate
-from celery_semaphore.core.model.replies import Status
+from celery_semaphore.core.model.replies import Enqueued, Granted, Refused, Status
 from celery_semaphore.core.rates import RateLimit
 from celery_semaphore.core.results import (
     WAITER_STATES,
     FairKeyInfo,
+    Grant,
     HolderInfo,
+    Place,
     SemaphoreStatus,
     WaiterInfo,
     shadow_kinds,
@@ -21,6 +24,46 @@ from celery_semaphore.core.results import (
 
 def rate_limit(rate: Rate | None) -> RateLimit | None:
     return None if rate is None else RateLimit.decode(f"{rate.interval_us}|{rate.burst}")
+
+
+def grant_of(granted: Granted) -> Grant:
+    return Grant(
+        granted.token,
+        granted.expires_ms / 1000,
+        granted.waited_ms / 1000,
+        shadow_kinds(granted.shadow),
+        granted.shadow_wait_ms / 1000,
+    )
+
+
+def seconds(microseconds: int | None) -> float | None:
+    return None if microseconds is None else microseconds / 1_000_000
+
+
+def place_of(refused: Refused, now_ms: int, *, hold_ms: int = 0, grant_gap_ms: int = 0) -> Place:
+    """A refusal at ``now_ms`` as the `Place` it leaves; ``hold_ms``, ``grant_gap_ms``:
+    the store's estimates of a hold and of the time between grants (0: none)."""
+    earliest = refused.earliest_expiry_ms
+    return Place(
+        ticket=refused.ticket,
+        position=refused.position,
+        holders=refused.holders,
+        limit=refused.limit,
+        draining=refused.draining,
+        next_expiry_in=max(0.0, (earliest - now_ms) / 1000) if earliest else None,
+        hold_estimate=hold_ms / 1000 if hold_ms else None,
+        grant_interval=grant_gap_ms / 1000 if grant_gap_ms else None,
+        resumes_in=max(0.0, (refused.resumes_ms - now_ms) / 1000) if refused.resumes_ms else None,
+        rate_due=seconds(refused.slot_us),
+        rate_paused_for=max(0.0, (refused.rate_pause_ms - now_ms) / 1000)
+        if refused.rate_pause_ms
+        else None,
+    )
+
+
+def enqueued_place(place: Enqueued) -> Place:
+    return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
+                 next_expiry_in=None, rate_due=seconds(place.slot_us))  # fmt: skip
 
 
 def semaphore_status(name: str, status: Status) -> SemaphoreStatus:

@@ -24,7 +24,7 @@ from celery_semaphore.core.model.joint import Part
 from celery_semaphore.core.model.joint import acquire_all as model_acquire_all
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.rates import RateLimit
-from celery_semaphore.core.readings import semaphore_status
+from celery_semaphore.core.readings import enqueued_place, grant_of, place_of, semaphore_status
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
@@ -41,7 +41,6 @@ from celery_semaphore.core.results import (
     Place,
     Places,
     SemaphoreStatus,
-    shadow_kinds,
 )
 
 
@@ -67,40 +66,6 @@ def caller_of(spec: SemaphoreSpec) -> Caller:
 
 def handovers_of(modelled: SemaphoreModel) -> list[Handover]:
     return [Handover(h.holder, h.token, h.payload, h.delay_ms / 1000) for h in modelled.handovers]
-
-
-def grant_of(granted: model.Granted) -> Grant:
-    return Grant(
-        granted.token,
-        granted.expires_ms / 1000,
-        granted.waited_ms / 1000,
-        shadow_kinds(granted.shadow),
-        granted.shadow_wait_ms / 1000,
-    )
-
-
-def place_of(refused: model.Refused, modelled: SemaphoreModel, now: int) -> Place:
-    now_ms = now // 1000
-    earliest = refused.earliest_expiry_ms
-    return Place(
-        ticket=refused.ticket,
-        position=refused.position,
-        holders=refused.holders,
-        limit=refused.limit,
-        draining=refused.draining,
-        next_expiry_in=max(0.0, (earliest - now_ms) / 1000) if earliest else None,
-        hold_estimate=modelled.hold_ms / 1000 if modelled.hold_ms else None,
-        rate_due=None if refused.slot_us is None else refused.slot_us / 1_000_000,
-        rate_paused_for=max(0.0, (refused.rate_pause_ms - now_ms) / 1000)
-        if refused.rate_pause_ms
-        else None,
-    )
-
-
-def enqueued_place(place: model.Enqueued) -> Place:
-    return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
-                 next_expiry_in=None,
-                 rate_due=None if place.slot_us is None else place.slot_us / 1_000_000)  # fmt: skip
 
 
 class Messages:
@@ -162,7 +127,7 @@ def acquire(
         handovers = backend.told(spec, modelled)
         if isinstance(reply, model.Granted):
             return grant_of(reply), handovers
-        return place_of(reply, modelled, now), handovers
+        return place_of(reply, now // 1000, hold_ms=modelled.hold_ms or 0), handovers
 
 
 def park(backend: Backend, spec: SemaphoreSpec, asked: Park) -> tuple[Parked, list[Handover]]:
@@ -284,7 +249,8 @@ def acquire_all(
         ]
         if isinstance(reply, model.RefusedAll):
             places = tuple(
-                place_of(refused, m, now) for refused, m in zip(reply.places, models, strict=True)
+                place_of(refused, now // 1000, hold_ms=m.hold_ms or 0)
+                for refused, m in zip(reply.places, models, strict=True)
             )
             return Places(reply.ticket, places, reply.refused_by), handovers
         return [grant_of(granted) for granted in reply], handovers

@@ -11,6 +11,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from celery_semaphore.core import readings
 from celery_semaphore.core.model import replies as model_replies
 from celery_semaphore.core.model.order import asked_from_text
 from celery_semaphore.core.model.rate import Rate
@@ -22,7 +23,6 @@ from celery_semaphore.core.results import (
     Place,
     SemaphoreCounts,
     SemaphoreStatus,
-    shadow_kinds,
 )
 
 
@@ -314,41 +314,27 @@ def parse_counts(name: str, fields: Sequence[str], reply: Sequence[Any]) -> Sema
     )
 
 
-def _seconds(microseconds: int | None) -> float | None:
-    return None if microseconds is None else microseconds / 1_000_000
-
-
 def grant_of(granted: Granted) -> Grant:
-    return Grant(
-        granted.fencing_token,
-        granted.expires_ms / 1000,
-        granted.waited_ms / 1000,
-        shadow_kinds(granted.shadow),
-        granted.shadow_wait_ms / 1000,
-    )
+    return readings.grant_of(
+        model_replies.Granted(granted.fencing_token, granted.expires_ms, granted.waited_ms,
+                              granted.shadow, granted.shadow_wait_ms)
+    )  # fmt: skip
 
 
 def enqueued_place(place: Enqueued | EnqueuedOrParked) -> Place:
-    return Place(place.ticket, place.position, place.holders, place.limit, place.draining,
-                 next_expiry_in=None, rate_due=_seconds(place.slot_us))  # fmt: skip
+    return readings.enqueued_place(
+        model_replies.Enqueued(place.ticket, place.position, place.holders, place.limit,
+                               place.draining, place.slot_us)
+    )  # fmt: skip
 
 
 def place_of(refused: Refused) -> Place:
-    earliest, now = refused.earliest_expiry_ms, refused.now_ms
-    return Place(
-        ticket=refused.ticket,
-        position=refused.position,
-        holders=refused.holders,
-        limit=refused.limit,
-        draining=refused.draining,
-        next_expiry_in=max(0.0, (earliest - now) / 1000) if earliest else None,
-        hold_estimate=refused.hold_ms / 1000 if refused.hold_ms else None,
-        grant_interval=refused.grant_gap_ms / 1000 if refused.grant_gap_ms else None,
-        resumes_in=max(0.0, (refused.resumes_ms - now) / 1000) if refused.resumes_ms else None,
-        rate_due=_seconds(refused.slot_us),
-        rate_paused_for=max(0.0, (refused.rate_pause_ms - now) / 1000)
-        if refused.rate_pause_ms
-        else None,
+    modelled = model_replies.Refused(
+        refused.ticket, refused.position, refused.holders, refused.limit, refused.draining,
+        refused.earliest_expiry_ms, refused.slot_us, refused.rate_pause_ms, refused.resumes_ms,
+    )  # fmt: skip
+    return readings.place_of(
+        modelled, refused.now_ms, hold_ms=refused.hold_ms, grant_gap_ms=refused.grant_gap_ms
     )
 
 
