@@ -147,7 +147,13 @@ def open_semaphore(
     also one nobody used yet whose limit an operator set (``set-limit`` before its
     first use), opened with that override as its limit. `UnknownSemaphore` otherwise."""
     store = operated_store(where, url)
-    limit = store.recorded_limit(namespace, name, override_only=override_only)
+    try:
+        limit = store.recorded_limit(namespace, name, override_only=override_only)
+    finally:
+        if isinstance(where, str):  # the semaphore makes its own store, and closes it
+            store.close()
     if limit is None:
         raise UnknownSemaphore(name, namespace)
+    if isinstance(where, str):
+        return Semaphore(where, name, limit, namespace=namespace, **kwargs)
     return Semaphore(store, name, limit, namespace=namespace, **kwargs)

@@ -269,15 +269,11 @@ class SemaphoreSpec:
     ) -> requests.Renew:
         """``holders``: (holder, fencing token or None, permits held or None: as
         recorded)."""
-        held = tuple(
-            (
-                validation.check_holder(holder),
-                token,
-                None if permits is None else validation.check_limit(permits, "weight"),
-            )
-            for holder, token, permits in holders
-        )
-        return requests.Renew(held, lease_ms)
+        held = []
+        for holder, token, permits in holders:  # the weight checked first, as before
+            weight = None if permits is None else validation.check_limit(permits, "weight")
+            held.append((validation.check_holder(holder), token, weight))
+        return requests.Renew(tuple(held), lease_ms)
 
 
 def acquire_all(

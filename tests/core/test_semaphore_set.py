@@ -315,7 +315,7 @@ def test_a_set_needs_one_redis_one_namespace_and_distinct_names(
     other_namespace = Semaphore(url, "b", 1, namespace="other")
     same_name = Semaphore(url, a.name, 2)
     try:
-        with pytest.raises(ValueError, match="share one store"):
+        with pytest.raises(ValueError, match="share one Redis client"):
             SemaphoreSet([a, elsewhere])
         with pytest.raises(ValueError, match="share one namespace"):
             SemaphoreSet([a, other_namespace])

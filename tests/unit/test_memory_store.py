@@ -17,6 +17,8 @@ from celery import Celery
 
 from celery_semaphore import AsyncSemaphore, Handover, Semaphore, SemaphoreSet, SemaphoreTimeout
 from celery_semaphore.config import get_config
+from celery_semaphore.core import model
+from celery_semaphore.core.memory import backend
 from celery_semaphore.core.operations import operated_store
 
 
@@ -116,6 +118,37 @@ def test_a_waiter_in_place_is_granted_its_permit_by_the_release() -> None:
     assert sem.try_acquire(holder="late") is None, "the permit went to the waiter in place"
     waiter.join(5)
     assert [p.holder for p in granted] == ["w"]  # type: ignore[attr-defined]
+
+
+def test_a_semaphore_idle_past_its_idle_ttl_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Redis lets an idle semaphore's keys expire: a key function's semaphores do not
+    pile up in the memory store."""
+    monkeypatch.setattr(backend.Backend, "SWEEP_EVERY", 0.0)
+    where = url()
+    short = dict(lease_timeout=0.05, waiter_lease=0.05, idle_ttl=0.05)
+    for key in range(50):
+        Semaphore(where, f"customer-{key}", 1, **short).try_acquire(holder="h")
+    kept = backend.backend_for(where)
+    assert len(kept.models) == 50
+    time.sleep(0.15)
+    Semaphore(where, "other", 1).status()
+    assert set(kept.models) == {("celery_semaphore", "other")}
+
+
+def test_a_waiter_whose_messages_were_dropped_asks_again() -> None:
+    """Each semaphore keeps its last messages only; a waiter that fell behind them is
+    woken (it asks again) instead of missing a grant meant for it."""
+    messages = backend.Messages()
+    key, other = ("ns", "busy"), ("ns", "quiet")
+    messages.publish(other, [model.WakeUp(7)])
+    for ticket in range(3 * backend.Messages.KEPT):
+        messages.publish(key, [model.WakeUp(ticket)])
+    assert len(messages.kept[key]) <= 2 * backend.Messages.KEPT
+    behind = messages.since(1, frozenset({key}))
+    assert behind[0][1] == model.WakeUp(None), "it fell behind: woken"
+    latest = messages.since(messages.last - 1, frozenset({key, other}))
+    assert [m for _, m in latest] == [model.WakeUp(3 * backend.Messages.KEPT - 1)]
+    assert [m for _, m in messages.since(0, frozenset({other}))] == [model.WakeUp(7)]
 
 
 def test_what_it_is_not_for_is_said_in_one_line() -> None:

@@ -424,6 +424,17 @@ def test_a_place_taken_at_publish_counts_as_sent_until_it_asks() -> None:
     assert model.status(one, T0 + 300 * MS).sent_count == 1
 
 
+def test_a_new_place_forgets_the_tasks_sent_past_the_horizon() -> None:
+    """As enqueue.lua's ZREMRANGEBYSCORE: a task sent that long ago is not only left
+    out of the counts, it is forgotten (else a purged queue's tasks stay for ever)."""
+    model, short = SemaphoreModel(), Caller(limit=1, sent_horizon_ms=1000)
+    model.take_place(short, "old", T0, waiter_lease_ms=100)
+    model.take_place(short, "at the horizon", T0 + 500 * MS, waiter_lease_ms=100)
+    model.take_place(short, "within", T0 + 501 * MS, waiter_lease_ms=100)
+    model.take_place(short, "new", T0 + 1500 * MS, waiter_lease_ms=100)
+    assert set(model.sent) == {"within", "new"}, "at the horizon or before: forgotten"
+
+
 # Status ----------------------------------------------------------------------------
 
 

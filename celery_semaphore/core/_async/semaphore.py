@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -349,10 +350,11 @@ class AsyncSemaphore:
         is about to be given); a str is the head alone, so it is parked with the ticket
         appended (unlike `park()`, which parks its payload as it is). The place holds
         ``wait_lease`` s if it did not park, ``park_lease`` s if it did."""
-        far = self._spec.park_when_far(payload, window=window, park_lease=park_lease, due=due)
         request = self._spec.enqueue(
-            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park"), far
+            holder, wait_lease, info, ask_of(ask, asked, "take_place_or_park")
         )
+        far = self._spec.park_when_far(payload, window=window, park_lease=park_lease, due=due)
+        request = dataclasses.replace(request, far=far)
         await self.store.list_parked(self._spec)
         place, parked, handovers = await self.store.enqueue(self._spec, request)
         await self._hand_over(handovers)

@@ -119,13 +119,7 @@ class SemaphoreSet:
         self._first = self.semaphores[0]
         self._specs = [sem._spec for sem in self.semaphores]
         self.store = self._first.store
-        problem = self.store.joint_problem(self._specs)
-        for sem in self.semaphores[1:]:
-            if sem.store is not self.store and (not sem.url or sem.url != self._first.url):
-                problem = (
-                    f"semaphores must share one store (a Redis client, or URL): "
-                    f"{self._first.name!r} is on {self._first.url}, {sem.name!r} on {sem.url}"
-                )
+        problem = self.store.joint_problem([(sem.store, sem._spec) for sem in self.semaphores])
         if problem is not None:
             raise ValueError(problem)
 

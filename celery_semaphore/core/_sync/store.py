@@ -56,9 +56,9 @@ class Store(Protocol):
         """A permit of every semaphore, or their places; handovers per semaphore."""
         ...
 
-    def joint_problem(self, specs: Sequence[SemaphoreSpec]) -> str | None:
-        """Why these semaphores (of this store, distinct names) cannot be taken in one
-        step here, or None."""
+    def joint_problem(self, members: Sequence[tuple[Any, SemaphoreSpec]]) -> str | None:
+        """Why these semaphores (``members``: each one's store and settings; the first
+        of this store) cannot be taken in one step here, or None."""
         ...
 
     def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:

@@ -11,9 +11,10 @@ memory store never loses its data, so nothing is ever paused after a loss.
 
 from __future__ import annotations
 
+import bisect
+import os
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 
 from celery_semaphore.core import model
@@ -68,42 +69,84 @@ def handovers_of(modelled: SemaphoreModel) -> list[Handover]:
     return [Handover(h.holder, h.token, h.payload, h.delay_ms / 1000) for h in modelled.handovers]
 
 
-class Messages:
-    """What the operations published on the semaphores' wake channels, numbered, the
-    `KEPT` last ones kept (a waiter reads those after the number it last saw)."""
+Key = tuple[str, str]  # (namespace, name)
 
-    KEPT = 10_000
+
+class Messages:
+    """What the operations published on each semaphore's wake channel, numbered in one
+    sequence; of each semaphore the `KEPT` last ones at least (a waiter reads those
+    after the number it last saw)."""
+
+    KEPT = 1_000
 
     def __init__(self) -> None:
         self.last = 0
-        self.kept: deque[tuple[int, tuple[str, str], model.Published]] = deque(maxlen=self.KEPT)
+        self.kept: dict[Key, list[tuple[int, model.Published]]] = {}
+        #: Of each semaphore, the number of the last message dropped (0: none).
+        self.dropped: dict[Key, int] = {}
 
-    def publish(self, key: tuple[str, str], published: Sequence[model.Published]) -> None:
+    def publish(self, key: Key, published: Sequence[model.Published]) -> None:
+        kept = self.kept.setdefault(key, [])
         for message in published:
             self.last += 1
-            self.kept.append((self.last, key, message))
+            kept.append((self.last, message))
+        if len(kept) > 2 * self.KEPT:
+            self.dropped[key] = kept[-self.KEPT - 1][0]
+            del kept[: -self.KEPT]
 
-    def since(
-        self, seen: int, keys: frozenset[tuple[str, str]]
-    ) -> list[tuple[int, model.Published]]:
-        return [(n, m) for n, key, m in self.kept if n > seen and key in keys]
+    def since(self, seen: int, keys: frozenset[Key]) -> list[tuple[int, model.Published]]:
+        """The messages of ``keys`` numbered after ``seen``, in order; one that wakes
+        everybody first if some of them were dropped meanwhile (the waiter asks again)."""
+        found: list[tuple[int, model.Published]] = []
+        for key in keys:
+            kept = self.kept.get(key, [])
+            if self.dropped.get(key, 0) > seen:
+                found.append((self.dropped[key], model.WakeUp(None)))
+            found += kept[bisect.bisect_right(kept, seen, key=lambda entry: entry[0]) :]
+        return sorted(found, key=lambda entry: entry[0])
+
+    def forget(self, key: Key) -> None:
+        self.kept.pop(key, None)
+        self.dropped.pop(key, None)
 
 
 class Backend:
     """The semaphores of one ``memory://`` URL in this process."""
 
+    #: Seconds between two looks for semaphores idle past their ``idle_ttl``.
+    SWEEP_EVERY = 1.0
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.models: dict[tuple[str, str], SemaphoreModel] = {}
+        self.models: dict[Key, SemaphoreModel] = {}
         self.epochs: dict[str, Epochs] = {}  # by namespace
         self.messages = Messages()
+        #: Of each semaphore, when it was last used and how long it may stay idle (ms).
+        self.used: dict[Key, tuple[int, int]] = {}
+        self._swept = 0.0
 
     def model_of(self, spec: SemaphoreSpec) -> SemaphoreModel:
+        """The model of ``spec``'s semaphore (new if it is not there, or went idle),
+        used now; the caller holds the lock."""
         key = (spec.namespace, spec.name)
+        self.forget_idle()
         if key not in self.models:
             epochs = self.epochs.setdefault(spec.namespace, Epochs())
             self.models[key] = SemaphoreModel(epochs)
+        self.used[key] = (now_us() // 1000, spec.idle_ms)
         return self.models[key]
+
+    def forget_idle(self) -> None:
+        """Forget the semaphores unused for longer than their ``idle_ttl`` (as Redis lets
+        their keys expire), at most every `SWEEP_EVERY` s."""
+        if time.monotonic() - self._swept < self.SWEEP_EVERY:
+            return
+        self._swept = time.monotonic()
+        now_ms = now_us() // 1000
+        for key, (used_ms, idle_ms) in list(self.used.items()):
+            if now_ms - used_ms > idle_ms:
+                del self.used[key], self.models[key]
+                self.messages.forget(key)
 
     def told(self, spec: SemaphoreSpec, modelled: SemaphoreModel) -> list[Handover]:
         """What the last call on ``modelled`` published (kept for the waiters), and the
@@ -217,6 +260,17 @@ def status(backend: Backend, spec: SemaphoreSpec) -> SemaphoreStatus:
 #: The stores of this process, by URL.
 BACKENDS: dict[str, Backend] = {}
 _MADE = threading.Lock()
+
+
+def _forget_all_in_child() -> None:
+    """A forked child starts with no memory store: nothing crosses processes (and a
+    lock held by another thread of the parent would hang it)."""
+    global _MADE  # noqa: PLW0603 (a new lock for the child)
+    BACKENDS.clear()
+    _MADE = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_all_in_child)
 
 
 def backend_for(url: str) -> Backend:

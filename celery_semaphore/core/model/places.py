@@ -88,6 +88,7 @@ def take_place(
             )  # fmt: skip
             return replace(reply, parked=True)
     if new:
+        forget_sent_before(model, now_ms - caller.sent_horizon_ms)
         model.sent.setdefault(holder, now_ms)
     waiting.expires_ms = now_ms + waiter_lease_ms
     return reply
@@ -128,3 +129,12 @@ def park(
     follow = model.after_free if reclaimed else model.dispatch_due
     model.handovers = follow(caller.dispatch, now_us, limit=None, rate=NOTHING)
     return ParkedPlace(place, position)
+
+
+def forget_sent_before(model: SemaphoreModel, since_ms: int) -> None:
+    """Tasks sent at ``since_ms`` or before (past the sent horizon) are no longer counted as
+    sent, and forgotten (enqueue.lua's ZREMRANGEBYSCORE on ``sent`` as a new place is
+    taken). Why: a task that never reached a worker (a purged queue, a lost message)
+    would otherwise be kept for ever; status already leaves it out."""
+    for holder in [h for h, sent_ms in model.sent.items() if sent_ms <= since_ms]:
+        del model.sent[holder]

@@ -42,8 +42,9 @@ class Watching:
 
     def heard(self) -> bool:
         """Whether a message came (or the connection came back); never blocks."""
+        message = self._pubsub.get_message(timeout=0)  # may reconnect: read the flag after
         reconnected, self._reconnected = self._reconnected, False
-        return self._pubsub.get_message(timeout=0) is not None or reconnected
+        return message is not None or reconnected
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -61,7 +61,15 @@ class MemoryStore:
     ) -> tuple[list[Grant] | Places, list[list[Handover]]]:
         return backend.acquire_all(self._backend, specs, request)
 
-    def joint_problem(self, specs: Sequence[SemaphoreSpec]) -> str | None:
+    def joint_problem(self, members: Sequence[tuple[Any, SemaphoreSpec]]) -> str | None:
+        for store, spec in members[1:]:
+            if store.url != self.url:
+                first = members[0][1].name
+                return (
+                    f"semaphores must share one store (one memory:// URL): {first!r} is on "
+                    f"{self.url}, {spec.name!r} on {store.url}"
+                )
+        specs = [spec for _, spec in members]
         names = [spec.name for spec in specs]
         if len(set(names)) < len(names):
             twice = sorted({name for name in names if names.count(name) > 1})

@@ -131,9 +131,10 @@ class AsyncRedisStore(AsyncRedisOperations):
         reply = await self._call("acquire_all", arguments.joint_acquire_args(specs, request), specs)
         return arguments.parse_joint_acquire(specs, reply)
 
-    def joint_problem(self, specs: Sequence[SemaphoreSpec]) -> str | None:
+    def joint_problem(self, members: Sequence[tuple[Any, SemaphoreSpec]]) -> str | None:
         return joint_problem(
-            [(self.client, self.url, spec) for spec in specs], cluster=self.cluster
+            [(getattr(store, "client", store), store.url, spec) for store, spec in members],
+            cluster=self.cluster,
         )
 
     async def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
