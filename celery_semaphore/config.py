@@ -110,12 +110,6 @@ class SemaphoreConfig:
                     f"heartbeat_interval ({self.heartbeat_interval}s) must be shorter than "
                     f"lease_timeout ({self.lease_timeout}s), or leases run out between renewals"
                 )
-        if isinstance(self.redis_url, str) and self.redis_url.startswith("memory://"):
-            raise ValueError(
-                f"redis_url {self.redis_url!r}: the memory store keeps semaphores in one "
-                "process; workers, publishers and the CLI need a store every process reaches: "
-                "give a redis:// URL"
-            )
         validation.check_seconds(self.backoff_base, "backoff_base")
         validation.check_seconds(self.backoff_max, "backoff_max")
         validation.check_seconds(self.max_block, "max_block", allow_zero=True)

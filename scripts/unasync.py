@@ -57,6 +57,7 @@ RENAMES = [
     (r"\bAsyncRedisStore\b", "RedisStore"),
     (r"\bAsyncMemoryStore\b", "MemoryStore"),
     (r"\bAsyncRedisOperations\b", "RedisOperations"),
+    (r"\bAsyncMemoryOperations\b", "MemoryOperations"),
     (r"\basync_store\b", "sync_store"),
     (r"\bAsyncClient\b", "SyncClient"),
     (r"\bconnect_async\b", "connect"),

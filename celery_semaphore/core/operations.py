@@ -1,8 +1,8 @@
 """What the Celery side, the CLI and the metrics ask of a store beyond one semaphore's
 operations: `OperatedStore`, a synchronous `Store` with an operators' side. The Redis
-store has it (`celery_semaphore.core.redis.operations`); the memory store has not (the
-Celery side needs a store every process can reach). `operated_store()` makes one from a
-URL, with an error that says so for any other.
+store has it (`celery_semaphore.core.redis.operations`), and the memory store
+(`celery_semaphore.core.memory.operations`: an app's tests with no server, its worker in
+a thread of the test process). `operated_store()` makes one from a URL.
 """
 
 from __future__ import annotations
@@ -41,8 +41,6 @@ class ParkedIndex(Protocol):
 
 class OperatedStore(Store, Protocol):
     """A store with an operators' side (see the module docstring)."""
-
-    client: Any
 
     def semaphore_names(self, namespace: str, *, parked: bool = False) -> list[str]:
         """Every semaphore with state in the store, sorted; ``parked``: those with
@@ -112,19 +110,16 @@ def operated_store(
     ``url``: what a client passed in was made from. ``quick_timeout`` (with a URL): a
     client that gives up within that many seconds, for callers that must never stall
     (publishing)."""
+    from celery_semaphore.core.memory._sync.store import MemoryStore  # noqa: PLC0415
     from celery_semaphore.core.redis._sync.store import RedisStore  # noqa: PLC0415
     from celery_semaphore.core.redis.connection import connect_quick  # noqa: PLC0415
     from celery_semaphore.core.redis.server import UNREACHABLE  # noqa: PLC0415
     from celery_semaphore.core.stores import MEMORY  # noqa: PLC0415
 
-    if isinstance(where, RedisStore):
+    if isinstance(where, RedisStore | MemoryStore):
         return where
     if isinstance(where, str) and where.startswith(MEMORY):
-        raise ValueError(
-            f"semaphore_redis_url {where!r}: the Celery side (workers, publishers, the CLI, "
-            "the metrics) needs a store every process reaches; the memory store is for "
-            "semaphores used in one process: give a redis:// URL"
-        )
+        return MemoryStore(where)
     try:
         if isinstance(where, str) and quick_timeout is not None:
             return RedisStore(connect_quick(where, quick_timeout), where, owns_client=True)

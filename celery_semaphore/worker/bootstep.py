@@ -10,6 +10,7 @@ from typing import Any
 import click
 from celery import __version__ as celery_version
 from celery import bootsteps
+from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
@@ -85,6 +86,21 @@ def check_parking(app: Any) -> None:
     for config in (c for c in configs if c.parks):
         if not state.parking.allows(app, config, state.semaphores.store(config.redis_url)):
             return
+
+
+def check_one_process(worker: Any, url: str) -> None:
+    """The memory store (``memory://``) holds semaphores in one process: a pool whose
+    tasks run in child processes would give each child a store of its own (no cap
+    across them). ValueError: say so, and what to use."""
+    if not url.startswith("memory://"):
+        return
+    pool = getattr(worker, "pool_cls", None)
+    if isinstance(pool, type) and issubclass(pool, PreforkPool):
+        raise ValueError(
+            f"semaphore_redis_url {url!r} keeps the semaphores in this process, and the "
+            "prefork pool runs tasks in child processes, each with a store of its own: "
+            "run this worker with --pool threads (or solo), or give a redis:// URL"
+        )
 
 
 def warn_if_evicting(store: OperatedStore) -> None:
@@ -166,6 +182,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         try:
             check_shared_redis(worker.app)
             config = get_config(worker.app)
+            check_one_process(worker, config.redis_url)
             if uses_handover(worker.app):
                 check_parking(worker.app)
         except (TypeError, ValueError) as error:

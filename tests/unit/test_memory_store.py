@@ -13,13 +13,10 @@ import time
 import uuid
 
 import pytest
-from celery import Celery
 
 from celery_semaphore import AsyncSemaphore, Handover, Semaphore, SemaphoreSet, SemaphoreTimeout
-from celery_semaphore.config import get_config
 from celery_semaphore.core import model
 from celery_semaphore.core.memory import backend
-from celery_semaphore.core.operations import operated_store
 
 
 def url() -> str:
@@ -152,11 +149,20 @@ def test_a_waiter_whose_messages_were_dropped_asks_again() -> None:
 
 
 def test_what_it_is_not_for_is_said_in_one_line() -> None:
-    with pytest.raises(ValueError, match="the memory store is for semaphores used in one process"):
-        operated_store("memory://")
     with pytest.raises(TypeError, match=r"url= is only for a redis-py client passed in"):
         Semaphore("memory://", "api", 1, url="redis://elsewhere")
-    app = Celery("memory", broker="memory://", set_as_current=False)
-    app.conf.semaphore_redis_url = "memory://"
-    with pytest.raises(ValueError, match=r"semaphore_redis_url 'memory://': the memory store"):
-        get_config(app)
+
+
+def test_a_prefork_worker_on_the_memory_store_refuses_to_start() -> None:
+    """Its children would each have a store of their own: no cap across them."""
+    from types import SimpleNamespace
+
+    from celery.concurrency.prefork import TaskPool as Prefork
+    from celery.concurrency.thread import TaskPool as Threads
+
+    from celery_semaphore.worker.bootstep import check_one_process
+
+    with pytest.raises(ValueError, match=r"--pool threads \(or solo\), or give a redis:// URL"):
+        check_one_process(SimpleNamespace(pool_cls=Prefork), "memory://")
+    check_one_process(SimpleNamespace(pool_cls=Threads), "memory://")
+    check_one_process(SimpleNamespace(pool_cls=Prefork), "redis://localhost/0")

@@ -15,7 +15,9 @@ import bisect
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from celery_semaphore.core import model
 from celery_semaphore.core.errors import StaleHandover
@@ -123,6 +125,10 @@ class Backend:
         self.messages = Messages()
         #: Of each semaphore, when it was last used and how long it may stay idle (ms).
         self.used: dict[Key, tuple[int, int]] = {}
+        #: Of each semaphore, the family its users declare ('': none).
+        self.families: dict[Key, str] = {}
+        #: The watches of the operators' commands (`MemoryOperations.watch`).
+        self.watching: weakref.WeakSet[Any] = weakref.WeakSet()
         self._swept = 0.0
 
     def model_of(self, spec: SemaphoreSpec) -> SemaphoreModel:
@@ -134,6 +140,8 @@ class Backend:
             epochs = self.epochs.setdefault(spec.namespace, Epochs())
             self.models[key] = SemaphoreModel(epochs)
         self.used[key] = (now_us() // 1000, spec.idle_ms)
+        if spec.family:
+            self.families[key] = spec.family
         return self.models[key]
 
     def forget_idle(self) -> None:
@@ -146,6 +154,7 @@ class Backend:
         for key, (used_ms, idle_ms) in list(self.used.items()):
             if now_ms - used_ms > idle_ms:
                 del self.used[key], self.models[key]
+                self.families.pop(key, None)
                 self.messages.forget(key)
 
     def told(self, spec: SemaphoreSpec, modelled: SemaphoreModel) -> list[Handover]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from celery_semaphore.core.errors import SemaphoreConnectionError
 from celery_semaphore.core.memory import backend
+from celery_semaphore.core.memory.operations import AsyncMemoryOperations
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.requests import (
     Acquire,
@@ -39,9 +40,10 @@ class Listening:
     seen: int
 
 
-class AsyncMemoryStore:
+class AsyncMemoryStore(AsyncMemoryOperations):
     """The semaphores of ``url`` (``memory://`` or ``memory://<name>``) in this process
-    (`celery_semaphore.core._async.store.AsyncStore`)."""
+    (`celery_semaphore.core._async.store.AsyncStore`). The synchronous store also has an
+    operators' side (`celery_semaphore.core.memory.operations`)."""
 
     def __init__(self, url: str) -> None:
         self.url = url

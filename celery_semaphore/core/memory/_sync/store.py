@@ -16,6 +16,7 @@ from typing import Any
 
 from celery_semaphore.core.errors import SemaphoreConnectionError
 from celery_semaphore.core.memory import backend
+from celery_semaphore.core.memory.operations import MemoryOperations
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.requests import (
     Acquire,
@@ -40,9 +41,10 @@ class Listening:
     seen: int
 
 
-class MemoryStore:
+class MemoryStore(MemoryOperations):
     """The semaphores of ``url`` (``memory://`` or ``memory://<name>``) in this process
-    (`celery_semaphore.core._sync.store.Store`)."""
+    (`celery_semaphore.core._sync.store.Store`). The synchronous store also has an
+    operators' side (`celery_semaphore.core.memory.operations`)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
