@@ -65,6 +65,13 @@ def keys_of(namespace: str, name: str, cluster: bool = False) -> SemaphoreKeys:
     return semaphore_keys(namespace, name, cluster=cluster)
 
 
+@functools.lru_cache(maxsize=4096)
+def call_keys_of(namespace: str, name: str, cluster: bool = False) -> tuple[str, ...]:
+    """The keys a script call of the semaphore takes (`SemaphoreKeys.call_keys`), kept
+    likewise."""
+    return tuple(keys_of(namespace, name, cluster).call_keys)
+
+
 def semaphore_keys(namespace: str, name: str, *, cluster: bool = False) -> SemaphoreKeys:
     """``cluster``: the epoch hash is one per slot (a script touches one slot),
     else one per Redis."""

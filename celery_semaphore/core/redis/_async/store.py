@@ -29,7 +29,7 @@ from celery_semaphore.core.redis import arguments, epochs, parked_index, wake_me
 from celery_semaphore.core.redis._async.listening import listen, reconnectable, unlisten
 from celery_semaphore.core.redis.connection import AsyncClient, connect_async, is_cluster, translate
 from celery_semaphore.core.redis.joint import joint_problem
-from celery_semaphore.core.redis.keys import ROLE_TYPES, SemaphoreKeys, keys_of
+from celery_semaphore.core.redis.keys import ROLE_TYPES, SemaphoreKeys, call_keys_of, keys_of
 from celery_semaphore.core.redis.operations import AsyncRedisOperations
 from celery_semaphore.core.redis.replies import text
 from celery_semaphore.core.redis.scripts import on_demand, registered
@@ -86,19 +86,28 @@ class AsyncRedisStore(AsyncRedisOperations):
         first one's epoch hash); a script that answers with another epoch than this
         process knows (a data loss, or the first call) is run again with that one. A
         ``reader`` (status) neither learns an epoch nor starts a pause (common_epoch.lua)."""
-        keys = self.keys_of(specs[0])
-        pause = 0.0 if reader else specs[0].pause_after_loss
-        call_keys = [key for spec in specs for key in self.keys_of(spec).call_keys]
+        first = specs[0]
+        epoch_key = keys_of(first.namespace, first.name, self.cluster).epoch
+        pause = 0.0 if reader else first.pause_after_loss
+        call_keys: Sequence[str] = call_keys_of(first.namespace, first.name, self.cluster)
+        if len(specs) > 1:
+            call_keys = [key for spec in specs for key in self.keys_of(spec).call_keys]
         for _ in range(3):
-            epoch = epochs.argument(self.url, keys.epoch, pause)
-            reply = await self._run(script, call_keys, [*args, epoch], specs)
+            epoch = epochs.argument(self.url, epoch_key, pause)
+            args.append(epoch)
+            reply = await self._run(script, call_keys, args, specs)
             if not epochs.is_epoch_reply(reply):
                 return reply
-            epochs.learn(self.url, keys.epoch, reply)
+            args.pop()
+            epochs.learn(self.url, epoch_key, reply)
         raise SemaphoreError(f"Redis at {self.url} changed its data epoch three times in one call")
 
     async def _run(
-        self, script: str, call_keys: list[str], args: list[Any], specs: Sequence[SemaphoreSpec]
+        self,
+        script: str,
+        call_keys: Sequence[str],
+        args: list[Any],
+        specs: Sequence[SemaphoreSpec],
     ) -> Any:
         try:
             return await self._scripts[script](keys=call_keys, args=args, client=self.client)
