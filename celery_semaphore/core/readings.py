@@ -16,6 +16,7 @@ from celery_semaphore.core.results import (
     Grant,
     HolderInfo,
     Place,
+    SemaphoreCounts,
     SemaphoreStatus,
     WaiterInfo,
     shadow_kinds,
@@ -135,4 +136,25 @@ def semaphore_status(name: str, status: Status) -> SemaphoreStatus:
         shadow_delay=status.shadow_wait_ms / 1000,
         shadow_peak=status.shadow_peak,
         shadow=shadow_kinds(status.recorded_shadow),
+    )
+
+
+def counts_of(status: SemaphoreStatus, fields: dict[str, str]) -> SemaphoreCounts:
+    """The counts a scrape reads, from a whole status (a store that reads no cheaper
+    form: the memory store), with the ``meta`` ``fields`` given."""
+    return SemaphoreCounts(
+        name=status.name,
+        declared_limit=status.declared_limit,
+        effective_limit=status.effective_limit,
+        draining=status.draining,
+        holder_count=status.holder_count,
+        waiter_count=status.waiter_count,
+        server_time=status.server_time,
+        parked_count=status.parked_count,
+        handed_over_count=status.handed_over_count,
+        sent_count=status.sent_count,
+        rate=status.rate,
+        rate_paused_until=status.rate_paused_until,
+        fair_keys_waiting=status.fair_keys_waiting,
+        fields=fields,
     )

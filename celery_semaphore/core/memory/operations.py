@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from celery_semaphore.core.model import Caller
 from celery_semaphore.core.model.parking import State
 from celery_semaphore.core.rates import RateLimit
-from celery_semaphore.core.readings import rate_limit
+from celery_semaphore.core.readings import counts_of, rate_limit, semaphore_status
 from celery_semaphore.core.results import Persistence, SemaphoreCounts
 
 from . import backend
@@ -88,29 +88,10 @@ class MemoryOperations:
                 modelled = self._backend.models.get((namespace, name))
                 if modelled is None or modelled.recorded_limit is None:
                     continue
-                read = modelled.status(NO_DECLARATION, backend.now_us())
+                read = semaphore_status(name, modelled.status(NO_DECLARATION, backend.now_us()))
                 family = self._backend.families.get((namespace, name), "")
-                found.append(
-                    SemaphoreCounts(
-                        name=name,
-                        declared_limit=read.recorded_limit,
-                        effective_limit=read.effective_limit,
-                        draining=read.draining,
-                        holder_count=read.holder_count,
-                        waiter_count=read.waiter_count,
-                        server_time=read.now_ms / 1000,
-                        parked_count=read.parked_count,
-                        handed_over_count=read.handed_over_count,
-                        sent_count=read.sent_count,
-                        rate=rate_limit(read.rate),
-                        rate_paused_until=read.rate_paused_until_ms / 1000
-                        if read.rate_paused_until_ms
-                        else None,
-                        fair_keys_waiting=read.fair_keys_waiting,
-                        # the metrics' counters are not kept by the model: ''
-                        fields={f: family if f == "family" else "" for f in fields},
-                    )
-                )
+                # the metrics' counters are not kept by the model: ''
+                found.append(counts_of(read, {f: family if f == "family" else "" for f in fields}))
         return found
 
     def parked_counts(self, namespace: str, names: Sequence[str]) -> dict[str, int]:
