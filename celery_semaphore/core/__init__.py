@@ -39,6 +39,7 @@ from .errors import (
 )
 from .rates import RateLimit
 from .results import (
+    Claimed,
     FairKeyInfo,
     Handover,
     HolderInfo,
@@ -55,6 +56,7 @@ __all__ = [
     "AsyncPermitSet",
     "AsyncSemaphore",
     "AsyncSemaphoreSet",
+    "Claimed",
     "FairKeyInfo",
     "Handover",
     "HolderInfo",

@@ -17,7 +17,7 @@ from .ask import PLAIN, Ask
 from .model.order import PLAIN_ASKED, Asked
 from .model.parking import Dispatch
 from .rates import RateLimit, parse_rate
-from .results import SHADOW_CODES, Place
+from .results import SHADOW_CODES, Handover, Place
 
 DEFAULT_NAMESPACE = "celery_semaphore"
 DEFAULT_LEASE_TIMEOUT = 60.0
@@ -201,6 +201,20 @@ class SemaphoreSpec:
         park_ms, due_ms = self._parking(park_lease, due)
         asked = None if ask is None else self.resolve(ask)
         return requests.Park(holder, ticket, payload, park_ms, info, due_ms, asked)
+
+    def claim(self, taken: str, handover: Handover) -> requests.Claim:
+        """``taken``: the task id of the message taken from a parking queue;
+        ``handover``: the `Handover` that made the caller take it."""
+        validation.check_holder(taken, "taken")
+        if not isinstance(handover, Handover):
+            raise TypeError(
+                f"handover must be the Handover on_handover was given, got {handover!r:.80}"
+            )
+        validation.check_holder(handover.holder, "handover.holder")
+        token = handover.token
+        if isinstance(token, bool) or not isinstance(token, int) or token <= 0:
+            raise ValueError(f"handover.token must be a positive int, got {token!r}")
+        return requests.Claim(taken, handover.holder, token)
 
     def drop(self, holders: Iterable[str]) -> tuple[str, ...]:
         """The holders a dispatch drops, checked."""

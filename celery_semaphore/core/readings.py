@@ -2,16 +2,18 @@
 place in line, a status. Every store reads its answers into the model's replies
 (`celery_semaphore.core.model.replies`: the scripts' fields, named once; the Redis
 store from its scripts' replies, the memory store from its model), and this is the one
-place they become a `Grant`, a `Place` or a `SemaphoreStatus`.
+place they become a `Grant`, a `Place`, a `Claimed` or a `SemaphoreStatus`.
 """
 
 from __future__ import annotations
 
+from celery_semaphore.core.model import replies
 from celery_semaphore.core.model.rate import Rate
 from celery_semaphore.core.model.replies import Enqueued, Granted, Refused, Status
 from celery_semaphore.core.rates import RateLimit
 from celery_semaphore.core.results import (
     WAITER_STATES,
+    Claimed,
     FairKeyInfo,
     Grant,
     HolderInfo,
@@ -35,6 +37,10 @@ def grant_of(granted: Granted) -> Grant:
         shadow_kinds(granted.shadow),
         granted.shadow_wait_ms / 1000,
     )
+
+
+def claimed_of(claimed: replies.Claimed) -> Claimed:
+    return Claimed(claimed.value)
 
 
 def seconds(microseconds: int | None) -> float | None:

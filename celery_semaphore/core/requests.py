@@ -20,6 +20,7 @@ __all__ = [
     "Acquire",
     "AcquireAll",
     "Asked",
+    "Claim",
     "Configure",
     "Enqueue",
     "Park",
@@ -74,6 +75,16 @@ class Park:
     info: str
     due_ms: int = 0
     ask: Asked | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Whose turn the message ``taken`` from a parking queue gets, for the holder of the
+    handover of ``handed`` with ``token`` (`AsyncSemaphore.claim`)."""
+
+    taken: str
+    handed: str
+    token: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ returns these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from .rates import RateLimit
 
@@ -126,6 +127,27 @@ class Handover:
     token: int
     payload: str
     delay: float = 0.0
+
+
+class Claimed(str, Enum):
+    """What to do with a message taken from a parking queue (a broker queue where parked
+    waiters' messages wait, in arrival order) by the process that got a `Handover` for
+    that queue: `Semaphore.claim()`'s answer. The message taken may be another
+    waiter's than the handover's: the queue hands out its head, the line goes by
+    ticket."""
+
+    PUBLISH = "publish"
+    """Publish the message taken, carrying the handover's token: the turn is its now
+    (when it is another waiter's, that waiter took the handover's place and the
+    handover's waiter waits for the next)."""
+    STALE = "stale"
+    """Drop it: a copy of its task arrived already, or the task was served."""
+    ABSENT = "absent"
+    """Publish it without a token (its task is not parked here: it asks in person at a
+    worker), and keep looking for the handover's message."""
+    VOID = "void"
+    """Put it back: the handover is not the latest of its waiter any more (handed over
+    again, arrived, or gone)."""
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,10 @@ def check_seconds(value: Any, argument: str, *, allow_zero: bool = False) -> flo
     return float(value)
 
 
-def check_holder(holder: Any) -> str:
-    check_name(holder, "holder")
+def check_holder(holder: Any, argument: str = "holder") -> str:
+    check_name(holder, argument)
     if "\0" in holder:
-        raise ValueError(f"holder must not contain NUL characters, got {holder!r}")
+        raise ValueError(f"{argument} must not contain NUL characters, got {holder!r}")
     return str(holder)
 
 

@@ -34,7 +34,7 @@ from celery_semaphore import (
     SemaphoreSet,
     StaleHandover,
 )
-from celery_semaphore.core import model
+from celery_semaphore.core import Claimed, model
 from celery_semaphore.core.model import Asked, Caller, SemaphoreModel
 from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import parse_rate
@@ -492,6 +492,20 @@ class Pair:
         self.model.dispatch(self.caller, now, drop)
         assert count == len(self.model.handovers)
         return self.handed_over()
+
+    def claim(self, taken: str, handed: str, token: int) -> Claimed:
+        """The process that got the handover (``handed``, ``token``: a token the store
+        gave) took ``taken``'s message from a parking queue. A swap gives ``taken``
+        that token: its message is published with it (`copies`)."""
+        modelled = self.handover_tokens.to_model[token]
+        now = self.now()
+        claimed = self.sem.claim(taken, Handover(handed, token, ""))
+        expected = self.model.claim(self.caller, taken, handed, modelled, now)
+        assert claimed.value == expected.value, (taken, handed, claimed, expected)
+        assert self.handed_over() == [], "a claim hands over nobody"
+        if claimed is Claimed.PUBLISH and taken != handed:
+            self.copies.setdefault(taken, []).append(token)
+        return claimed
 
     def release_permit(self, index: int, *, unused: bool = False) -> bool:
         permit, token, caller = self.permits[index]

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from celery_semaphore import RateLimit
+from celery_semaphore.core.model import State
 
 HOLDERS = ("h0", "h1", "h2", "h3", "h4")
 holders_st = st.sampled_from(HOLDERS)
@@ -180,6 +181,21 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.p.attempt(
             holder, handover=token, priority=self.priorities[holder], fair_key=self.keys[holder]
         )
+
+    @precondition(lambda self: self.pair is not None and self.pair.copies)
+    @rule(data=st.data())
+    def claim(self, data: st.DataObject) -> None:
+        """The process given a handover (mostly the latest) took a message from a
+        parking queue: the handover's own, another parked waiter's (a swap), or one of
+        a task not parked."""
+        handed = data.draw(st.sampled_from(sorted(self.p.copies)))
+        copies = self.p.copies[handed]
+        token = data.draw(st.sampled_from(copies[-1:]) | st.sampled_from(copies))
+        parking = self.p.model.parking  # whose messages a parking queue may hold
+        queued = (State.PARKED, State.HANDED)
+        others = [h for h in HOLDERS if h != handed and parking.state_of(h) in queued]
+        taken = data.draw(st.sampled_from(others or [handed]) | st.just(handed) | holders_st)
+        self.p.claim(taken, handed, token)
 
     @precondition(lambda self: self.publishing)
     @rule(drop=st.sets(holders_st, max_size=2))

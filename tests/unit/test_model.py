@@ -14,6 +14,7 @@ from celery_semaphore.core.model import (
     PRIORITY_STEP,
     Asked,
     Caller,
+    Claimed,
     Dispatch,
     Epochs,
     Granted,
@@ -22,6 +23,7 @@ from celery_semaphore.core.model import (
     ParkIfFar,
     Part,
     Rate,
+    Record,
     Refused,
     RefusedAll,
     SemaphoreModel,
@@ -502,6 +504,36 @@ def test_served_in_person_its_copy_on_the_way_is_stale() -> None:
     granted(attempt(model, "b", T0 + 3, PUBLISHING))
     assert model.parking.records["b"].state is State.SERVED
     assert attempt(model, "b", T0 + 4, PUBLISHING, handover=T0 + 2) == Stale(T0 + 2)
+
+
+def test_a_claim_gives_the_turn_to_the_parked_message_taken() -> None:
+    model = parked_behind_a_holder()
+    for holder in "cd":
+        model.park(PUBLISHING, holder, f"{holder}'s message", T0 + 1, park_lease_ms=LEASE)
+    model.release(PUBLISHING, "a", T0 + 2)
+    assert [(h.holder, h.token) for h in model.handovers] == [("b", T0 + 2), ("c", T0 + 3)]
+    deadline = model.parking.handed["b"]
+    assert model.claim(PUBLISHING, "d", "b", T0 + 2, T0 + 4) is Claimed.PUBLISH
+    assert model.parking.records["d"] == Record(T0 + 2, State.HANDED, 0, "d's message")
+    assert model.parking.records["b"] == Record(0, State.PARKED, 0, "b's message")
+    assert model.parking.handed["d"] == model.parking.handed["b"] == deadline
+    assert (model.parking.count(State.PARKED), model.parking.count(State.HANDED)) == (1, 2)
+    assert model.claim(PUBLISHING, "d", "b", T0 + 2, T0 + 5) is Claimed.VOID
+    assert model.handovers == []
+
+
+def test_a_late_handover_keeps_the_token_before_for_a_claim_to_give_back() -> None:
+    model = parked_behind_a_holder()
+    model.park(PUBLISHING, "c", "c's message", T0 + 1, park_lease_ms=LEASE)
+    model.release(PUBLISHING, "a", T0 + 2)
+    late = T0 + 2 + 30_000 * MS
+    model.dispatch(PUBLISHING, late)
+    assert [(h.holder, h.token) for h in model.handovers] == [("b", late), ("c", late + 1)]
+    assert model.parking.records["b"] == Record(late, State.HANDED, T0 + 2, "b's message")
+    assert model.claim(PUBLISHING, "c", "b", late, late + 2) is Claimed.PUBLISH
+    assert model.parking.records["b"] == Record(T0 + 2, State.HANDED, 0, "b's message")
+    assert model.parking.records["c"] == Record(late, State.HANDED, 0, "c's message")
+    granted(attempt(model, "b", late + 3, PUBLISHING, handover=T0 + 2))
 
 
 def test_asking_in_person_takes_a_parked_payload_back() -> None:

@@ -13,6 +13,7 @@ from celery_semaphore.core.rates import parse_rate
 from celery_semaphore.core.redis import arguments, epochs, wake_messages
 from celery_semaphore.core.redis.arguments import (
     parse_acquire,
+    parse_claim,
     parse_configure,
     parse_dispatch,
     parse_enqueue,
@@ -28,7 +29,7 @@ from celery_semaphore.core.redis.replies import (
     read,
     read_all,
 )
-from celery_semaphore.core.results import WAITER_STATES, Grant
+from celery_semaphore.core.results import WAITER_STATES, Claimed, Grant
 
 OPTIONS = dict(
     lease_timeout=10.0, namespace="ns", waiter_lease=20.0, recheck_interval=2.0, idle_ttl=60.0
@@ -84,6 +85,23 @@ def test_a_stale_copy_and_an_unknown_code() -> None:
     assert (info.value.name, info.value.token) == ("s", 77)
     with pytest.raises(ValueError, match="unknown code 5"):
         parse_acquire("s", [5])
+
+
+def test_the_codes_of_claim_and_an_unknown_one() -> None:
+    assert [parse_claim([code]) for code in (1, 2, 3, 0)] == [
+        Claimed.PUBLISH, Claimed.STALE, Claimed.ABSENT, Claimed.VOID,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"claim\.lua answered with unknown code 4"):
+        parse_claim([4])
+    with pytest.raises(ValueError, match="a ClaimReply reply has 1 values, got 2"):
+        parse_claim([1, 0])
+
+
+def test_a_claim_request_is_checked_and_names_the_handover() -> None:
+    request = spec().claim("x", Handover("h", 42, "queue q"))
+    assert (request.taken, request.handed, request.token) == ("x", "h", 42)
+    with pytest.raises(ValueError, match="taken must not contain NUL"):
+        spec().claim("x\0", Handover("h", 42, ""))
 
 
 def test_handovers_come_in_fours() -> None:

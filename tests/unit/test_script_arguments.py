@@ -19,6 +19,7 @@ from celery_semaphore.core.requests import (
     PLAIN_ASKED,
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
@@ -119,6 +120,11 @@ def test_park_and_enqueue_are_packed_by_name() -> None:
     assert {name: args[name] for name in fields(arguments.Far)} == dict(
         window_us=100, head="<", tail=">", park_ms=4000, dispatch="500|30000|200", due_ms=2
     )
+
+
+def test_claim_is_packed_by_name() -> None:
+    args, items = read("claim", arguments.claim_args(spec(), Claim("x", "h", 42)))
+    assert (args, items) == (dict(taken="x", handed="h", token=42), [])
 
 
 def test_the_variadic_scripts_are_packed_by_name() -> None:

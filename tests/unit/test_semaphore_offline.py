@@ -14,7 +14,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from celery_semaphore import AsyncSemaphore, Semaphore
+from celery_semaphore import AsyncSemaphore, Handover, Semaphore
 from celery_semaphore.core import protocol
 
 URL = "redis://app:secret@db:6399/0"
@@ -87,6 +87,13 @@ CALL_CASES: list[Case] = [
     ("renew_many", (["a"],), {"lease_timeout": 0}, ValueError, "lease_timeout must be"),
     ("set_limit", (0,), {}, ValueError, "limit must be an int from 1"),
     ("set_limit", ("3",), {}, TypeError, "limit must be an int from 1"),
+    ("claim", ("", Handover("h", 7, "q")), {}, ValueError, "taken must be 1 to 200"),
+    ("claim", (None, Handover("h", 7, "q")), {}, TypeError, "taken must be a str"),
+    ("claim", ("x", ("h", 7)), {}, TypeError, "handover must be the Handover on_handover"),
+    ("claim", ("x", Handover("", 7, "q")), {}, ValueError, "handover.holder must be 1 to 200"),
+    ("claim", ("x", Handover("h", 0, "q")), {}, ValueError, "handover.token must be a positive"),
+    ("claim", ("x", Handover("h", True, "q")), {}, ValueError, "handover.token must be"),
+    ("claim", ("x", Handover("h", "7", "q")), {}, ValueError, "handover.token must be"),  # type: ignore[arg-type]
 ]
 CALL_IDS = [f"{c[0]}-{i}" for i, c in enumerate(CALL_CASES)]
 

@@ -137,7 +137,7 @@ def test_the_scripts_are_registered_once_per_client(
     for i in range(50):
         semaphores.get(f"customer-{i}", 2, CONFIG)
     per_client = len(NAMES) + len(PARKED_INDEX_NAMES)
-    assert len(registered) == per_client == 13
+    assert len(registered) == per_client == 14
     semaphores.get("s", 2, SemaphoreConfig(redis_url="redis://elsewhere/0"))  # another client
     assert len(registered) == 2 * per_client
 

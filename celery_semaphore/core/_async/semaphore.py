@@ -39,7 +39,7 @@ from celery_semaphore.core.on_handover import (
 )
 from celery_semaphore.core.rates import RateLimit, parse_rate
 from celery_semaphore.core.requests import Configure
-from celery_semaphore.core.results import Handover, Parked, Place, SemaphoreStatus
+from celery_semaphore.core.results import Claimed, Handover, Parked, Place, SemaphoreStatus
 from celery_semaphore.core.stores import async_store
 from celery_semaphore.core.validation import FairWeights
 
@@ -288,6 +288,22 @@ class AsyncSemaphore:
         parked, handovers = await self.store.park(self._spec, request)
         await self._hand_over(handovers)
         return parked
+
+    async def claim(self, taken: str, handover: Handover) -> Claimed:
+        """Whose turn the message taken from a parking queue gets: for a caller that
+        parks a waiter's message in a broker queue (the payload says which queue) and,
+        given its `Handover`, takes that queue's head, whose task id ``taken`` may be
+        another waiter's (the queue keeps arrival order, the line ticket order).
+
+        The answer, a `Claimed` (`celery_semaphore.core.Claimed`), says what to do with
+        the message: ``PUBLISH`` it with ``handover.token`` (if it is another parked
+        waiter's, that waiter took the turn, and ``handover.holder`` waits for the
+        next), drop a ``STALE`` copy, publish an ``ABSENT`` one without a token (its
+        task is not parked here) and look further, put it back if ``VOID`` (the
+        handover is not its waiter's latest any more). One atomic step; it hands
+        over nobody."""
+        request = self._spec.claim(taken, handover)
+        return await self.store.claim(self._spec, request)
 
     async def dispatch(self, drop: Iterable[str] = ()) -> int:
         """Hand over the parked waiters that are due (after reclaiming run-out

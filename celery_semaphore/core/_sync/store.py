@@ -29,13 +29,22 @@ from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
     Release,
     Renew,
 )
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
+from celery_semaphore.core.results import (
+    Claimed,
+    Grant,
+    Handover,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+)
 
 
 class Store(Protocol):
@@ -63,6 +72,11 @@ class Store(Protocol):
 
     def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
         """Stay in line without asking; the payload is handed over when due."""
+        ...
+
+    def claim(self, spec: SemaphoreSpec, request: Claim) -> Claimed:
+        """Whose turn a message taken from a parking queue gets (a swap where it is
+        another parked waiter's: `celery_semaphore.core.model.parking.Parking.claim`)."""
         ...
 
     def list_parked(self, spec: SemaphoreSpec) -> None:

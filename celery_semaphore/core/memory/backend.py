@@ -27,10 +27,17 @@ from celery_semaphore.core.model.joint import Part
 from celery_semaphore.core.model.joint import acquire_all as model_acquire_all
 from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.rates import RateLimit
-from celery_semaphore.core.readings import enqueued_place, grant_of, place_of, semaphore_status
+from celery_semaphore.core.readings import (
+    claimed_of,
+    enqueued_place,
+    grant_of,
+    place_of,
+    semaphore_status,
+)
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
@@ -38,6 +45,7 @@ from celery_semaphore.core.requests import (
     Renew,
 )
 from celery_semaphore.core.results import (
+    Claimed,
     Grant,
     Handover,
     Parked,
@@ -190,6 +198,13 @@ def park(backend: Backend, spec: SemaphoreSpec, asked: Park) -> tuple[Parked, li
             ticket=asked.ticket, info=asked.info, due_ms=asked.due_ms, ask=asked.ask,
         )  # fmt: skip
         return Parked(place.ticket, place.position), backend.told(spec, modelled)
+
+
+def claim(backend: Backend, spec: SemaphoreSpec, asked: Claim) -> Claimed:
+    with backend.lock:
+        modelled = backend.model_of(spec)
+        claimed = modelled.claim(caller_of(spec), asked.taken, asked.handed, asked.token, now_us())
+        return claimed_of(claimed)
 
 
 def enqueue(

@@ -34,7 +34,8 @@ Covered (exactly, for the same clock readings the scripts take):
   near (the free permits, the window, a release since it parked), at its slot under a
   rate, at its due time, or again after its deadline with a new token; stale copies;
   a waiter served in person; revoked waiters dropped; nothing handed over while
-  draining;
+  draining; ``claim`` (claim.lua: a message taken from a parking queue given the turn
+  handed over to another waiter, by a swap);
 - waiting in place and what follows freed capacity (after_free.py: after_free(), as
   every call that frees capacity runs it): the ``w`` mark of a waiter blocked in
   ``wait_for_turn`` (mark_in_place(), unmark_in_place()), grant_in_place() (a release
@@ -75,6 +76,7 @@ from .parking import Dispatch, Handover, ParkIfFar, Record, State
 from .rate import Rate, Room
 from .replies import (
     Caller,
+    Claimed,
     Enqueued,
     FairKeyRow,
     Granted,
@@ -98,6 +100,7 @@ __all__ = [
     "PRIORITY_STEP",
     "Asked",
     "Caller",
+    "Claimed",
     "Dispatch",
     "Enqueued",
     "EpochHash",

@@ -124,9 +124,10 @@ def dispatch(
     its turn is near); under a rate, the first one past the rate's window is handed
     over with a delay that brings it at its slot (at most the deadline ahead), and
     no one after it. Then those handed over that did not arrive by their deadline
-    (again, with a new token), and parked ones whose due time came; a due entry of
-    one no longer in line (or an aged tombstone) is forgotten. Only the limits that
-    bind count: a shadow limit (``shadow``; None: the recorded ones) moves nobody."""
+    (again, with a new token, the previous one kept as the mark: that copy may only be
+    late), and parked ones whose due time came; a due entry of one no longer in line
+    (or an aged tombstone) is forgotten. Only the limits that bind count: a shadow
+    limit (``shadow``; None: the recorded ones) moves nobody."""
     if cfg is None or not model.parking.records:
         return []
     now_ms = now_us // 1000
@@ -154,16 +155,20 @@ def dispatch(
         if parked and ((k <= due.permits and j <= room.grants) or progress):
             out.append(hand_over(model, holder, cfg, 0, now_us))
     for holder in model.parking.late(now_ms):
-        state = model.parking.state_of(holder)
+        record = model.parking.records.get(holder)
+        state = None if record is None else record.state
         if state in (State.HANDED, State.PARKED) and holder in model.waiters:
-            out.append(hand_over(model, holder, cfg, 0, now_us))
+            previous = record.token if record is not None and state is State.HANDED else 0
+            out.append(hand_over(model, holder, cfg, 0, now_us, mark=previous))
         else:
             model.parking.forget(holder)
     return out
 
 
 def hand_over(
-    model: SemaphoreModel, holder: str, cfg: Dispatch, delay_ms: int, now_us: int
+    model: SemaphoreModel, holder: str, cfg: Dispatch, delay_ms: int, now_us: int, *, mark: int = 0
 ) -> Handover:
     payload = model.parking.records[holder].payload
-    return model.parking.hand_over(holder, payload, cfg=cfg, delay_ms=delay_ms, now_us=now_us)
+    return model.parking.hand_over(
+        holder, payload, cfg=cfg, delay_ms=delay_ms, now_us=now_us, mark=mark
+    )

@@ -1,6 +1,6 @@
 """Parking and handover (lua/common_parked.lua, dispatch() in lua/common_after_free.lua,
-park.lua, dispatch.lua): a waiter may leave a payload instead of asking again; the
-semaphore hands it over (to be published) when its turn is near.
+park.lua, dispatch.lua, claim.lua): a waiter may leave a payload instead of asking
+again; the semaphore hands it over (to be published) when its turn is near.
 
 The rules that decide, as pure functions of the state they read; `SemaphoreModel`
 applies them. A waiter blocked in place (wait_for_turn) is marked here too (``w``:
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .rate import Rate, Room
+from .replies import Claimed
 
 #: How long a tombstone (``d``: arrived, ``x``: served by another copy) is kept.
 TOMBSTONE_MS = 3_600_000
@@ -32,9 +33,11 @@ class State(str, Enum):
 @dataclass(frozen=True)
 class Record:
     """A parked record: the handover ``token`` of the copy handed over last (0 before
-    any), its ``state``, its ``mark`` (the released count when it parked: a permit
-    released since says the line moved; waiting in place: the lease, ms, of the permit
-    a release may grant it) and its ``payload``."""
+    any), its ``state``, its ``mark`` (parked: the released count when it parked, a
+    permit released since says the line moved; handed over again after its deadline:
+    the token of the copy handed over before, which may still be on its way (`claim`
+    gives it back), else 0; waiting in place: the lease, ms, of the permit a release
+    may grant it) and its ``payload``."""
 
     token: int
     state: State
@@ -229,13 +232,14 @@ class Parking:
             self.handed.pop(holder, None)
 
     def hand_over(self, holder: str, payload: str, *, cfg: Dispatch, delay_ms: int,
-                  now_us: int) -> Handover:  # fmt: skip
+                  now_us: int, mark: int = 0) -> Handover:  # fmt: skip
         """A new handover token each time (seq_after(), like tickets), so the copy handed
         over last is told from older ones; due again after the deadline if it does not
-        arrive (its publisher may have died)."""
+        arrive (its publisher may have died). ``mark``: handed over again, the token of
+        the copy handed over before (`Record`), else 0."""
         now_ms = now_us // 1000
         self.handover = max((self.handover or 0) + 1, now_us)
-        self.records[holder] = Record(self.handover, State.HANDED, 0, payload)
+        self.records[holder] = Record(self.handover, State.HANDED, mark, payload)
         self.handed[holder] = now_ms + delay_ms + cfg.deadline_ms
         return Handover(holder, self.handover, payload, delay_ms)
 
@@ -243,3 +247,43 @@ class Parking:
         """The handed entries now due, in the sorted set's order."""
         due = [(at, h.encode(), h) for h, at in self.handed.items() if at <= now_ms]
         return [h for _, _, h in sorted(due)]
+
+    def claim(self, taken: str, handed: str, token: int) -> Claimed:
+        """Who the message ``taken`` from a parking queue is, for the process that got
+        the handover (``handed``, ``token``) and took that queue's head (claim.lua).
+
+        Why: a broker queue hands out only its head, in arrival order, while the line
+        hands over in ticket order; so the message in hand may be another waiter's.
+        Rather than put it back and dig for its own, the process gives the turn to
+        the message it holds (a swap), and the waiter it was handed over to goes back
+        to wait for the next. Timeline::
+
+            parking queue: [X, H] (arrival order)      line: H, then X (ticket order)
+            dispatch:  H is due -> (H, T); H: h, token T, due again at T's deadline
+            process P: takes the queue's head: X
+            P: claim(X, H, T) -> PUBLISH; X: h, token T, due at T's deadline;
+               H: p, mark 0 (due again at once when a permit frees, or at that
+               deadline) -- or, if an earlier copy of H may still be on its way
+               (handed over again after its deadline: its mark), h with its token
+            P: publishes X's message with T; X arrives with T: valid
+
+        In order: X not parked (no record, or waiting in place) is ABSENT; a copy of
+        X arrived or X was served (d, x): STALE; the handover no longer H's latest
+        (H not h with token T): VOID; else PUBLISH (swapping when X is not H). Only
+        a swap changes anything: nobody leaves or joins the line, no permit frees."""
+        message = self.records.get(taken)
+        if message is None or message.state is State.IN_PLACE:
+            return Claimed.ABSENT
+        if message.state in (State.ARRIVED, State.SERVED):
+            return Claimed.STALE
+        turn = self.records.get(handed)
+        if turn is None or turn.state is not State.HANDED or turn.token != token:
+            return Claimed.VOID
+        if taken != handed:
+            self.records[taken] = Record(token, State.HANDED, 0, message.payload)
+            self.handed[taken] = self.handed[handed]
+            if turn.mark:
+                self.records[handed] = Record(turn.mark, State.HANDED, 0, turn.payload)
+            else:
+                self.records[handed] = Record(0, State.PARKED, 0, turn.payload)
+        return Claimed.PUBLISH

@@ -1,15 +1,18 @@
 """What the model answers: the values the scripts return (acquire.lua, acquire_all.lua,
-enqueue.lua, status.lua) and the wake messages they publish, as named fields, times on
-the semaphore's clock (ms, µs as named)."""
+enqueue.lua, claim.lua, status.lua) and the wake messages they publish, as named
+fields, times on the semaphore's clock (ms, µs as named)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from .order import Asked
-from .parking import Dispatch
 from .rate import Rate
+
+if TYPE_CHECKING:  # parking.py answers with `Claimed`
+    from .parking import Dispatch
 
 
 class Declared(Enum):
@@ -83,6 +86,16 @@ class Stale:
     ``token``: the handover token of the copy handed over last."""
 
     token: int
+
+
+class Claimed(str, Enum):
+    """Who a message taken from a parking queue is (claim.lua; `Parking.claim`), and
+    so what the caller does with it."""
+
+    PUBLISH = "publish"  # the turn handed over is its: publish it with the token
+    STALE = "stale"  # a copy of it arrived, or it was served: drop it
+    ABSENT = "absent"  # it is not parked here: publish it without a token
+    VOID = "void"  # the handover is not the latest any more: put the message back
 
 
 @dataclass(frozen=True)

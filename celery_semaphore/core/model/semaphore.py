@@ -35,6 +35,7 @@ from .replies import (
     NOTHING,
     PAUSE_AFTER_LOSS_MS,
     Caller,
+    Claimed,
     Declared,
     Granted,
     Published,
@@ -693,6 +694,14 @@ class SemaphoreModel:
         follow = self.after_free if reclaimed or dropped else self.dispatch_due
         self.handovers = follow(caller.dispatch, now_us, limit=None, rate=NOTHING)
         return dropped
+
+    def claim(self, caller: Caller, taken: str, handed: str, token: int, now_us: int) -> Claimed:
+        """Who the message ``taken`` from a parking queue is, for the process that got
+        the handover (``handed``, ``token``): a swap where it is another parked waiter
+        (claim.lua; see `Parking.claim`). It frees nothing, so it reclaims nothing
+        and hands over nobody."""
+        self.begin(caller.pause_ms, now_us)
+        return self.parking.claim(taken, handed, token)
 
     def after_free(
         self,

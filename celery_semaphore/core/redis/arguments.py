@@ -19,19 +19,31 @@ from typing import Any, NamedTuple
 from celery_semaphore.core.errors import StaleHandover
 from celery_semaphore.core.model.parking import Dispatch
 from celery_semaphore.core.protocol import FAIR_TOP, SENT_HORIZON, STATUS_MOST, SemaphoreSpec
+from celery_semaphore.core.readings import claimed_of
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
     Release,
     Renew,
 )
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
+from celery_semaphore.core.results import (
+    Claimed,
+    Grant,
+    Handover,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+)
 
 from .keys import keys_of
 from .replies import (
+    CLAIM_CODES,
+    ClaimReply,
     ConfigureReply,
     DispatchReply,
     Enqueued,
@@ -83,6 +95,12 @@ class ParkArgs(NamedTuple):
     due_ms: int  #: hand it over after this long even if its turn has not come
     channel: str  #: the wake channel
     weight: str  #: "<permits>|<grants>", or '' to keep the one recorded
+
+
+class ClaimArgs(NamedTuple):
+    taken: str  #: the task id of the message taken from a parking queue
+    handed: str  #: the waiter the handover was for
+    token: int  #: that handover's token
 
 
 class DispatchArgs(NamedTuple):
@@ -259,6 +277,7 @@ SIGNATURES = {
     "acquire": Signature(AcquireArgs),
     "enqueue": Signature(EnqueueArgs, optional=Far),
     "park": Signature(ParkArgs),
+    "claim": Signature(ClaimArgs),
     "dispatch": Signature(DispatchArgs, each=Dropped, each_name="drop"),
     "release": Signature(ReleaseArgs),
     "renew": Signature(RenewArgs, each=Held, each_name="held"),
@@ -327,6 +346,10 @@ def park_args(spec: SemaphoreSpec, asked: Park) -> list[Any]:
             weight="" if asked.ask is None else (asked.ask.text or "1|1"),
         )
     )
+
+
+def claim_args(spec: SemaphoreSpec, asked: Claim) -> list[Any]:
+    return list(ClaimArgs(taken=asked.taken, handed=asked.handed, token=asked.token))
 
 
 def dispatch_args(spec: SemaphoreSpec, drop: Sequence[str]) -> list[Any]:
@@ -486,6 +509,13 @@ def parse_acquire(name: str, reply: Sequence[Any]) -> tuple[Grant | Place, list[
 def parse_park(reply: Sequence[Any]) -> tuple[Parked, list[Handover]]:
     parked = read(ParkReply, reply)
     return Parked(parked.ticket, parked.position), parked.handovers
+
+
+def parse_claim(reply: Sequence[Any]) -> Claimed:
+    code = read(ClaimReply, reply).code
+    if code not in CLAIM_CODES:
+        raise ValueError(f"claim.lua answered with unknown code {code!r}")
+    return claimed_of(CLAIM_CODES[code])
 
 
 def parse_enqueue(reply: Sequence[Any], *, far: bool) -> tuple[Place, bool, list[Handover]]:

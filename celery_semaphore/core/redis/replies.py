@@ -174,6 +174,22 @@ class ParkReply(NamedTuple):
 
 
 @reply_shape
+class ClaimReply(NamedTuple):
+    """claim.lua: its code (`CLAIM_CODES`)."""
+
+    code: int
+
+
+#: claim.lua's codes.
+CLAIM_CODES = {
+    1: model_replies.Claimed.PUBLISH,
+    2: model_replies.Claimed.STALE,
+    3: model_replies.Claimed.ABSENT,
+    0: model_replies.Claimed.VOID,
+}
+
+
+@reply_shape
 class DispatchReply(NamedTuple):
     """dispatch.lua."""
 

@@ -40,8 +40,8 @@ from . import functions
 from .arguments import SIGNATURES
 
 NAMES = (
-    "acquire", "enqueue", "park", "dispatch", "release", "renew", "status", "counts", "configure",
-    "epoch",
+    "acquire", "enqueue", "park", "claim", "dispatch", "release", "renew", "status", "counts",
+    "configure", "epoch",
 )  # fmt: skip
 #: Registered on a client at their first use (`on_demand()`): only a client that takes
 #: sets of semaphores (`AsyncSemaphoreSet`) needs them.

@@ -21,13 +21,22 @@ from celery_semaphore.core.protocol import SemaphoreSpec
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
     Release,
     Renew,
 )
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
+from celery_semaphore.core.results import (
+    Claimed,
+    Grant,
+    Handover,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+)
 
 #: How often a waiter looks whether anything changed (s): there are no wake messages.
 LOOK_EVERY = 0.005
@@ -82,6 +91,9 @@ class MemoryStore(MemoryOperations):
 
     def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
         return backend.park(self._backend, spec, request)
+
+    def claim(self, spec: SemaphoreSpec, request: Claim) -> Claimed:
+        return backend.claim(self._backend, spec, request)
 
     def list_parked(self, spec: SemaphoreSpec) -> None:
         """Nothing to list: the models of this store are all there is."""

@@ -36,13 +36,22 @@ from celery_semaphore.core.redis.scripts import on_demand, registered
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
     Release,
     Renew,
 )
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
+from celery_semaphore.core.results import (
+    Claimed,
+    Grant,
+    Handover,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+)
 
 
 class AsyncRedisStore(AsyncRedisOperations):
@@ -150,6 +159,10 @@ class AsyncRedisStore(AsyncRedisOperations):
         return arguments.parse_park(
             await self._call("park", arguments.park_args(spec, request), (spec,))
         )
+
+    async def claim(self, spec: SemaphoreSpec, request: Claim) -> Claimed:
+        reply = await self._call("claim", arguments.claim_args(spec, request), (spec,))
+        return arguments.parse_claim(reply)
 
     async def list_parked(self, spec: SemaphoreSpec) -> None:
         """List the semaphore in its namespace's parked index, at most every

@@ -37,13 +37,22 @@ from celery_semaphore.core.redis.scripts import on_demand, registered
 from celery_semaphore.core.requests import (
     Acquire,
     AcquireAll,
+    Claim,
     Configure,
     Enqueue,
     Park,
     Release,
     Renew,
 )
-from celery_semaphore.core.results import Grant, Handover, Parked, Place, Places, SemaphoreStatus
+from celery_semaphore.core.results import (
+    Claimed,
+    Grant,
+    Handover,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+)
 
 
 class RedisStore(RedisOperations):
@@ -149,6 +158,10 @@ class RedisStore(RedisOperations):
 
     def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
         return arguments.parse_park(self._call("park", arguments.park_args(spec, request), (spec,)))
+
+    def claim(self, spec: SemaphoreSpec, request: Claim) -> Claimed:
+        reply = self._call("claim", arguments.claim_args(spec, request), (spec,))
+        return arguments.parse_claim(reply)
 
     def list_parked(self, spec: SemaphoreSpec) -> None:
         """List the semaphore in its namespace's parked index, at most every

@@ -102,10 +102,12 @@ local function grant_in_place(m, declared, channel)
   end
 end
 
-local function hand_over(m, holder, record, payload, deadline_ms, out, delay_ms)
+-- ``previous``: the token of the copy handed over before, when handed over again
+-- (kept as the mark: that copy may only be late; claim.lua gives it back), else '0'.
+local function hand_over(m, holder, record, payload, deadline_ms, out, delay_ms, previous)
   local token = fmt(seq_after(m.handover))
   m.handover = token  -- dispatch() writes it to meta once
-  put_record(holder, token .. '|h|0|' .. payload, record)
+  put_record(holder, token .. '|h|' .. previous .. '|' .. payload, record)
   redis.call('ZADD', handed, now_ms + delay_ms + deadline_ms, holder)
   out[#out + 1] = holder
   out[#out + 1] = token
@@ -131,7 +133,8 @@ end
 -- or a paused one needs nobody to ask again; one such waiter at a time.
 -- Also due: a waiter handed over that did not arrive by its deadline (its
 -- publisher may have died): handed over again, with a new token, so the stale
--- copy is recognised when it arrives (acquire.lua answers code 2); or one that
+-- copy is recognised when it arrives (acquire.lua answers code 2; the token before
+-- is kept as the mark: see claim.lua); or one that
 -- parked with a time by which it must come back (its wait budget), and that passed.
 local function dispatch(m, declared, cfg)
   local out = {}
@@ -175,20 +178,20 @@ local function dispatch(m, declared, cfg)
       local slot_ms = rate and math.ceil(slot_in(m, room, next_us, j) / 1000) or 0
       if slot_ms > rate_window_ms or rate_paused then
         if state == 'p' and (k <= permits or progress) and slot_ms <= deadline_ms then
-          hand_over(m, holder, record, payload, deadline_ms, out, slot_ms)
+          hand_over(m, holder, record, payload, deadline_ms, out, slot_ms, '0')
         end
         break
       end
-      if near then hand_over(m, holder, record, payload, deadline_ms, out, 0) end
+      if near then hand_over(m, holder, record, payload, deadline_ms, out, 0, '0') end
     end
   end
   local late = redis.call('ZRANGEBYSCORE', handed, '-inf', now_ms, 'LIMIT', 0, BATCH)
   for _, holder in ipairs(late) do
     local record = redis.call('HGET', parked, holder)
-    local _, state, _, payload = parked_in(record)
+    local token, state, _, payload = parked_in(record)
     if (state == 'h' or state == 'p') and redis.call('ZSCORE', waiters, holder) then
       if state == 'h' then bump('m_handover_retried', 1) end
-      hand_over(m, holder, record, payload, deadline_ms, out, 0)
+      hand_over(m, holder, record, payload, deadline_ms, out, 0, state == 'h' and token or '0')
     else
       forget({holder}, {record})
     end

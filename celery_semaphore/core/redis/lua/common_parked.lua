@@ -9,6 +9,13 @@
 --   any        p     park.lua, enqueue.lua           it parks (token 0, mark: meta.released)
 --   p          h     dispatch()                      it is due (see dispatch()): a new token
 --   h          h     dispatch()                      not arrived by its deadline: a new token
+--                                                    (mark: the token before, that copy
+--                                                    may only be late)
+--   p, h       h     claim.lua                       its message was taken for another's
+--                                                    handover: that token (mark 0)
+--   h          p, h  claim.lua                       its handover went to the message
+--                                                    taken: p (mark 0), or h with the
+--                                                    token of its mark (mark 0)
 --   h          d     acquire.lua (arrival())         the copy handed over last arrives
 --   h          x     acquire.lua (served())          served in person, a copy on its way
 --   p          -     acquire.lua                     it asks in person, or is served so
@@ -23,6 +30,9 @@
 --
 -- p: parked, h: handed over, d: arrived (tombstone), x: served by another copy of its
 -- task (tombstone: that copy is stale), w: waiting in place ("<token>|w|<lease ms>|").
+-- The mark: of p, meta.released when it parked (claim.lua's 0: its turn came already);
+-- of h, the token of the copy handed over before (dispatch()), or 0; of w, the lease;
+-- else 0.
 -- n_parked and n_handed in meta count the p and h records.
 
 local TOMBSTONE_MS = 3600000
