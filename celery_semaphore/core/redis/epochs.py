@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_semaphore.core import losses
+from celery_semaphore.core.redis import parked_index
 from celery_semaphore.core.redis.replies import text
 from celery_semaphore.core.results import DataLoss
 
@@ -61,6 +62,7 @@ def learn(url: str, epoch_key: str, reply: Sequence[Any]) -> DataLoss | None:
     if before is None or before == epoch:
         return None
     loss = DataLoss(url, epoch_key, int(lost_ms) / 1000, int(resumes_ms) / 1000, int(now_ms) / 1000)
+    parked_index.forget_listings()  # the index went with the data: list again at next park
     losses.tell(loss)
     return loss
 

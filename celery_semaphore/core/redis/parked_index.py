@@ -29,10 +29,10 @@ REGISTER_EVERY`` between deciding not to list and parking could slip through.
 Names parked before this index existed (or an index lost alone, say evicted)
 are listed by `celery_semaphore.core.redis.discovery.index_parked()`, one SCAN per
 client and namespace in a process: a worker's heartbeat calls it at its first
-look, never per beat. Known gap: when Redis loses its data (the index with
-it), a process that listed S less than `REGISTER_EVERY` before does not list
-it again for its next parks in that time; until some process does, only the
-calls on S (not the heartbeat) hand those parked waiters over.
+look, never per beat. When a process notices that Redis lost its data (the index
+with it: `celery_semaphore.core.redis.epochs`), it forgets its listings
+(`forget_listings()`) and lists each semaphore again at its next park there
+(a process that has not noticed yet lists it again within `REGISTER_EVERY`).
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ class Listings:
         self._prune_above = PRUNE_ABOVE
         self.scanned: set[str] = set()  # namespaces index_parked() listed
 
+    def forget(self) -> None:
+        self._at = {}
+        self.scanned = set()
+
     def due(self, namespace: str, name: str) -> bool:
         at = self._at.get((namespace, name))
         return at is None or clock() - at >= REGISTER_EVERY
@@ -92,6 +96,12 @@ class Listings:
 
 
 _listings: weakref.WeakKeyDictionary[Any, Listings] = weakref.WeakKeyDictionary()
+
+
+def forget_listings() -> None:
+    """Forget every listing of this process (Redis lost the index)."""
+    for found in list(_listings.values()):
+        found.forget()
 
 
 def listings(client: Any) -> Listings:
