@@ -1,7 +1,8 @@
 """Settings: every ``semaphore_*`` Celery setting, read once per app into a typed object.
 
 - ``semaphore_redis_url``: where the semaphores live. Default: the broker URL
-  if it is Redis, else ``redis://localhost:6379/0``.
+  if it is Redis; with any other broker it must be set (workers refuse to start,
+  and limited tasks to be published or run, without it: `check_shared_redis()`).
 - ``semaphore_namespace`` (``"celery_semaphore"``): key prefix in Redis.
 - ``semaphore_lease_timeout`` (60 s): lease of a permit; the worker renews it.
 - ``semaphore_heartbeat_interval`` (lease / 4): how often the worker renews.
@@ -28,8 +29,8 @@
   parked but retried with a countdown.
 - ``semaphore_park_without_persistence`` (False): park in handover mode even in a
   Redis that is not the broker's server and does not persist every write
-  (``appendonly no``, or ``CONFIG`` refused): parked tasks are then lost with its
-  data. Without it such a Redis gets countdown waits and one warning
+  (``appendonly no``, or neither ``CONFIG`` nor ``INFO`` says): parked tasks are
+  then lost with its data. Without it such a Redis gets countdown waits and one warning
   (`celery_semaphore.durability`).
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
@@ -190,14 +191,14 @@ class SemaphoreConfig:
 
 
 def check_shared_redis(app: Any) -> None:
-    """At worker start: a broker that is not a Redis URL and no
-    ``semaphore_redis_url`` would make every machine count on its own
-    ``redis://localhost:6379/0``: a per-machine cap that looks cluster-wide."""
-    if app.conf.get(PREFIX + "redis_url") is not None:
+    """The rule, for workers (at start) and publishers (at a limited task's first
+    publish, through `task_config()`): a broker that is not a Redis URL and no
+    ``semaphore_redis_url`` would make each machine count on its own
+    ``redis://localhost:6379/0`` (whatever Redis happens to listen there): a
+    per-machine cap that looks cluster-wide. ValueError: say so, and what to set."""
+    if app.conf.get(PREFIX + "redis_url") is not None or _is_redis_url(app.conf.broker_url):
         return
     broker = app.conf.broker_url or ""
-    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
-        return
     scheme = broker.split("://", 1)[0] + "://" if "://" in str(broker) else repr(broker)
     setting = PREFIX + "redis_url"
     namespace = getattr(app, "namespace", None)
@@ -205,17 +206,22 @@ def check_shared_redis(app: Any) -> None:
         setting = f"{namespace}_{setting.upper()}"
     raise ValueError(
         f"Celery setting {setting} is not set and the broker ({scheme}) is not a "
-        f"Redis URL the semaphores can share: each worker would use {DEFAULT_REDIS_URL} "
-        f"on its own machine, a per-machine cap. Set {setting} to the Redis every "
-        "worker and publisher reaches (for example redis://redis.internal:6379/0)"
+        f"Redis URL the semaphores can share: each worker and publisher would use "
+        f"{DEFAULT_REDIS_URL} on its own machine, a per-machine cap. Set {setting} to the "
+        "Redis every worker and publisher reaches (for example redis://redis.internal:6379/0)"
     )
 
 
+def _is_redis_url(broker: Any) -> bool:
+    return isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://"))
+
+
 def default_redis_url(app: Any) -> str:
-    broker = app.conf.broker_url or ""
-    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "unix://")):
-        return broker.split(";")[0]
-    return DEFAULT_REDIS_URL
+    """``semaphore_redis_url`` when it is not set: the broker's URL if it is Redis (the
+    first of a ``;``-separated list), else `DEFAULT_REDIS_URL`, which only a process
+    that touches no limited task may use (`check_shared_redis()`)."""
+    broker = app.conf.broker_url
+    return broker.split(";")[0] if _is_redis_url(broker) else DEFAULT_REDIS_URL
 
 
 REDIS_BROKERS = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
@@ -325,12 +331,17 @@ def uses_handover(app: Any) -> bool:
 
 
 def task_config(task: Any) -> SemaphoreConfig:
-    """The app's settings with the task's ``semaphore_*`` options applied (cached per task)."""
+    """The app's settings with the task's ``semaphore_*`` options applied (cached per
+    task). Every use of a limited task reads them (its publish, its admission, an eager
+    run), so an app whose semaphores have no Redis to share refuses them all here
+    (`check_shared_redis()`), at the first."""
     configs = _cached(task.app).tasks
     config = configs.get(task.name)
     if config is None:
+        app_config = get_config(task.app)
+        check_shared_redis(task.app)
         options = getattr(type(task), "semaphore_options", None) or {}
-        config = get_config(task.app).with_options(options, f"task {task.name}")
+        config = app_config.with_options(options, f"task {task.name}")
         check_backoff(task.app, config, f"task {task.name}: {PREFIX}")
         configs[task.name] = config
     return config

@@ -170,9 +170,13 @@ setattr(LimitedTask, PATCHED, True)  # queue caps: admission is built in, nothin
 def may_park(task: LimitedTask, options: dict[str, Any]) -> bool:
     """Whether ``task.apply_async(**options)`` may park the message it publishes:
     a new task (no ETA, not a retry), in handover mode, sent by a producer we
-    can wrap (not eager, no ``connection`` of the caller's)."""
+    can wrap (not eager, no ``connection`` of the caller's). Reads the task's settings
+    first: every publish of a limited task passes here, and an app whose semaphores
+    have no Redis to share refuses the first (`celery_semaphore.config.check_shared_redis`)."""
+    if not task_config(task).parks:
+        return False
     if options.get("eta") or options.get("countdown") or "retries" in options:
         return False
     if "connection" in options or "publisher" in options or task.app.conf.task_always_eager:
         return False
-    return is_new(options.get("headers") or {}) and task_config(task).parks
+    return is_new(options.get("headers") or {})

@@ -153,15 +153,18 @@ class Operator:
 
     def wake(self, name: str) -> str:
         """After a change of ``name`` that may admit tasks (a resume, a raised limit,
-        a release): every worker's heartbeat listening on the watch channel beats at
-        once, and hands over the parked tasks now due. What happened, for the output."""
+        a release): if it keeps tasks parked, every worker's heartbeat listening on
+        the watch channel beats at once and hands over those now due. What happened,
+        for the output ('' when none is parked: nobody is asked anything)."""
+        parked = self.store.parked_counts(self.namespace, [name]).get(name, 0)
+        if not parked:
+            return ""
         heard = self.store.wake_workers(self.namespace, name)
         if not heard:
-            return (
-                "no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
-            )
-        workers = "1 worker hands" if heard == 1 else f"{heard} workers hand"
-        return f"{workers} over its parked tasks now due"
+            tasks = "1 parked task waits" if parked == 1 else f"{parked} parked tasks wait"
+            return f"no worker listens (none running?): its {tasks} for a worker's heartbeat"
+        asked = "1 worker was" if heard == 1 else f"{heard} workers were"
+        return f"{asked} asked to hand over its parked tasks now due ({parked} parked)"
 
     def open_new(self, name: str, limit: int | None, rate: RateLimit | None = None) -> Semaphore:
         """Semaphore ``name`` before its first use (no state in Redis)."""

@@ -76,8 +76,10 @@ STATUS_COLUMNS: list[Column] = [
     ("LIMIT", ">", _limit_cell),
     ("HOLD", ">", lambda row: str(row["holders"])),
     ("WAIT", ">", lambda row: str(row["waiters"] + row["in_broker"])),
-    ("PARKED", ">", lambda row: str(row["parked"])),
+    ("PARKED", ">", lambda row: str(row["parked"] + row["handed_over"])),
+    ("IN PLACE", ">", lambda row: str(row["in_place"])),
     ("SENT", ">", lambda row: str(row["sent"])),
+    ("COUNTDOWN", ">", lambda row: str(row["countdown"])),
     ("UTIL", ">", lambda row: "-" if _uncapped(row) else f"{row['utilization']:.0%}"),
     ("OLDEST", ">", lambda row: _seconds_cell(row["oldest_holder_age"])),
     ("LEASE", ">", lambda row: _seconds_cell(row["shortest_lease_left"])),
@@ -106,7 +108,7 @@ WAITERS_BY_KEY_COLUMNS: list[Column] = [
 ]
 WAITERS_COLUMNS: list[Column] = [
     ("#", ">", lambda row: str(row["position"] or "-")),
-    ("HOLDER", "<", lambda row: str(row["holder"])),
+    ("TASK ID", "<", lambda row: str(row["holder"])),
     ("TASK", "<", lambda row: str(row.get("task", "-"))),
     ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
     ("STATE", "<", lambda row: str(row["state"])),

@@ -10,10 +10,36 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from celery_semaphore.core import Semaphore, SemaphoreStatus
+from celery_semaphore.core import Semaphore, SemaphoreStatus, WaiterInfo
 from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.core.results import WAITER_STATES
 
 BUSIEST = 5  # members of a family that ``status FAMILY`` shows
+
+#: A waiter's state as the commands show it (`WaiterInfo.state`): a waiter that is
+#: neither parked nor waiting in place holds its place in line while its message is
+#: in the broker (sent, not at a worker yet) or held by a worker as a countdown
+#: retry, or while it asks at a worker this instant; the store cannot tell these
+#: apart, so it is shown as "in line" rather than "asking".
+SHOWN_STATES = {WAITER_STATES[""]: "in line"}
+
+
+def waiter_state(waiter: WaiterInfo) -> str:
+    """``waiter``'s state as ``waiters`` shows it (see `SHOWN_STATES`)."""
+    return SHOWN_STATES.get(waiter.state, waiter.state)
+
+
+def where_waiting(status: SemaphoreStatus) -> dict[str, int]:
+    """Where ``status``'s waiting tasks wait, from one reading: ``in_place`` (blocked
+    at a worker, its turn near), counted among the waiters listed (the first 1,000 in
+    line: a task waits in place only among the next ``limit``), and ``countdown``, the
+    rest of those in line that are neither parked, handed over nor sent (in the
+    broker): tasks that reached a worker and wait as countdown retries, their
+    messages held by a worker until due (or that ask at a worker this instant)."""
+    in_place = sum(1 for w in status.waiters if w.state == WAITER_STATES["w"])
+    placed_sent = max(0, status.sent_count - status.sent_without_place_count)
+    aside = status.parked_count + status.handed_over_count + in_place + placed_sent
+    return {"in_place": in_place, "countdown": max(0, status.waiter_count - aside)}
 
 
 def describe(info: str) -> dict[str, Any]:
@@ -43,6 +69,7 @@ def summary(status: SemaphoreStatus, declared_rate: RateLimit | None = None) -> 
         "handed_over": status.handed_over_count,
         "sent": status.sent_count,
         "in_broker": status.sent_without_place_count,
+        **where_waiting(status),
         "utilization": round(status.holder_count / max(status.effective_limit, 1), 3),
         "oldest_holder_age": round(now - min(h.acquired_at for h in status.holders), 3)
         if status.holders
@@ -106,7 +133,7 @@ def family_summary(name: str, members: list[dict[str, Any]]) -> dict[str, Any]:
         "effective_limit": limit,
         "draining": any(row["draining"] for row in members),
         **{key: total(key) for key in ("holders", "waiters", "parked", "handed_over", "sent")},
-        "in_broker": total("in_broker"),
+        **{key: total(key) for key in ("in_broker", "in_place", "countdown")},
         "utilization": round(total("holders") / max(limit, 1), 3),
         "oldest_holder_age": max(ages, default=None),
         "shortest_lease_left": min(leases, default=None),

@@ -22,7 +22,7 @@ from .render import (
     table,
     with_semaphore,
 )
-from .rows import describe, family_summary, flat, is_one, waiters_by_key
+from .rows import describe, family_summary, flat, is_one, waiter_state, waiters_by_key
 
 
 @click.command(cls=SemaphoreCommand, example="status partner-api --watch --interval 5")
@@ -47,10 +47,12 @@ def status(
 
     LIMIT shows an override over the declared limit as 3(5), over none yet (set
     before first use) as 3(-); D marks a draining semaphore. WAIT counts every
-    task waiting for it, wherever it waits: its places in line (asking, waiting
-    in place, parked, handed over) and the tasks still in the broker whose place
-    lapsed. PARKED: of those, parked in Redis until their turn. SENT: published
-    with a place and not at a worker yet (in the broker).
+    task waiting for it, and the next columns say where they wait: PARKED, kept
+    aside until their turn (or handed over for it, not at a worker yet); IN PLACE,
+    blocked at a worker, their turn near; SENT, published and not at a worker yet
+    (in the broker, with a place or with one that lapsed); COUNTDOWN, the rest:
+    refused at a worker and retried with a countdown, their messages held by a
+    worker until due.
 
     Below the table, each semaphore whose line is shared by fair keys (fair_key=)
     shows how many keys wait and the 5 with the most waiting: their waiters in
@@ -132,11 +134,12 @@ def waiters(ctx: click.Context, name: str, as_json: bool, by_key: bool) -> None:
     """Who waits for NAME, in line order: task id, task name, worker, state, fair key,
     waiting since.
 
-    State: parked (its message waits in Redis for its turn), handed over (published
-    for its turn, not yet at a worker), waiting in place (blocked at a worker, its
-    turn near), asking (at a worker, or retrying itself), in broker (published with
-    a place that lapsed before it reached a worker; listed last, no position).
-    KEY: the fair key whose turns it takes (-: none).
+    State: parked (its message kept aside for its turn), handed over (published for
+    its turn, not yet at a worker), waiting in place (blocked at a worker, its turn
+    near), in line (none of these: its message is in the broker, not at a worker
+    yet, or held by a worker as a countdown retry; the line does not record which),
+    in broker (published with a place that lapsed before it reached a worker; listed
+    last, no position). KEY: the fair key whose turns it takes (-: none).
 
     --by-key groups the waiters in line by fair key, in the order of each key's
     first waiter (those without a key as -; tasks in the broker have no place, so
@@ -164,7 +167,7 @@ def waiters(ctx: click.Context, name: str, as_json: bool, by_key: bool) -> None:
                 "holder": w.holder,
                 **describe(w.info),
                 "ticket": w.ticket,
-                "state": w.state,
+                "state": waiter_state(w),
                 "fair_key": w.fair_key,
                 "waiting_for": round(state.server_time - w.since, 3),
             }

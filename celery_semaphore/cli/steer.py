@@ -1,9 +1,9 @@
 """The commands that change a semaphore for every worker, now: ``set-limit``,
 ``reset-limit``, ``set-rate``, ``reset-rate``, ``drain``, ``resume`` and ``release``.
 
-A change that may admit tasks wakes the workers
-(`celery_semaphore.cli.operator.Operator.wake`), which hand over the parked
-tasks now due.
+A change that may admit tasks wakes the workers when the semaphore keeps tasks
+parked (`celery_semaphore.cli.operator.Operator.wake`): they hand over those now
+due. Each command says what it did, and only that.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ def _limit_text(limit: int, status: SemaphoreStatus) -> str:
     """``limit`` in words: "none" for the largest there is under a rate (a
     semaphore with only a rate)."""
     return "none" if status.rate is not None and limit >= MAX_LIMIT else str(limit)
+
+
+def _then(*parts: str) -> str:
+    """The parts of a command's line that say something, joined by "; "."""
+    return "; ".join(part for part in parts if part)
 
 
 def _declared_text(status: SemaphoreStatus, in_app: int | None) -> str:
@@ -79,9 +84,8 @@ def set_limit(ctx: click.Context, name: str, limit: int, new: bool) -> None:
         else:
             was = declared
         note = "" if before.declared_limit is not None else ": its first tasks obey it"
-        if limit > before.effective_limit:
-            note += f"; {operator.wake(name)}"
-        click.echo(f"{name}: limit {limit} ({was}){note}")
+        woken = operator.wake(name) if limit > before.effective_limit else ""
+        click.echo(_then(f"{name}: limit {limit} ({was}){note}", woken))
 
 
 @click.command("reset-limit", cls=SemaphoreCommand, example="reset-limit partner-api")
@@ -109,11 +113,9 @@ def reset_limit(ctx: click.Context, name: str) -> None:
         elif previous is None:
             click.echo(f"{name}: no override; limit {_limit_text(declared, before)} as declared")
         else:
-            woken = f"; {operator.wake(name)}" if declared > previous else ""
-            click.echo(
-                f"{name}: back to the declared limit {_limit_text(declared, before)} "
-                f"(was {previous} by override){woken}"
-            )
+            woken = operator.wake(name) if declared > previous else ""
+            back = f"back to the declared limit {_limit_text(declared, before)}"
+            click.echo(_then(f"{name}: {back} (was {previous} by override)", woken))
 
 
 def _faster(rate: RateLimit | None, than: RateLimit | None) -> bool:
@@ -167,9 +169,8 @@ def set_rate(ctx: click.Context, name: str, rate: RateLimit, burst: int) -> None
         else:
             was = declared
         note = "" if used else ": its first tasks obey it"
-        if _faster(rate, before.rate):
-            note += f"; {operator.wake(name)}"
-        click.echo(f"{name}: rate {rate} ({was}){note}")
+        woken = operator.wake(name) if _faster(rate, before.rate) else ""
+        click.echo(_then(f"{name}: rate {rate} ({was}){note}", woken))
 
 
 @click.command("reset-rate", cls=SemaphoreCommand, example="reset-rate partner-api")
@@ -200,8 +201,8 @@ def reset_rate(ctx: click.Context, name: str) -> None:
                 if recorded
                 else "no rate declared, so no rate now"
             )
-            woken = f"; {operator.wake(name)}" if _faster(recorded, previous) else ""
-            click.echo(f"{name}: {back} (was {previous} by override){woken}")
+            woken = operator.wake(name) if _faster(recorded, previous) else ""
+            click.echo(_then(f"{name}: {back} (was {previous} by override)", woken))
 
 
 @click.command(cls=SemaphoreCommand, example="drain partner-api")
@@ -210,8 +211,10 @@ def reset_rate(ctx: click.Context, name: str) -> None:
 def drain(ctx: click.Context, name: str) -> None:
     """Admit nobody new to NAME; holders finish."""
     with operator_for(ctx) as operator:
-        operator.open(name).set_draining(True)
-        click.echo(f"{name}: draining (admits nobody until `resume`)")
+        if operator.open(name).set_draining(True):
+            click.echo(f"{name}: already draining (admits nobody until `resume`)")
+        else:
+            click.echo(f"{name}: draining (admits nobody until `resume`)")
 
 
 @click.command(cls=SemaphoreCommand, example="resume partner-api")
@@ -220,8 +223,10 @@ def drain(ctx: click.Context, name: str) -> None:
 def resume(ctx: click.Context, name: str) -> None:
     """End a drain of NAME: waiters are admitted at once, in line order."""
     with operator_for(ctx) as operator:
-        operator.open(name).set_draining(False)
-        click.echo(f"{name}: admitting again; {operator.wake(name)}")
+        if not operator.open(name).set_draining(False):
+            click.echo(f"{name}: not draining; nothing changed")
+            return
+        click.echo(_then(f"{name}: admitting again", operator.wake(name)))
 
 
 @click.command(
@@ -235,6 +240,9 @@ def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
     """Force-release HOLDER's permit of NAME (a stuck permit; HOLDER: its task id)."""
     with operator_for(ctx) as operator:
         sem = operator.open(name)
+        none_held = f"{holder!r} holds no permit of {name!r} (`{operator.prog} holders {name}`)"
+        if not _may_hold(sem.status(), holder):
+            raise click.ClickException(none_held)
         question = f"Release {holder}'s permit of {name}? Its task may still be running"
         try:
             confirmed = yes or click.confirm(question)
@@ -242,8 +250,16 @@ def release(ctx: click.Context, name: str, holder: str, yes: bool) -> None:
             confirmed = False
         if not confirmed:
             raise click.ClickException("not released: not confirmed (--yes skips the question)")
-        # Not used yet (only a limit set before first use): nobody holds a permit,
-        # and a release would start the idle expiry of that limit.
-        if sem.status().declared_limit is None or not sem.release(holder):
-            raise click.ClickException(f"{holder!r} holds no permit of {name!r}")
-        click.echo(f"{name}: released {holder}; {operator.wake(name)}")
+        if not sem.release(holder):  # it let go meanwhile
+            raise click.ClickException(none_held)
+        click.echo(_then(f"{name}: released {holder}", operator.wake(name)))
+
+
+def _may_hold(status: SemaphoreStatus, holder: str) -> bool:
+    """Whether ``holder`` may hold a permit, as ``status`` reads: it is listed, or the
+    list is cut short (it lists 1,000). Not used yet (only a limit set before its first
+    use): nobody holds one, and a release would start the idle expiry of that limit."""
+    if status.declared_limit is None:
+        return False
+    complete = sum(h.permits for h in status.holders) >= status.holder_count
+    return not complete or any(h.holder == holder for h in status.holders)

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from kombu import Connection
 from outcomes import script_calls
 
 import celery_semaphore
@@ -314,3 +317,57 @@ def test_a_look_at_a_roomy_line_whose_redis_is_down_sends_the_message_and_pauses
     assert "celery_semaphore" not in sent[late], "no ticket: it takes its place in a worker"
     assert state_of(job.app).publish_paused_until > time.monotonic(), "publishing paused"
     broker.close()
+
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@pytest.fixture
+def rabbitmq_queue() -> Iterator[str]:
+    """A queue name of this test's own on the machine's RabbitMQ, deleted at the end."""
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
+    except OSError:
+        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+    queue = f"celery-semaphore-test-{uuid.uuid4().hex}"
+    yield queue
+    with Connection(AMQP) as connection:
+        connection.default_channel.queue_delete(queue)
+
+
+def test_a_publisher_on_rabbitmq_without_semaphore_redis_url_refuses_to_publish(
+    apps: list[Celery], redis_url: str, rabbitmq_queue: str
+) -> None:
+    """It used to take its places in line in redis://localhost:6379/0 (whatever Redis
+    listened there) and send the task; now its first publish of a limited task
+    raises the worker's message and sends nothing. With the setting, it publishes."""
+    from celery_semaphore import LimitedTask
+    from celery_semaphore.config import check_shared_redis
+
+    unset = Celery("unset", broker=AMQP, set_as_current=False)
+    shared = Celery("shared", broker=AMQP, set_as_current=False)
+    shared.conf.semaphore_redis_url = redis_url
+    for app in (unset, shared):
+        apps.append(app)
+        celery_semaphore.install(app)
+        app.finalize()
+
+        @app.task(base=LimitedTask, semaphore="amqp-publisher", limit=1, shared=False, name="j")
+        def job() -> None: ...
+
+    with pytest.raises(ValueError) as refused:
+        unset.tasks["j"].apply_async(queue=rabbitmq_queue)
+    with pytest.raises(ValueError) as worker:
+        check_shared_redis(unset)
+    assert str(refused.value) == str(worker.value)
+    assert "semaphore_redis_url is not set and the broker (amqp://)" in str(refused.value)
+
+    sent = shared.tasks["j"].apply_async(queue=rabbitmq_queue)
+    with Connection(AMQP) as connection:
+        declared = connection.default_channel.queue_declare(rabbitmq_queue, passive=True)
+    assert declared.message_count == 1  # the refused one was never sent
+    sem = Semaphore(redis_url, "amqp-publisher", 1)
+    try:
+        assert [w.holder for w in sem.status().waiters] == [sent.id]  # its place, taken here
+    finally:
+        sem.close()

@@ -20,8 +20,10 @@ from celery_semaphore.core.rates import RateLimit
 APPS = Path(__file__).parents[1] / "celery_apps"
 # The names cli_app declares (listed by `status` even before their first use).
 DECLARED = {"launch-api", "mail-api", "queue:reports"}
-# What a command that may admit tasks says when no worker runs to hand them over.
-NOBODY_WOKEN = "; no worker listens (none running?): its parked tasks wait for a worker's heartbeat"
+# What a command that may admit tasks says of one parked task when no worker runs.
+NOBODY_WOKEN = (
+    "; no worker listens (none running?): its 1 parked task waits for a worker's heartbeat"
+)
 
 
 def run(
@@ -84,19 +86,47 @@ def test_status_and_waiters_show_tasks_whose_place_lapsed_in_the_broker(redis_ur
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)
     assert (row["waiters"], row["in_broker"], row["sent"], row["parked"]) == (1, 3, 4, 0)
+    assert (row["in_place"], row["countdown"]) == (0, 0)  # all four are in the broker
     table = run(redis_url, "status", "backlog").stdout.splitlines()
-    assert table[0].split()[:6] == ["SEMAPHORE", "LIMIT", "HOLD", "WAIT", "PARKED", "SENT"]
-    assert table[1].split()[:6] == ["backlog", "1", "1", "4", "0", "4"]
+    assert table[0].split()[:9] == [
+        "SEMAPHORE", "LIMIT", "HOLD", "WAIT", "PARKED", "IN", "PLACE", "SENT", "COUNTDOWN"
+    ]  # fmt: skip
+    assert table[1].split()[:8] == ["backlog", "1", "1", "4", "0", "0", "4", "0"]
     out = run(redis_url, "waiters", "backlog", "--json")
     rows = json.loads(out.stdout)
     assert [(r["holder"], r["state"], r["position"]) for r in rows] == [
-        ("still-placed", "asking", 1),
+        ("still-placed", "in line", 1),
         ("queued-0", "in broker", 0),
         ("queued-1", "in broker", 0),
         ("queued-2", "in broker", 0),
     ]
     assert "in broker" in run(redis_url, "waiters", "backlog").stdout
     publisher.close()
+
+
+def test_status_says_where_the_waiting_tasks_wait(redis_url, busy):
+    """Issue 32: `status` showed HOLD 0 and nothing else while 154 tasks waited as
+    countdown retries. WAIT now splits into PARKED (parked or handed over), IN PLACE,
+    SENT (in the broker) and COUNTDOWN (refused at a worker, retried later: task-c
+    here); `waiters` calls those "in line", not "asking"."""
+    assert isinstance(busy.attempt("in-place", wait_lease=60, in_place=True), Place)
+    parking = Semaphore(redis_url, "partner-api", 2, on_handover=lambda handovers: None)
+    parking.park("parked", "payload")
+    parking.take_place("published", wait_lease=60)
+    parking.close()
+    (row,) = json.loads(run(redis_url, "status", "partner-api", "--json").stdout)
+    assert (row["waiters"], row["parked"], row["handed_over"], row["in_place"]) == (4, 1, 0, 1)
+    assert (row["sent"], row["in_broker"], row["countdown"]) == (1, 0, 1)
+    header, line = run(redis_url, "status", "partner-api").stdout.splitlines()
+    assert header.split()[3:9] == ["WAIT", "PARKED", "IN", "PLACE", "SENT", "COUNTDOWN"]
+    assert line.split()[3:8] == ["4", "1", "1", "1", "1"]
+    rows = json.loads(run(redis_url, "waiters", "partner-api", "--json").stdout)
+    assert {r["holder"]: r["state"] for r in rows} == {
+        "task-c": "in line",
+        "in-place": "waiting in place",
+        "parked": "parked",
+        "published": "in line",
+    }
 
 
 def test_status_lists_every_semaphore_with_limits_and_counts(redis_url, busy):
@@ -141,9 +171,14 @@ def test_drain_admits_nobody_and_resume_admits_again(redis_url, busy):
     assert run(redis_url, "drain", "partner-api").returncode == 0
     assert busy.status().draining
     assert busy.try_acquire("task-c") is None
+    assert run(redis_url, "drain", "partner-api").stdout == (
+        "partner-api: already draining (admits nobody until `resume`)\n"
+    )
     out = run(redis_url, "resume", "partner-api")
-    assert out.stdout == f"partner-api: admitting again{NOBODY_WOKEN}\n"
+    assert out.stdout == "partner-api: admitting again\n"  # nothing parked: nobody asked
     assert busy.try_acquire("task-c") is not None
+    out = run(redis_url, "resume", "partner-api")
+    assert out.stdout == "partner-api: not draining; nothing changed\n"
 
 
 def test_release_asks_for_confirmation_and_frees_the_permit(redis_url, busy):
@@ -152,7 +187,10 @@ def test_release_asks_for_confirmation_and_frees_the_permit(redis_url, busy):
     assert busy.status().holder_count == 2
     done = run(redis_url, "release", "partner-api", "task-a", stdin="y\n")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.endswith(f"partner-api: released task-a{NOBODY_WOKEN}\n")
+    assert done.stdout == (
+        "Release task-a's permit of partner-api? Its task may still be running [y/N]: "
+        "partner-api: released task-a\n"
+    )
     assert [h.holder for h in busy.status().holders] == ["task-b"]
 
 
@@ -199,6 +237,12 @@ def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -
         (("drain", "launch-apj"), "did you mean 'launch-api'?"),
         (("waiters", "queue:report"), "did you mean 'queue:reports'?"),
         (("release", "partner-api", "ghost", "--yes"), "'ghost' holds no permit"),
+        # checked before the question: no confirmation asked for nothing
+        (
+            ("release", "partner-api", "task-c"),
+            "Error: 'task-c' holds no permit of 'partner-api' (`celery -A cli_app semaphore "
+            "holders partner-api`)",
+        ),
         *(
             (
                 ("set-rate", "partner-api", rate),
@@ -239,10 +283,13 @@ def test_no_command_shows_the_help(redis_url):
 
 
 def test_set_limit_and_reset_limit_show_the_declared_limit(redis_url, busy):
-    out = run(redis_url, "set-limit", "partner-api", "3")
-    assert out.stdout == f"partner-api: limit 3 (was 2, declared 2){NOBODY_WOKEN}\n"
+    out = run(redis_url, "set-limit", "partner-api", "3")  # nothing parked: nobody to wake
+    assert out.stdout == "partner-api: limit 3 (was 2, declared 2)\n"
     out = run(redis_url, "set-limit", "partner-api", "1")  # lowered: nobody to wake
     assert out.stdout == "partner-api: limit 1 (was 3 by override; declared 2)\n"
+    parking = Semaphore(redis_url, "partner-api", 2, on_handover=lambda handovers: None)
+    parking.park("parked", "payload")
+    parking.close()
     out = run(redis_url, "set-limit", "partner-api", "4")
     assert out.stdout == f"partner-api: limit 4 (was 1 by override; declared 2){NOBODY_WOKEN}\n"
     table = run(redis_url, "status", "partner-api").stdout
@@ -271,7 +318,7 @@ def test_set_limit_before_first_use_is_obeyed_and_does_not_expire(redis_url):
     assert [p is not None for p in granted] == [True, True, False]
     assert 0 < sem.client.ttl(sem.keys.meta) <= DEFAULT_IDLE_TTL  # idle expiry from first use
     out = run(redis_url, "set-limit", "launch-api", "3")
-    assert out.stdout == f"launch-api: limit 3 (was 2 by override; declared 5){NOBODY_WOKEN}\n"
+    assert out.stdout == "launch-api: limit 3 (was 2 by override; declared 5)\n"
     sem.close()
 
 
@@ -386,7 +433,7 @@ def test_a_change_that_admits_hands_the_parked_tasks_over_at_once(celery_cluster
     }[command]
     printed = cli(*args)
     done = time.time()
-    assert "1 worker hands over its parked tasks now due" in printed, printed
+    assert "1 worker was asked to hand over its parked tasks now due (3 parked)" in printed, printed
     cluster.wait_for(lambda: cluster.events() != [], 30, "a parked task started")
     first = min(e["at"] for e in cluster.events() if e["event"] == "start")
     assert first - done < 1.0, f"the first parked task started {first - done:.1f} s after"
@@ -418,7 +465,7 @@ def test_a_declared_semaphore_not_used_yet_is_known_to_every_command(redis_url):
     sem = Semaphore(redis_url, "launch-api", 5)
     assert sem.try_acquire("first") is None  # its first task obeys the drain
     out = run(redis_url, "resume", "launch-api")
-    assert out.stdout.startswith("launch-api: admitting again; no worker listens")
+    assert out.stdout == "launch-api: admitting again\n"
     assert sem.try_acquire("first") is not None
     out = run(redis_url, "reset-limit", "queue:reports")
     assert out.stdout == (
@@ -450,7 +497,7 @@ def test_every_table_is_as_wide_as_its_content(redis_url, busy):
             ("waiters", ("partner-api",)),
         ]
     }
-    assert {line.split()[4] for line in tables["waiters"][1:]} == {"asking", "waiting", "parked"}
+    assert {line.split()[4] for line in tables["waiters"][1:]} == {"in", "waiting", "parked"}
     for command, lines in tables.items():
         assert len({len(line) for line in lines}) == 1, (command, lines)
 
@@ -488,14 +535,15 @@ def test_a_family_name_shows_its_sums_and_busiest_members(redis_url, customers):
         ["customer-1", "1", "1", "0", "0"],
         ["customer-3", "1", "0", "0", "0"],
     ]
+    assert (row["in_place"], row["countdown"]) == (0, 2)  # summed over the members
     rows = json.loads(run(redis_url, "holders", "customer", "--json").stdout)
     assert [(r["semaphore"], r["holder"]) for r in rows] == [
         ("customer-1", "c1-a"),
         ("customer-2", "c2-a"),
     ]
     lines = run(redis_url, "waiters", "customer").stdout.splitlines()
-    assert [line.split()[:3] for line in lines] == [
-        ["SEMAPHORE", "#", "HOLDER"],
+    assert lines[0].split()[:4] == ["SEMAPHORE", "#", "TASK", "ID"]
+    assert [line.split()[:3] for line in lines[1:]] == [
         ["customer-2", "1", "c2-b"],
         ["customer-2", "2", "c2-c"],
     ]
@@ -561,6 +609,9 @@ def test_set_rate_is_obeyed_and_reset_rate_restores_the_declared_rate(redis_url)
     assert header.split()[-3:] == ["RATE", "NEXT", "START"]
     assert line.split()[-5:-1] == ["1/m", "(burst", "2)(100/s)", "in"]
     assert re.fullmatch(r"\d+\.\ds", line.split()[-1]), line
+    parking = Semaphore(redis_url, "paced", 10, on_handover=lambda handovers: None)
+    parking.park("parked", "payload")
+    parking.close()
     out = run(redis_url, "set-rate", "paced", "2/m")  # faster: wakes the workers
     assert (
         out.stdout
@@ -596,7 +647,7 @@ def test_status_shows_a_rate_alone_and_a_pause_after_rate_limited(redis_url):
         line.split()[0]: line.split() for line in run(redis_url, "status").stdout.splitlines()[1:]
     }
     until = time.strftime("%H:%M:%S", time.localtime(row["rate_paused_until"]))
-    assert cells["emails"][1] == "-" and cells["emails"][6] == "-"  # LIMIT, UTIL
+    assert cells["emails"][1] == "-" and cells["emails"][8] == "-"  # LIMIT, UTIL
     assert cells["emails"][-4:] == ["100/m", "paused", "until", until]
     assert cells["plain"][1:3] == ["3", "1"] and cells["plain"][-2:] == ["-", "-"]
     assert isinstance(emails.attempt("m2"), Place)  # the pause: a waiter
@@ -652,9 +703,7 @@ def test_set_rate_before_first_use_of_a_declared_semaphore(redis_url):
     assert [sem.try_acquire(f"t{i}") is not None for i in range(3)] == [True, False, False]
     assert sem.status().rate == RateLimit(3)
     out = run(redis_url, "reset-rate", "launch-api")
-    assert out.stdout == (
-        f"launch-api: no rate declared, so no rate now (was 3/s by override){NOBODY_WOKEN}\n"
-    )
+    assert out.stdout == "launch-api: no rate declared, so no rate now (was 3/s by override)\n"
     sem.close()
 
 
@@ -667,8 +716,7 @@ def test_the_rates_the_app_declares_show_and_can_be_overridden_before_first_use(
     assert rows["launch-api"]["rate"] is None
     out = run(redis_url, "set-rate", "mail-api", "90/m")
     assert out.stdout == (
-        "mail-api: rate 90/m (not used yet, declared 30/m in the app): its first tasks obey it"
-        f"{NOBODY_WOKEN}\n"
+        "mail-api: rate 90/m (not used yet, declared 30/m in the app): its first tasks obey it\n"
     )
     line = run(redis_url, "status", "mail-api").stdout.splitlines()[1].split()
     assert (line[1], line[-2], line[-1]) == ("-", "90/m(-)", "now")
@@ -771,7 +819,7 @@ def test_waiters_show_each_fair_key_and_by_key_group_them(redis_url, fair_line, 
     assert [(r["holder"], r["fair_key"]) for r in rows] == [(w.holder, w.fair_key) for w in line]
     assert {r["holder"]: r["fair_key"] for r in rows}["plain"] is None
     lines = run(redis_url, "waiters", "fair-api").stdout.splitlines()
-    assert lines[0].split() == ["#", "HOLDER", "TASK", "WORKER", "STATE", "KEY", "WAITING"]
+    assert lines[0].split() == ["#", "TASK", "ID", "TASK", "WORKER", "STATE", "KEY", "WAITING"]
     assert [row.split()[-2] for row in lines[1:]] == [w.fair_key or "-" for w in line]
     plain = run(redis_url, "waiters", "partner-api").stdout.splitlines()
     assert "KEY" not in plain[0].split(), "a line without fair keys shows no KEY column"

@@ -104,11 +104,23 @@ def test_a_misspelt_setting_stops_the_worker_with_one_line(quickstart) -> None:
     assert "Traceback" not in text
 
 
-@pytest.mark.parametrize(("policy", "warned"), [("allkeys-lru", True), ("noeviction", False)])
+NO_CONFIG = ("--rename-command", "CONFIG", "")  # as a managed Redis refuses it
+
+
+@pytest.mark.parametrize(
+    ("policy", "refuses_config", "warned"),
+    [
+        ("allkeys-lru", False, True),
+        ("noeviction", False, False),
+        ("allkeys-lru", True, True),  # read through INFO memory
+        ("noeviction", True, False),
+    ],
+)
 def test_a_redis_that_may_evict_keys_is_named_at_worker_start(
-    tmp_path: Path, policy: str, warned: bool
+    tmp_path: Path, policy: str, refuses_config: bool, warned: bool
 ) -> None:
-    with RedisServer("--maxmemory", "100mb", "--maxmemory-policy", policy) as server:
+    flags = NO_CONFIG if refuses_config else ()
+    with RedisServer("--maxmemory", "100mb", "--maxmemory-policy", policy, *flags) as server:
         env = {**os.environ, "CS_BROKER_URL": server.url, "PYTHONPATH": str(APPS)}
         worker = start_worker(env, tmp_path)
         try:

@@ -4,6 +4,7 @@ Redis broker's visibility_timeout, and the cache per app."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -301,7 +302,9 @@ def test_a_task_lease_shorter_than_the_app_heartbeat_is_refused() -> None:
 
 
 def test_task_config_applies_the_tasks_options_once(make_app: MakeApp) -> None:
-    app = make_app(semaphore_lease_timeout=30, semaphore_max_waits=5)
+    app = make_app(
+        semaphore_lease_timeout=30, semaphore_max_waits=5, semaphore_redis_url="redis://r/0"
+    )
     app.finalize()  # so that the decorator returns the task, not a proxy
 
     @app.task(base=LimitedTask, semaphore="s", limit=2, semaphore_max_waits=2, shared=False)
@@ -365,3 +368,36 @@ def test_a_place_at_publish_is_near_within_the_handover_window_shadow_limits_or_
     slow = parse_rate("1/s", "rate")  # its own lead: 3 intervals, at most the window
     assert window_of(Gate("paced", 5, rate=slow), config) == 0.1
     assert window_of(Gate("paced", 5, rate=slow, shadow=frozenset({"rate"})), config) == 0.1
+
+
+@pytest.mark.parametrize("options", [{}, {"countdown": 5}])
+@pytest.mark.parametrize("wait_mode", ["handover", "countdown"])
+def test_a_publisher_without_a_redis_to_share_refuses_a_limited_tasks_first_publish(
+    make_app: MakeApp, wait_mode: str, options: dict[str, Any]
+) -> None:
+    """As the worker refuses to start (same rule, same message), before anything is
+    sent or written: it used to take its places in line in redis://localhost:6379/0.
+    A plain task of the same app is published as before."""
+    app = make_app(semaphore_wait_mode=wait_mode)  # the in-memory broker: not Redis
+    app.finalize()
+    options = {**options, "queue": f"q-{uuid.uuid4().hex}"}
+
+    @app.task(base=LimitedTask, semaphore="s", limit=1, shared=False)
+    def limited() -> None: ...
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    with pytest.raises(ValueError) as publisher:
+        limited.apply_async(**options)
+    with pytest.raises(ValueError) as worker:
+        check_shared_redis(app)
+    assert str(publisher.value) == str(worker.value)
+    assert str(publisher.value).startswith(
+        "Celery setting semaphore_redis_url is not set and the broker (memory://) is not a "
+        "Redis URL the semaphores can share"
+    )
+    plain.apply_async(**options)
+    with app.connection_for_write() as connection:
+        queue = connection.default_channel.queue_declare(options["queue"])
+    assert queue.message_count == 1  # the plain task's: the limited one was never sent

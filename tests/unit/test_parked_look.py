@@ -15,6 +15,7 @@ def test_per_key_names_learned_from_running_tasks_are_bounded() -> None:
     settings), and a name a task declares keeps its own settings whatever runs on it."""
     app = Celery("look", broker="memory://", set_as_current=False)
     app.conf.semaphore_handover_deadline = 300.0
+    app.conf.semaphore_redis_url = "redis://semaphores.internal:6379/0"
 
     @app.task(
         base=LimitedTask, limit=1, name="look.per_key", shared=False,
