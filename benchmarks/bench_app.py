@@ -5,6 +5,15 @@ imports this module and before it starts the workers):
 
 - ``BENCH_BROKER_URL``: broker, and the semaphores' Redis (the default
   ``semaphore_redis_url`` is the broker's URL);
+- ``BENCH_SEMAPHORE_URL``: ``semaphore_redis_url``, when set (not empty): a Redis of
+  its own beside a RabbitMQ or a Redis broker (``bench_celery.py --broker``);
+- ``BENCH_QUEUE``: the default queue (``bench``); ``<queue>-plain`` is the plain
+  tasks' (a name unique to the run on a shared broker);
+- ``BENCH_CONTROL_EXCHANGE``: ``control_exchange``, when set (unique to the run on a
+  shared broker: no other workers answer our ``inspect``, ours answer no one else's);
+- ``BENCH_DECLARED_KEY``: when set, every AMQP queue and exchange declared by any
+  process of the app is added (``queue:<name>``, ``exchange:<name>``) to this Redis
+  set, so the run can delete what it declared (parking queues among them);
 - ``BENCH_RESULT_URL``: result backend;
 - ``BENCH_RECORD_URL``: where the task bodies write what they saw;
 - ``BENCH_LIMIT``: the cap L of ``ours`` and of ``baseline``;
@@ -30,6 +39,10 @@ Tasks:
   ``unfair(account, index, hold)``: the same without ``fair_by`` (its baseline);
 - ``prioritized(index, hold)``: no account, ordered by the message's priority.
 
+Remote control: ``bench_held`` (an inspect command) answers how many messages the
+worker holds waiting: ``reserved`` and ``scheduled`` counted as Celery's own
+``inspect().reserved()`` and ``.scheduled()`` list them, without the lists.
+
 Each execution of ``ours``/``ours_countdown``/``plain``/``baseline`` (and of the fair and
 priority tasks, with their account and their message's priority) appends (when it has ended: off the
 hand-off path) one JSON record to the Redis
@@ -52,9 +65,13 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.signals import task_postrun, worker_ready
+from celery.worker import state as worker_state
+from celery.worker.control import inspect_command
+from celery.worker.request import Request
 from redis_semaphore import Semaphore as PrsSemaphore
 from redis_semaphore import SemaphoreConfig as PrsConfig
 
+import celery_semaphore
 import celery_semaphore.core._sync.semaphore as semaphore_module
 from celery_semaphore import LimitedTask, signals
 
@@ -67,6 +84,10 @@ BACKOFF_BASE = float(os.environ.get("BENCH_BACKOFF_BASE", "0.1"))
 BACKOFF_MAX = float(os.environ.get("BENCH_BACKOFF_MAX", "2"))
 PREFETCH_MULTIPLIER = int(os.environ.get("BENCH_PREFETCH_MULTIPLIER", "4"))
 ACKS_LATE = os.environ.get("BENCH_ACKS_LATE") == "1"
+SEMAPHORE_URL = os.environ.get("BENCH_SEMAPHORE_URL") or None
+QUEUE = os.environ.get("BENCH_QUEUE") or "bench"
+CONTROL_EXCHANGE = os.environ.get("BENCH_CONTROL_EXCHANGE") or None
+DECLARED_KEY = os.environ.get("BENCH_DECLARED_KEY") or None
 LEASE = 60.0
 
 OURS = "bench-ours"
@@ -77,8 +98,9 @@ UNFAIR = "bench-unfair"
 PRIORITIZED = "bench-prioritized"
 BASELINE = "bench-baseline"
 NOOP = "bench-noop"
-PLAIN_QUEUE = "bench-plain"
+PLAIN_QUEUE = f"{QUEUE}-plain"
 READY_KEY = "bench:ready"
+FROM_KEY = "bench:ready:from"  # worker name -> where its celery_semaphore was imported from
 INPLACE_KEY = "bench:inplace"
 WAITING_KEY = "bench:waiting"
 
@@ -92,10 +114,14 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     result_expires=600,
-    task_default_queue="bench",
+    task_default_queue=QUEUE,
     worker_prefetch_multiplier=PREFETCH_MULTIPLIER,
     task_acks_late=ACKS_LATE,
 )
+if SEMAPHORE_URL:
+    app.conf.semaphore_redis_url = SEMAPHORE_URL
+if CONTROL_EXCHANGE:
+    app.conf.control_exchange = CONTROL_EXCHANGE
 _records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
 # What this process observed, written after the task ends (task_postrun runs after
 # the permit was released): a Redis write between a release and the next start
@@ -232,7 +258,48 @@ def noop_plain(index: int, total: int, counter: str) -> None:
 
 @worker_ready.connect
 def _announce(sender: Any = None, **_: Any) -> None:
-    _records.sadd(READY_KEY, getattr(sender, "hostname", None) or socket.gethostname())
+    name = getattr(sender, "hostname", None) or socket.gethostname()
+    _records.hset(FROM_KEY, name, os.path.dirname(celery_semaphore.__file__))
+    _records.sadd(READY_KEY, name)
+
+
+@inspect_command()
+def bench_held(state: Any, **_: Any) -> dict[str, int]:
+    """Messages this worker holds waiting, counted as ``inspect().reserved()`` and
+    ``.scheduled()`` list them (reserved: not scheduled and not active; scheduled: the
+    timer's ETA/countdown requests), without building the lists."""
+    reserved = state.tset(worker_state.reserved_requests) - state.tset(worker_state.active_requests)
+    scheduled = 0
+    for waiting in list(state.consumer.timer.schedule.queue):
+        args = getattr(waiting.entry, "args", None) or ()
+        if args and isinstance(args[0], Request):
+            scheduled += 1
+    return {"reserved": len(reserved), "scheduled": scheduled}
+
+
+def _recording_declares() -> None:
+    """Add every AMQP queue and exchange declared in this process to ``DECLARED_KEY``
+    (before the declare: a process killed right after it still left its name)."""
+    from amqp.channel import Channel
+
+    def recording(method: Any, kind: str) -> Any:
+        @functools.wraps(method)
+        def declare(self: Any, *args: Any, **kwargs: Any) -> Any:
+            name = args[0] if args else kwargs.get(kind, "")  # kombu passes keywords
+            if name and DECLARED_KEY:
+                _records.sadd(DECLARED_KEY, f"{kind}:{name}")
+            return method(self, *args, **kwargs)
+
+        return declare
+
+    for attribute, kind in (("queue_declare", "queue"), ("exchange_declare", "exchange")):
+        method = getattr(Channel, attribute)
+        if not getattr(method, "__wrapped__", None):
+            setattr(Channel, attribute, recording(method, kind))
+
+
+if DECLARED_KEY:
+    _recording_declares()
 
 
 @signals.permit_waiting.connect

@@ -9,6 +9,14 @@ store; never the shared one on 6379) and the workers (benchmarks/bench_app.py), 
 figures, and stops every process again, also on an error or Ctrl-C. It asserts nothing:
 the targets are printed next to the figures.
 
+``--broker amqp`` takes the broker from RabbitMQ (``--amqp-url``, the machine's shared
+one by default; every queue and exchange the run declares has a name unique to the
+run, and is deleted at the end) and the semaphores from a redis-server of their own;
+``--broker redis-separate`` runs the broker and the semaphores in two redis-servers of
+their own. ``--semaphore-redis plain|aof|no-config`` is how the semaphores' Redis runs
+(the broker's own with ``--broker redis``): no persistence, ``appendonly yes``, or
+no persistence and ``CONFIG`` refused (renamed away, as on managed services).
+
     .venv/bin/python benchmarks/bench_celery.py            # full run, about a minute
     .venv/bin/python benchmarks/bench_celery.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_celery.py --json     # machine-readable results
@@ -39,8 +47,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, replace
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -59,6 +67,16 @@ HERE = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 SAMPLE_EVERY = 0.02
+INSPECT_EVERY = 1.0  # default seconds between two inspect samples (--inspect-every)
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+BROKERS = ("redis", "amqp", "redis-separate")
+#: redis-server arguments of the semaphores' Redis, after RedisServer's own
+#: (``--save '' --appendonly no``; later arguments win).
+SEMAPHORE_REDIS_ARGS: dict[str, tuple[str, ...]] = {
+    "plain": (),
+    "aof": ("--appendonly", "yes"),
+    "no-config": ("--rename-command", "CONFIG", ""),
+}
 CPU_PARTS = ("workers", "worker_main", "redis", "client")
 
 TARGETS = {
@@ -130,6 +148,151 @@ def log(message: str) -> None:
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks: everything stops
+
+
+# --------------------------------------------------------------------------- where
+
+
+@dataclass
+class Topology:
+    """Where the broker, the semaphores, the results and the records live.
+
+    ``bench`` holds the result backend (db 1) and the records (db 2), and the broker
+    (db 0) unless it is RabbitMQ; ``semaphore`` holds the semaphores (db 0): ``bench``
+    itself with ``--broker redis`` (the package's default: the broker's URL)."""
+
+    broker: str  # one of BROKERS
+    semaphore_redis: str  # a key of SEMAPHORE_REDIS_ARGS
+    bench: RedisServer
+    semaphore: RedisServer
+    amqp_url: str = AMQP_URL
+    tag: str = ""  # in every name the run declares on a shared broker ("" on our own)
+    cleanup: dict[str, Any] = field(default_factory=dict)  # what delete_amqp_entities() did
+
+    @property
+    def amqp(self) -> bool:
+        return self.broker == "amqp"
+
+    @property
+    def queue(self) -> str:
+        return f"bench-{self.tag}" if self.tag else "bench"
+
+    @property
+    def broker_url(self) -> str:
+        return self.amqp_url if self.amqp else self.bench.url_for(0)
+
+    @property
+    def semaphore_url(self) -> str | None:
+        """``semaphore_redis_url``; None: the package's default (the broker's URL)."""
+        return None if self.semaphore is self.bench else self.semaphore.url_for(0)
+
+    @property
+    def declared_key(self) -> str:
+        return f"bench:declared:{self.tag}"
+
+    def broker_client(self) -> redis.Redis | None:
+        """A client of the broker's Redis (its ``unacked`` hash); None on RabbitMQ."""
+        return None if self.amqp else self.bench.client(db=0)
+
+    def semaphore_client(self) -> redis.Redis:
+        return self.semaphore.client(db=0)
+
+    def servers(self) -> list[RedisServer]:
+        return [self.bench] if self.semaphore is self.bench else [self.bench, self.semaphore]
+
+    def env(self) -> dict[str, str]:
+        return {
+            "BENCH_BROKER_URL": self.broker_url,
+            "BENCH_SEMAPHORE_URL": self.semaphore_url or "",
+            "BENCH_RESULT_URL": self.bench.url_for(1),
+            "BENCH_RECORD_URL": self.bench.url_for(2),
+            "BENCH_QUEUE": self.queue,
+            "BENCH_CONTROL_EXCHANGE": self.queue if self.amqp else "",
+            "BENCH_DECLARED_KEY": self.declared_key if self.amqp else "",
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "broker": self.broker,
+            "semaphore_redis": self.semaphore_redis,
+            "semaphore_redis_args": list(SEMAPHORE_REDIS_ARGS[self.semaphore_redis]),
+            "semaphore_in_broker_redis": self.semaphore is self.bench and not self.amqp,
+            "broker_url": self.broker_url.replace("guest:guest@", "guest:***@"),
+            "queue": self.queue,
+        }
+
+    @classmethod
+    @contextmanager
+    def started(cls, broker: str, semaphore_redis: str, amqp_url: str) -> Iterator[Topology]:
+        """Start our redis-server(s); on leaving, delete what the run declared on
+        RabbitMQ, then stop them."""
+        args = SEMAPHORE_REDIS_ARGS[semaphore_redis]
+        with ExitStack() as stack:
+            own = args if broker == "redis" else ()
+            bench = stack.enter_context(RedisServer(*own, die_with_parent=True))
+            semaphore = bench
+            if broker != "redis":
+                semaphore = stack.enter_context(RedisServer(*args, die_with_parent=True))
+            tag = f"{os.getpid()}-{int(time.time())}" if broker == "amqp" else ""
+            topology = cls(broker, semaphore_redis, bench, semaphore, amqp_url, tag)
+            if topology.amqp:
+                stack.callback(topology.delete_amqp_entities)
+            yield topology
+
+    def delete_amqp_entities(self) -> None:
+        """Delete every queue and exchange of the run on RabbitMQ: the queues named
+        after it (with their handover queues), and whatever its processes declared
+        with the run's tag in the name (parking queues ``<queue>.semaphore-parked...``,
+        pidbox queues and exchanges among them). Names without the tag are left alone
+        (another user's, or shared) and listed in ``cleanup["shared_left"]``."""
+        from kombu import Connection
+        from kombu.exceptions import ChannelError, OperationalError
+
+        with self.bench.client(db=2) as records:
+            declared = {m.decode() for m in records.smembers(self.declared_key)}
+        queues = {self.queue, f"{self.queue}-plain"}
+        exchanges = set(queues)
+        shared: list[str] = []
+        for entry in declared:
+            kind, _, name = entry.partition(":")
+            if self.tag not in name:
+                shared.append(entry)
+            elif kind == "queue":
+                queues.add(name)
+            else:
+                exchanges.add(name)
+        queues |= {f"{q}.semaphore-handover" for q in list(queues) if ".semaphore-" not in q}
+        left: dict[str, int] = {}
+        deleted: list[str] = []
+        try:
+            with Connection(self.amqp_url, connect_timeout=10) as connection:
+                channel = connection.channel()
+                for name in sorted(queues):
+                    try:
+                        _, count, _ = channel.queue_declare(name, passive=True)
+                    except ChannelError:  # not there (the channel is closed: a new one)
+                        channel = connection.channel()
+                        continue
+                    if count:
+                        left[name] = int(count)
+                    channel.queue_delete(name)
+                    deleted.append(name)
+                for name in sorted(exchanges):
+                    channel.exchange_delete(name)
+        except (OSError, OperationalError, ChannelError) as exc:
+            log(f"RabbitMQ: could not delete the run's queues: {exc!r}; names: {sorted(queues)}")
+            self.cleanup["error"] = repr(exc)
+        self.cleanup.update(
+            queues_deleted=deleted,
+            messages_left=left,
+            exchanges_deleted=sorted(exchanges),
+            shared_left=sorted(shared),
+        )
+        log(
+            f"RabbitMQ: deleted {len(deleted)} queues of the run ({sum(left.values())} "
+            f"messages left in them) and {len(exchanges)} exchanges"
+            + (f"; declared but shared, left: {sorted(shared)}" if shared else "")
+        )
 
 
 # --------------------------------------------------------------------------- workers
@@ -330,37 +493,91 @@ def rss_bytes(pids: list[int]) -> int:
 
 
 class BacklogSampler:
-    """Every 100 ms: waiting tasks the workers hold (the Redis transport's ``unacked``
-    hash: messages delivered and not acked, ETA retries among them) and the workers'
-    total RSS (main processes and pool children)."""
+    """Every 100 ms: waiting tasks the workers hold (on a Redis broker the transport's
+    ``unacked`` hash: messages delivered and not acked, ETA retries among them) and the
+    workers' total RSS (main processes and pool children). With ``app`` (always on
+    RabbitMQ, which has no such hash to read), every ``every`` s as well: the
+    messages each worker holds as ``inspect().reserved()`` + ``.scheduled()`` count
+    them (bench_app's ``bench_held`` command: the counts without the lists), asked of
+    ``destination`` only."""
 
-    def __init__(self, broker: redis.Redis, workers: Workers) -> None:
+    def __init__(
+        self, broker: redis.Redis | None, workers: Workers,
+        *, app: Any = None, destination: list[str] | None = None, every: float = INSPECT_EVERY,
+    ) -> None:  # fmt: skip
         self.broker = broker
         self.workers = workers
+        self.app, self.destination, self.every = app, destination or [], every
         self.unacked: list[int] = []
         self.rss: list[int] = []
+        self.held: list[tuple[float, int, int, int]] = []  # (time, reserved, scheduled, replies)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-backlog", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name="bench-backlog", daemon=True)]
+        if app is not None:
+            self._threads.append(
+                threading.Thread(target=self._inspect, name="bench-inspect", daemon=True)
+            )
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            self.unacked.append(int(self.broker.hlen("unacked")))
+            if self.broker is not None:
+                self.unacked.append(int(self.broker.hlen("unacked")))
             self.rss.append(rss_bytes(descendants(self.workers.pids)))
+
+    def _inspect(self) -> None:
+        while True:  # the first sample at once, then every self.every s
+            try:
+                replies = self.app.control.broadcast(
+                    "bench_held", reply=True, destination=self.destination,
+                    limit=len(self.destination), timeout=min(self.every, 1.0),
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001: a sample lost is no reason to stop
+                log(f"inspect sample failed: {exc!r}")
+                replies = []
+            counts = [c for reply in replies for c in reply.values() if isinstance(c, dict)]
+            self.held.append((
+                time.time(),
+                sum(int(c.get("reserved", 0)) for c in counts),
+                sum(int(c.get("scheduled", 0)) for c in counts),
+                len(counts),
+            ))  # fmt: skip
+            if self._stop.wait(self.every):
+                return
 
     @contextmanager
     def running(self) -> Iterator[BacklogSampler]:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         try:
             yield self
         finally:
             self._stop.set()
-            self._thread.join()
+            for thread in self._threads:
+                thread.join()
 
-    def summary(self) -> dict[str, float]:
-        return {
-            "held_by_workers_peak": max(self.unacked, default=0),
-            "workers_rss_peak_mib": max(self.rss, default=0) / 2**20,
-        }
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"workers_rss_peak_mib": max(self.rss, default=0) / 2**20}
+        complete = [h for h in self.held if h[3] == len(self.destination)]
+        if self.app is not None:
+            out["inspect_held"] = {
+                "every_s": self.every,
+                "samples": len(self.held),
+                "complete_samples": len(complete),  # every worker answered
+                "peak": max((h[1] + h[2] for h in self.held), default=0),
+                "reserved_peak": max((h[1] for h in self.held), default=0),
+                "scheduled_peak": max((h[2] for h in self.held), default=0),
+            }
+        if self.broker is not None:
+            out["held_by_workers_peak"] = max(self.unacked, default=0)
+            out["held_by_workers_source"] = "unacked hash, every 0.1 s"
+        elif self.app is not None:
+            out["held_by_workers_peak"] = out["inspect_held"]["peak"]
+            source = f"inspect reserved + scheduled, every {self.every:g} s"
+            out["held_by_workers_source"] = source
+        else:  # RabbitMQ with --inspect-every 0: not measured
+            out["held_by_workers_peak"] = None
+            out["held_by_workers_source"] = None
+        return out
 
 
 def run_capped(
@@ -436,19 +653,20 @@ def process_cpu(pid: int, *, children: bool = True) -> float:
 
 
 class CpuMeter:
-    """CPU seconds spent by the workers (all processes), the redis-server and this script."""
+    """CPU seconds spent by the workers (all processes), our redis-server(s) (not a
+    RabbitMQ broker's) and this script."""
 
-    def __init__(self, workers: Workers, server: redis.Redis) -> None:
+    def __init__(self, workers: Workers, servers: list[redis.Redis]) -> None:
         self.workers = workers
-        self.server = server
+        self.servers = servers
 
     def read(self) -> dict[str, float]:
-        cpu = self.server.info("cpu")
+        cpus = [server.info("cpu") for server in self.servers]
         main = sum(process_cpu(pid, children=False) for pid in self.workers.pids)
         return {
             "workers": sum(process_cpu(pid) for pid in self.workers.pids),
             "worker_main": main,
-            "redis": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            "redis": sum(float(c["used_cpu_user"]) + float(c["used_cpu_sys"]) for c in cpus),
             "client": time.process_time(),
         }
 
@@ -544,7 +762,8 @@ def print_report(results: dict[str, Any]) -> None:
         f"celery end to end: N={s['tasks']} tasks x H={s['hold']} s under L={s['limit']}, "
         f"K={s['workers']} workers x C={s['concurrency']} prefork processes, prefetch "
         f"multiplier {s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
-        f"(ideal {ideal:.2f} s)"
+        f"(ideal {ideal:.2f} s); broker {results['broker']}, semaphore Redis "
+        f"{results['semaphore_redis']}"
     )
     print(
         f"celery {env['celery']}, redis-server {env['redis_server']} (private), "
@@ -643,7 +862,8 @@ def print_backlog(results: dict[str, Any]) -> None:
         f"\nbacklog: N={s['tasks']} x H={s['hold']} s under L={s['limit']}, "
         f"K={s['workers']} x C={s['concurrency']} prefork, prefetch multiplier "
         f"{s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
-        f"(ideal {s['ideal_s']:.1f} s)"
+        f"(ideal {s['ideal_s']:.1f} s); broker {results['broker']}, semaphore Redis "
+        f"{results['semaphore_redis']}"
     )
     modes = [figures[k] for k in BACKLOG_MODES]
     ours, base = figures["ours"], figures["baseline"]
@@ -668,7 +888,8 @@ def print_backlog(results: dict[str, Any]) -> None:
             f"= {s['limit']}  {verdict(ours['peak_overlap'] == s['limit'])}"),
         row("release -> next start, median / p90 (ms)", gap_cell),
         row("waiting tasks held by workers, peak", lambda m: str(m["held_by_workers_peak"]),
-            f"<= {held_max}  {verdict(ours['held_by_workers_peak'] <= held_max)}"),
+            f"<= {held_max}  {verdict((ours['held_by_workers_peak'] or 0) <= held_max)}"
+            if ours["held_by_workers_peak"] is not None else f"<= {held_max}  (not sampled)"),
         row("workers' RSS, peak (MiB)", lambda m: f"{m['workers_rss_peak_mib']:.0f}",
             "within 10% at N=12,000 (--backlog-n)"),
         row("tasks run / distinct", lambda m: f"{m['tasks_run']} / {m['distinct_tasks']}",
@@ -723,12 +944,48 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument(
         "--acks-late", action="store_true", help="task_acks_late for every task, both scenarios"
     )
+    parser.add_argument(
+        "--broker", choices=BROKERS, default="redis",
+        help="redis: a redis-server of our own, the semaphores in it too (the package's "
+        "default); amqp: RabbitMQ (--amqp-url), the semaphores in a redis-server of their "
+        "own; redis-separate: the broker and the semaphores in two redis-servers of our own",
+    )  # fmt: skip
+    parser.add_argument(
+        "--semaphore-redis", choices=tuple(SEMAPHORE_REDIS_ARGS), default="plain",
+        help="the semaphores' redis-server (the broker's with --broker redis): plain "
+        "(appendonly no, save ''), aof (appendonly yes), no-config (no persistence, "
+        "CONFIG renamed away as on managed services)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--amqp-url",
+        help=f"RabbitMQ for --broker amqp (default {AMQP_URL}); the run's queues and "
+        "exchanges get names of their own and are deleted at the end",
+    )
+    parser.add_argument(
+        "--inspect-held", action="store_true",
+        help="on a Redis broker, also sample the messages the workers hold with inspect "
+        "(reserved + scheduled; always so with --broker amqp)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inspect-every", type=float, default=INSPECT_EVERY, metavar="SECONDS",
+        help=f"seconds between two inspect samples (default {INSPECT_EVERY:g}); 0: none, "
+        "so on RabbitMQ the messages held are not measured (to see what sampling costs)",
+    )  # fmt: skip
     parser.add_argument("--worker-loglevel", default="warning")
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs in this directory")
     parser.add_argument(
         "--dump", type=Path, help="write every record (bodies, waits, samples) to this JSON file"
     )
     args = parser.parse_args(argv)
+    if args.inspect_every < 0:
+        parser.error("--inspect-every must be 0 (no sampling) or more")
+    if args.inspect_held and args.inspect_every == 0:
+        parser.error("--inspect-held samples with inspect: it needs --inspect-every > 0")
+    if args.amqp_url is not None and args.broker != "amqp":
+        parser.error(f"--amqp-url is for --broker amqp (this run's broker: {args.broker})")
+    args.amqp_url = args.amqp_url or AMQP_URL
+    if not args.amqp_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        parser.error(f"--amqp-url must be an amqp:// URL, not {args.amqp_url!r}")
     workers_conf: dict[str, Any] = {"acks_late": args.acks_late}
     if args.prefetch_multiplier is not None:
         if args.prefetch_multiplier < 1:
@@ -748,14 +1005,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
 
 
 def run_backlog(
-    args: argparse.Namespace, settings: Settings, server: RedisServer, raw: dict[str, Any]
+    args: argparse.Namespace, settings: Settings, where: Topology, raw: dict[str, Any]
 ) -> dict[str, Any]:
     """The backlog scenario: handover mode, countdown mode and the baseline, one
     after the other on the same workers."""
-    bench, worker_env = bench_environment(server, settings)
+    bench, worker_env = bench_environment(where, settings)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-backlog-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records, state = server.client(db=2), server.client(db=0)
+    records, state = where.bench.client(db=2), where.semaphore_client()
+    broker = where.broker_client()
+    inspect = (where.amqp or args.inspect_held) and args.inspect_every > 0
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
     figures: dict[str, Any] = {}
     try:
@@ -777,7 +1036,11 @@ def run_backlog(
                     bench, records, settings,
                     env=worker_env, log_dir=log_dir, level=args.worker_loglevel,
                 )  # fmt: skip
-            sampler = BacklogSampler(state, workers)
+            names = sorted(m.decode() for m in records.smembers(bench.READY_KEY))
+            sampler = BacklogSampler(
+                broker, workers, app=bench.app if inspect else None, destination=names,
+                every=args.inspect_every,
+            )  # fmt: skip
             with sampler.running():
                 figures[kind] = run_capped(bench, kind, settings, records, state, raw=raw)
             figures[kind].update(sampler.summary())
@@ -786,8 +1049,13 @@ def run_backlog(
         raise
     finally:
         workers.stop()
+        figures["workers_celery_semaphore_from"] = sorted(
+            {v.decode() for v in records.hvals(bench.FROM_KEY)}
+        )
         records.close()
         state.close()
+        if broker is not None:
+            broker.close()
         if args.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
     return figures
@@ -817,12 +1085,15 @@ def plain_workers(
     return workers
 
 
-def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleType, dict[str, str]]:
-    """The bench app, configured for ``server`` and ``settings``, and the workers' environment."""
+def bench_environment(
+    where: RedisServer | Topology, settings: Settings
+) -> tuple[ModuleType, dict[str, str]]:
+    """The bench app, configured for ``where`` (a Topology, or one redis-server for
+    everything) and ``settings``, and the workers' environment."""
+    if isinstance(where, RedisServer):
+        where = Topology("redis", "plain", where, where)
     env = {
-        "BENCH_BROKER_URL": server.url_for(0),
-        "BENCH_RESULT_URL": server.url_for(1),
-        "BENCH_RECORD_URL": server.url_for(2),
+        **where.env(),
         "BENCH_LIMIT": str(settings.limit),
         "BENCH_NOOP_LIMIT": str(settings.noop_limit),
         "BENCH_BACKOFF_BASE": repr(settings.backoff_base),
@@ -841,13 +1112,14 @@ def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleTy
 
 
 def run(
-    args: argparse.Namespace, settings: Settings, server: RedisServer, raw: dict[str, Any]
+    args: argparse.Namespace, settings: Settings, where: Topology, raw: dict[str, Any]
 ) -> dict[str, Any]:
-    bench, worker_env = bench_environment(server, settings)
+    bench, worker_env = bench_environment(where, settings)
 
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-celery-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records, state = server.client(db=2), server.client(db=0)
+    records, state = where.bench.client(db=2), where.semaphore_client()
+    servers = [server.client() for server in where.servers()]
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
     try:
         log(f"starting {settings.workers} workers x {settings.concurrency} processes")
@@ -869,7 +1141,7 @@ def run(
         noop: dict[str, Any] = {}
         if "noop" not in args.skip:
             log(f"no-op overhead: {settings.noop_tasks} tasks x {settings.noop_rounds} rounds")
-            noop = run_noop(bench, settings, records, CpuMeter(workers, state))
+            noop = run_noop(bench, settings, records, CpuMeter(workers, servers))
     except Exception:
         log(f"worker logs ({log_dir}):\n{workers.tails()}")
         raise
@@ -878,10 +1150,24 @@ def run(
         workers.stop()
         records.close()
         state.close()
+        for client in servers:
+            client.close()
         bench.app.close()
         if args.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
     return {"ours": ours, "baseline": baseline, "noop": noop}
+
+
+def rabbitmq_version_of(url: str) -> str | None:
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=10) as connection:
+            connection.connect()
+            return str(connection.connection.server_properties.get("version"))
+    except Exception as exc:  # noqa: BLE001: the workers will say what is wrong
+        log(f"RabbitMQ at {url}: {exc!r}")
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -890,21 +1176,31 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
-    with RedisServer(die_with_parent=True) as server:
-        log(f"private redis-server on 127.0.0.1:{server.port}")
-        redis_version = server.version()
+    with Topology.started(args.broker, args.semaphore_redis, args.amqp_url) as where:
+        log(
+            f"private redis-server on 127.0.0.1:{where.bench.port}"
+            + (f", the semaphores' on 127.0.0.1:{where.semaphore.port}"
+               if where.semaphore is not where.bench else "")
+            + f"; broker {where.describe()['broker_url']}, semaphore Redis {args.semaphore_redis}"
+        )  # fmt: skip
+        redis_version = where.bench.version()
+        rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
         figures: dict[str, Any] = {}
         if args.scenario in ("today", "both"):
-            figures.update(run(args, settings, server, raw))
+            figures.update(run(args, settings, where, raw))
         if args.scenario in ("backlog", "both"):
             backlog_raw: dict[str, Any] = {}
-            figures["backlog"] = run_backlog(args, args.backlog_settings, server, backlog_raw)
+            figures["backlog"] = run_backlog(args, args.backlog_settings, where, backlog_raw)
             raw["backlog"] = backlog_raw
     if args.dump:
         args.dump.write_text(json.dumps(raw))
+    backlog_from = figures.get("backlog", {}).pop("workers_celery_semaphore_from", None)
     results = {
         "quick": args.quick,
         "elapsed_s": time.perf_counter() - started,
+        "broker": args.broker,
+        "semaphore_redis": args.semaphore_redis,
+        "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
         "settings": {**asdict(settings), "ideal_s": settings.ideal},
         "backlog_settings": {
             **asdict(args.backlog_settings),
@@ -913,12 +1209,14 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {
             "celery": package_version("celery"),
             "redis_server": redis_version,
+            "rabbitmq": rabbitmq_version,
             "redis_py": package_version("redis"),
             "py_redis_semaphore": package_version("py-redis-semaphore"),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "load_average_1min": [load_before, os.getloadavg()[0]],
             "celery_semaphore_from": str(Path(celery_semaphore.__file__).parent),
+            "workers_celery_semaphore_from": backlog_from,
         },
         **figures,
         "targets": {**TARGETS, "peak_overlap": settings.limit},
