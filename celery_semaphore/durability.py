@@ -1,10 +1,13 @@
 """Where a waiting task's message may be parked: only where it is at least as safe
 as in the broker.
 
-Parking takes a task's message out of the broker and keeps it beside its place
-in line, in the semaphores' Redis, until its turn. A message we take out of the
-broker must be at least as safe where we put it, so a task parks (at the worker,
-`celery_semaphore.retry.Waits`, or at publish,
+On an AMQP broker (RabbitMQ) a parked task's message never leaves the broker: it
+waits in a parking queue (`celery_semaphore.parking_queues`), whatever the
+semaphores' Redis keeps (`Where.BROKER`). Elsewhere, parking takes a task's
+message out of the broker and keeps it beside its place in line, in the
+semaphores' Redis, until its turn (`Where.REDIS`). A message we take out of the
+broker must be at least as safe where we put it, so a task parks there (at the
+worker, `celery_semaphore.retry.Waits`, or at publish,
 `celery_semaphore.publish.ParkingProducer`) only when one of these holds:
 
 - that Redis is the broker's own server (same host and port, or the same unix
@@ -32,6 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -50,6 +54,13 @@ OPT_IN = "semaphore_park_without_persistence"
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 SOCKET_SCHEMES = ("unix", "redis+socket", "socket")
 TCP_SCHEMES = ("redis", "rediss")
+
+
+class Where(Enum):
+    """Where a waiting task's message parks."""
+
+    BROKER = "in a parking queue of the broker"
+    REDIS = "in the semaphores' Redis"
 
 
 def server_of(url: str) -> tuple[str, ...] | None:
@@ -105,20 +116,34 @@ class ParkingSafety:
         # every publish.
         self._brokers: dict[str, tuple[float, bool]] = {}
         self._warned: set[str] = set()
+        self._amqp: bool | None = None
 
-    def allows(self, app: Any, config: SemaphoreConfig, store: OperatedStore) -> bool:
-        """Whether a task with settings ``config`` may park in ``config.redis_url``
-        (``store`` is there: its ``persistence()`` says). Logs the WARNING once per URL
-        when not."""
+    def broker_is_amqp(self, app: Any) -> bool:
+        """Whether the app's broker speaks AMQP (RabbitMQ): tasks park in its parking
+        queues, and a higher priority goes first (`celery_semaphore.gates.urgency`)."""
+        if self._amqp is None:
+            try:
+                driver = app.connection_for_write().transport.driver_type
+            except Exception:  # an unknown transport: not one to park in
+                driver = ""
+            self._amqp = driver == "amqp"
+        return self._amqp
+
+    def where(self, app: Any, config: SemaphoreConfig, store: OperatedStore) -> Where | None:
+        """Where a task with settings ``config`` parks: in the broker (an AMQP broker),
+        in ``config.redis_url`` (``store`` is there: its ``persistence()`` says), or
+        nowhere (None: it waits as a countdown retry; logs the WARNING once per URL)."""
+        if self.broker_is_amqp(app):
+            return Where.BROKER
         if config.park_without_persistence or self._is_the_brokers(app, config.redis_url):
-            return True
+            return Where.REDIS
         persistence = self.persistence(store, config.redis_url)
         if persistence is None:
-            return False  # unreachable now: parking would fail as well
+            return None  # unreachable now: parking would fail as well
         if persistence.every_write:
-            return True
+            return Where.REDIS
         self._warn(config.redis_url, persistence)
-        return False
+        return None
 
     def _is_the_brokers(self, app: Any, url: str) -> bool:
         now = self.clock()

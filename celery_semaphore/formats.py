@@ -29,6 +29,9 @@ A parked payload (JSON text), version 1::
         a waiting task's retry: ``dict(signature)`` serialized with the app's serializer
     {"v": 1, "message": [...as above...], "queue": queue or null, "options": {...}}
         a new task parked at publish: the message a producer was about to send
+    {"v": 1, "broker": [parking queue, home queue]}
+        a task whose message waits in the broker, in a parking queue
+        (`celery_semaphore.parking_queues`): only where to take it from
 Payloads written before the version field (a bare list, or the message form
 without ``"v"``) are read as version 1; a higher version is refused with
 `PayloadVersionError` (a newer package wrote it: a newer worker publishes it).
@@ -37,6 +40,7 @@ without ``"v"``) are read as version 1; a higher version is refused with
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,6 +80,29 @@ NOT_KEPT = frozenset({
 def handover_queue(queue: str) -> str:
     """The queue on which ``queue``'s handed-over tasks travel."""
     return queue + HANDOVER_SUFFIX
+
+
+# Messages of waiting tasks wait in "<queue>.semaphore-parked.<semaphore>[...]" on an
+# AMQP broker (`celery_semaphore.parking_queues`); no worker consumes them.
+PARKING_INFIX = ".semaphore-parked."
+#: A parking queue's name is at most this long (AMQP allows 255 bytes).
+PARKING_NAME_MOST = 200
+
+
+def parking_queue(queue: str, gate: Gate) -> str:
+    """Where the messages of ``queue``'s tasks waiting at ``gate`` park (on an AMQP
+    broker): one queue per semaphore, fair-share account and priority, so that a
+    queue's order is its part of the line's order. A name too long to be a queue's
+    ends with a digest instead."""
+    name = queue + PARKING_INFIX + gate.name
+    if gate.fair_key is not None:
+        name += f".account-{gate.fair_key}"
+    if gate.priority:
+        name += f".priority{gate.priority}"
+    if len(name.encode()) <= PARKING_NAME_MOST:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:24]
+    return queue[:80] + PARKING_INFIX + digest
 
 
 def is_handover_queue(name: str | None) -> bool:
@@ -317,8 +344,29 @@ def encode_message(
     return _checked(kombu_json.dumps(envelope), max_bytes)  # type: ignore[no-untyped-call]
 
 
-def decode_payload(app: Any, payload: str) -> Signature | ParkedMessage:
-    """What `encode_signature()` or `encode_message()` parked."""
+@dataclass(frozen=True)
+class InBroker:
+    """A task whose message waits in the broker, in ``parking`` (a queue no worker
+    consumes); when its turn comes it is moved to ``home``'s handover queue."""
+
+    parking: str
+    home: str
+
+
+def encode_in_broker(parking: str, home: str) -> str:
+    """The payload of a task whose message waits in the parking queue ``parking``."""
+    return json.dumps({"v": PAYLOAD_VERSION, "broker": [parking, home]})
+
+
+def in_broker_around_ticket(parking: str, home: str) -> tuple[str, str]:
+    """`encode_in_broker()` as the text before and after a ticket the store puts
+    between them (``Semaphore.take_place_or_park()``): it reads ``"ticket"``."""
+    payload = encode_in_broker(parking, home)
+    return payload[:-1] + ', "ticket": ', "}"
+
+
+def decode_payload(app: Any, payload: str) -> Signature | ParkedMessage | InBroker:
+    """What `encode_signature()`, `encode_message()` or `encode_in_broker()` parked."""
     parked = kombu_json.loads(payload)  # type: ignore[no-untyped-call]
     if isinstance(parked, list):  # before the version field: a signature
         parked = {"v": 1, "signature": parked}
@@ -328,6 +376,9 @@ def decode_payload(app: Any, payload: str) -> Signature | ParkedMessage:
             f"a parked payload of version {version!r}; this celery-semaphore reads up to "
             f"version {PAYLOAD_VERSION} (a newer worker wrote it: upgrade this one)"
         )
+    if "broker" in parked:
+        parking, home = parked["broker"]
+        return InBroker(str(parking), str(home))
     if "signature" in parked:
         content_type, encoding, body_encoding, body = parked["signature"]
         data = _unpack(body_encoding, body)

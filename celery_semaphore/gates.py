@@ -100,7 +100,7 @@ def urgency(app: Any, priority: Any) -> int:
     take is brought into its range, as the broker does, with one WARNING."""
     if priority is None:
         return 0
-    amqp = _broker_is_amqp(app)
+    amqp = state_of(app).parking.broker_is_amqp(app)
     most = AMQP_MOST if amqp else LOWER_FIRST_MOST
     valid = isinstance(priority, int) and not isinstance(priority, bool)
     if not valid or not 0 <= priority <= most:
@@ -111,17 +111,6 @@ def urgency(app: Any, priority: Any) -> int:
         )  # fmt: skip
         priority = clamped
     return int(priority) if amqp else -int(priority)
-
-
-def _broker_is_amqp(app: Any) -> bool:
-    cached = state_of(app).broker_is_amqp
-    if cached is None:
-        try:
-            driver = app.connection_for_write().transport.driver_type
-        except Exception:  # an unknown transport: the AMQP meaning (higher first)
-            driver = "amqp"
-        cached = state_of(app).broker_is_amqp = driver == "amqp"
-    return cached
 
 
 def task_gates(

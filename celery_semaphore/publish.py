@@ -36,11 +36,23 @@ from typing import Any
 from kombu.entity import Queue
 from kombu.utils import json as kombu_json
 
+from . import parking_queues
 from .config import SemaphoreConfig, get_config, task_config
 from .core import Place, Semaphore
 from .core.errors import SemaphoreError
 from .core.protocol import rate_window
-from .formats import PARK_MARK, WAIT_HEADER, Gate, WaitState, encode_message, has_wait_state
+from .durability import Where
+from .formats import (
+    PARK_MARK,
+    WAIT_HEADER,
+    Gate,
+    WaitState,
+    encode_in_broker,
+    encode_message,
+    has_wait_state,
+    in_broker_around_ticket,
+    parking_queue,
+)
 from .gates import queue_of, request_gates, semaphore_of, warn_disagreeing_limits
 from .state import AppState, installed_apps, state_of
 from .waiting import among_next_round
@@ -245,12 +257,19 @@ class ParkingProducer:
 
     def publish(self, body: Any, **options: Any) -> Any:
         headers = options.get("headers")
-        if isinstance(headers, dict) and headers.pop(PARK_MARK, None) and self._park(body, options):
-            return None
-        return self._producer.publish(body, **options)
+        if not (isinstance(headers, dict) and headers.pop(PARK_MARK, None)):
+            return self._producer.publish(body, **options)
+        with parking_queues.parking(headers.get("id")) as deferred:
+            if self._park(body, options):
+                return None
+            sent = self._producer.publish(body, **options)
+        for hand_over in deferred:  # its own, now that its message is in its parking queue
+            hand_over()
+        return sent
 
     def _park(self, body: Any, options: dict[str, Any]) -> bool:
-        """Take the message's places; park it if its turn is far. False: publish it.
+        """Take the message's places; park it if its turn is far. False: publish it
+        (where ``options`` say: to its parking queue if it parks in the broker).
 
         While the line's last publish here parked (`parking_lines`), one script call
         takes the place and parks the message if its turn is far; else the place is
@@ -273,19 +292,21 @@ class ParkingProducer:
         if len(places) != 1:
             return False  # no gate, or a queue cap and a task cap: each waits at a worker
         ((gate, place),) = places.items()
-        if turn_is_near(place, window_of(gate, config)):
-            return False
+        near = turn_is_near(place, window_of(gate, config))
+        where = None if near else self._where(config, queue, gate)
+        if where is None:
+            return False  # published as it is: its turn is near, or it may not park
         semaphore = semaphore_of(app, gate, config, quick=True)
-        if not state_of(app).parking.allows(
-            app, config, state_of(app).semaphores.store(config.redis_url, quick=True)
-        ):
-            return False
         sent_state = headers[WAIT_HEADER]
         parked_state = WaitState.in_headers(headers)
         parked_state.first_ask = time.time()  # its wait budget starts now
         headers[WAIT_HEADER] = parked_state.encode()
+        in_broker = parking_queue(queue, gate) if where is Where.BROKER and queue else None
         try:
-            payload = encode_message(app, body, options, queue, config.park_max_bytes)
+            if in_broker is not None and queue is not None:
+                payload = encode_in_broker(in_broker, queue)
+            else:
+                payload = encode_message(app, body, options, queue, config.park_max_bytes)
             semaphore.park(
                 headers["id"], payload, place.ticket, info=task.name, due=config.max_wait_time
             )
@@ -294,7 +315,31 @@ class ParkingProducer:
             logger.info("%s[%s] is not parked at publish: %s", task.name, headers["id"], error)
             return False
         parking_lines.add(semaphore)
+        if in_broker is not None:
+            to_parking_queue(options, in_broker)
+            return False  # published, to its parking queue
         return True
+
+    def _where(self, config: SemaphoreConfig, queue: str | None, gate: Gate) -> Where | None:
+        """Where a message of this task to ``queue`` parks (its parking queue is
+        declared first), or None: it may not park."""
+        app = self._task.app
+        state = state_of(app)
+        where = state.parking.where(
+            app, config, state.semaphores.store(config.redis_url, quick=True)
+        )
+        if where is not Where.BROKER:
+            return where
+        if queue is None:
+            return None
+        try:
+            state.semaphores.broker_link.declare(
+                parking_queue(queue, gate), queue, gate, config.namespace
+            )
+        except Exception as error:  # the broker refused it: the task waits at a worker
+            logger.warning("parking queue %s not declared: %r", parking_queue(queue, gate), error)
+            return None
+        return where
 
     def _park_in_one_call(
         self,
@@ -311,18 +356,23 @@ class ParkingProducer:
         app, task, headers = self._task.app, self._task, options["headers"]
         warn_disagreeing_limits(app)
         state, config = state_of(app), task_config(self._task)
-        store = state.semaphores.store(config.redis_url, quick=True)
-        if time.monotonic() < state.publish_paused_until or not state.parking.allows(
-            app, config, store
-        ):
+        if time.monotonic() < state.publish_paused_until:
+            return None
+        where = self._where(config, queue, gate)
+        if where is None:
             return None
         first_ask = time.time()  # its wait budget starts now, if it parks
         marked = WaitState(first_ask=first_ask).encode()
         headers[WAIT_HEADER] = {**marked, "tickets": {gate.name: TICKET_MARK}}
         try:
-            payload = around_ticket(
-                encode_message(app, body, options, queue, config.park_max_bytes)
-            )
+            if where is Where.BROKER and queue is not None:
+                payload: tuple[str, str] | None = in_broker_around_ticket(
+                    parking_queue(queue, gate), queue
+                )
+            else:
+                payload = around_ticket(
+                    encode_message(app, body, options, queue, config.park_max_bytes)
+                )
             if payload is None:
                 raise ValueError("the message holds the ticket's mark")
             place, parked = semaphore.take_place_or_park(
@@ -352,4 +402,17 @@ class ParkingProducer:
         _unsent.places = (app, headers["id"], [gate])
         if not parked:
             parking_lines.discard(semaphore)
+        elif where is Where.BROKER and queue is not None:
+            to_parking_queue(options, parking_queue(queue, gate))
+            return False
         return parked
+
+
+def to_parking_queue(options: dict[str, Any], parking: str) -> None:
+    """Send a message that would be published with ``options`` to parking queue
+    ``parking`` instead."""
+    options["exchange"], options["routing_key"] = "", parking
+    options["declare"] = [
+        *(options.get("declare") or ()),
+        parking_queues.parking_queue_entity(parking),
+    ]

@@ -3,10 +3,11 @@
 `celery_semaphore.waiting` decides what a refused task does; this module
 carries it out in Celery's terms:
 
-- park: the retry's message is left beside the place in line (handover mode,
-  where that Redis keeps it at least as safely as the broker:
-  `celery_semaphore.durability`), and the execution ends as a ``Retry`` that
-  publishes nothing;
+- park (handover mode): on an AMQP broker the retry's message is published to its
+  parking queue (`celery_semaphore.parking_queues`) and its place in line says
+  where; elsewhere it is left beside the place in line, where that Redis keeps it
+  at least as safely as the broker (`celery_semaphore.durability`), and the
+  execution ends as a ``Retry`` that publishes nothing;
 - countdown: the retry is published with a countdown aimed at the turn;
 - give up: `SemaphoreTimeout`.
 
@@ -24,9 +25,10 @@ from typing import Any
 
 from celery.exceptions import Retry
 
-from . import signals
+from . import parking_queues, signals
 from .config import SemaphoreConfig
 from .core import Place, SemaphoreError, SemaphoreTimeout, WaitingForPermit
+from .durability import Where
 from .formats import (
     GATES_HEADER,
     QUEUE_HEADER,
@@ -34,9 +36,11 @@ from .formats import (
     Gate,
     WaitState,
     base_queue,
+    encode_in_broker,
     encode_signature,
     handover_queue,
     is_handover_queue,
+    parking_queue,
 )
 from .gates import semaphore_of
 from .state import state_of
@@ -77,9 +81,7 @@ class Waits:
         """The next wait; it parks only where its message is at least as safe as in
         the broker (`celery_semaphore.durability`)."""
         if may_park and place is not None and self.config.parks:
-            app, config = self.task.app, self.config
-            state = state_of(app)
-            may_park = state.parking.allows(app, config, state.semaphores.store(config.redis_url))
+            may_park = self._where() is not None
         return decide(
             place,
             waits=self.state.period_waits,
@@ -89,6 +91,14 @@ class Waits:
             may_park=may_park,
             max_block=max_block,
         )
+
+    def _where(self) -> Where | None:
+        app, config = self.task.app, self.config
+        state = state_of(app)
+        where = state.parking.where(app, config, state.semaphores.store(config.redis_url))
+        if where is Where.BROKER and not getattr(self.request, QUEUE_HEADER, None):
+            return None  # no home queue known: nowhere to hand it over to
+        return where
 
     def in_place_for(self, place: Place) -> float | None:
         """Seconds to wait in place at ``place``, or None: not in place (a turn not due
@@ -113,6 +123,8 @@ class Waits:
         cannot be parked (the caller then retries with a countdown)."""
         self.state.waits += 1
         queue = getattr(self.request, QUEUE_HEADER, None)
+        if queue and self._where() is Where.BROKER:
+            return self._park_in_broker(gate, place, due, queue)
         signature = self._signature(queue=handover_queue(queue) if queue else None)
         try:
             payload = encode_signature(self.task.app, signature, self.config.park_max_bytes)
@@ -128,6 +140,38 @@ class Waits:
                 error,
             )
             return None
+        self._send_waiting(gate, parked.position, None)
+        reason = self._reason(gate, parked.position, place)
+        return Retry(str(reason), reason)
+
+    def _park_in_broker(
+        self, gate: Gate, place: Place, due: float | None, home: str
+    ) -> Retry | None:
+        """Park the place, saying where the message waits, then publish the retry's
+        message to that parking queue; its handover, if the line moved meanwhile, is
+        published once the message is there. None: not parked (a countdown then)."""
+        app, task_id = self.task.app, self.request.id
+        link = state_of(app).semaphores.broker_link
+        parking = parking_queue(home, gate)
+        semaphore = semaphore_of(app, gate, self.config)
+        signature = self._signature(queue=parking_queues.parking_queue_entity(parking))
+        with parking_queues.parking(task_id) as deferred:
+            try:
+                link.declare(parking, home, gate, self.config.namespace)
+                parked = semaphore.park(
+                    task_id, encode_in_broker(parking, home), place.ticket, info=self.info,
+                    due=due, ask=gate.ask,
+                )  # fmt: skip
+                signature.apply_async()
+            except Exception as error:  # the broker or Redis: wait with a countdown
+                self.state.waits -= 1
+                logger.warning(
+                    "%s[%s] is not parked in queue %s (retried with a countdown): %r",
+                    self.task.name, task_id, parking, error,
+                )  # fmt: skip
+                return None
+        for hand_over in deferred:  # its own, now that its message is in its parking queue
+            hand_over()
         self._send_waiting(gate, parked.position, None)
         reason = self._reason(gate, parked.position, place)
         return Retry(str(reason), reason)
@@ -151,9 +195,10 @@ class Waits:
             "waits (semaphore_max_waits / semaphore_max_wait_time)",
         )
 
-    def _signature(self, queue: str | None = None, **options: Any) -> Any:
+    def _signature(self, queue: Any = None, **options: Any) -> Any:
         """The message that brings this request back, with its wait state, to its
-        queue (its consumed queue's, when it came by a handover queue) or ``queue``."""
+        queue (its consumed queue's, when it came by a handover queue) or ``queue`` (a
+        name, or a kombu Queue)."""
         request = self.request
         headers = {**(request.headers or {}), WAIT_HEADER: self.state.encode()}
         headers.pop(GATES_HEADER, None)

@@ -34,7 +34,8 @@ from .core.operations import OperatedStore, operated_store
 from .core.protocol import PAUSE_MARGIN
 from .core.rates import RateLimit
 from .durability import ParkingSafety
-from .parked_tasks import publisher
+from .parked_tasks import Publisher
+from .parking_queues import BrokerLink
 from .room_at_publish import RoomAtPublish
 
 ATTRIBUTE = "semaphore_state"
@@ -73,6 +74,9 @@ class Semaphores:
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, bool], OperatedStore] = {}
         self._semaphores: OrderedDict[tuple[Any, ...], Semaphore] = OrderedDict()
+        #: This process's confirmed connection to the broker, where tasks park in
+        #: parking queues (`celery_semaphore.parking_queues`); connects on first use.
+        self.broker_link = BrokerLink(app)
 
     def get(
         self,
@@ -97,7 +101,7 @@ class Semaphores:
             return semaphore
         store = self.store(config.redis_url, quick=quick)
         with self._lock:
-            on_handover = None if self.app is None else publisher(self.app, name)
+            on_handover = None if self.app is None else Publisher(self.app, self.broker_link)
             semaphore = self._semaphores[key] = Semaphore(
                 store,
                 name,
@@ -114,6 +118,8 @@ class Semaphores:
                 # still writes its permits back in time
                 pause_after_loss=config.renew_every + PAUSE_MARGIN,
             )
+            if on_handover is not None:
+                on_handover.semaphore = semaphore
             if len(self._semaphores) > self.MOST_SEMAPHORES:
                 self._semaphores.popitem(last=False)
             return semaphore
@@ -132,6 +138,7 @@ class Semaphores:
                 store.close()
             self._stores.clear()
             self._semaphores.clear()
+        self.broker_link.reset()
 
 
 class SharedFlag:
@@ -172,9 +179,6 @@ class AppState:
     #: The gates' names that one script call cannot reach together, warned of once
     #: (`celery_semaphore.gates.joint_of`).
     joint_warned: set[tuple[str, ...]] = field(default_factory=set)
-    #: Whether the app's broker speaks AMQP, where a higher priority goes first
-    #: (`celery_semaphore.gates.urgency`); None until asked.
-    broker_is_amqp: bool | None = None
     #: The gates of requests of tasks whose gates do not depend on their arguments,
     #: per (task name, queue, priority): (the task's declared limits, its gates)
     #: (`celery_semaphore.gates.request_gates`).

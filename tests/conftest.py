@@ -7,6 +7,9 @@ teardown, whatever the outcome of the test. The shared Redis on 6379 is never us
 from __future__ import annotations
 
 import contextlib
+import shutil
+import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -171,3 +174,31 @@ def make_semaphore(
         sem.close()
     if loop is not None:
         loop.close()
+
+
+def _rabbitmqctl(*args: str) -> bool:
+    command = shutil.which("rabbitmqctl")
+    if command is None:
+        return False
+    done = subprocess.run([command, *args], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_vhost() -> Iterator[str]:
+    """A private vhost of the machine's RabbitMQ (amqp://guest:guest@127.0.0.1:5672),
+    or ``/`` when rabbitmqctl can't make one (then names are unique)."""
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
+    except OSError:
+        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+    vhost = f"celery-semaphore-test-{uuid.uuid4().hex[:8]}"
+    if not (
+        _rabbitmqctl("add_vhost", vhost)
+        and _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    ):
+        _rabbitmqctl("delete_vhost", vhost)
+        yield ""
+        return
+    yield vhost
+    _rabbitmqctl("delete_vhost", vhost)

@@ -73,9 +73,9 @@ def revoked_ids() -> list[str]:
 
 
 def check_parking(app: Any) -> None:
-    """Whether the app's handover tasks may park in the semaphores' Redis, read
-    before the pool forks: the children inherit the reading, and the warning (if
-    they may not) comes once, at start."""
+    """Where the app's handover tasks park (the broker, or the semaphores' Redis),
+    read before the pool forks: the children inherit the reading, and the warning
+    (if they may not park) comes once, at start."""
     configs = [get_config(app)]
     configs += [
         task_config(task)
@@ -84,7 +84,7 @@ def check_parking(app: Any) -> None:
     ]
     state = state_of(app)
     for config in (c for c in configs if c.parks):
-        if not state.parking.allows(app, config, state.semaphores.store(config.redis_url)):
+        if state.parking.where(app, config, state.semaphores.store(config.redis_url)) is None:
             return
 
 

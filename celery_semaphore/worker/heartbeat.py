@@ -35,6 +35,7 @@ from celery_semaphore.state import state_of
 from celery_semaphore.worker.data_loss import WrittenBack, report_loss
 from celery_semaphore.worker.dead_children import killed
 from celery_semaphore.worker.parked_look import ParkedLook
+from celery_semaphore.worker.parked_rebuild import rebuild
 from celery_semaphore.worker.watch import Watch
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class Heartbeat:
         self._losses: list[tuple[DataLoss, set[str]]] = []
         self._written_back = WrittenBack(app)
         self._beat_soon = False  # after a write-back: look again for ended ones soon
+        self._rebuilt = False  # the parked tasks' places, looked at once at the start
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
         )
@@ -215,14 +217,32 @@ class Heartbeat:
         self._reported &= live
         self._missing = {k: v for k, v in self._missing.items() if k in live}
         losses, self._losses = self._losses, []
+        in_broker = uses_handover(self.app) and state_of(self.app).parking.broker_is_amqp(self.app)
         for loss, parked_in in losses:
-            report_loss(self.app, self.hostname, loss, restored, parked_in)
+            # parked in the broker: nothing lost, their places are given back below
+            report_loss(self.app, self.hostname, loss, restored, set() if in_broker else parked_in)
             restored = 0  # counted once, with the first loss reported
+        if in_broker and (losses or not self._rebuilt):
+            self.rebuild_parked(only_short=not losses)
+            self._rebuilt = True
         if uses_handover(self.app):
             try:
                 self.look_after_parked()
             except SemaphoreError as error:  # Redis away: the next beat looks again
                 logger.warning("could not look after parked tasks: %s", error)
+
+    def rebuild_parked(self, *, only_short: bool = False) -> None:
+        """Give the tasks parked in the broker that have no place in line their places
+        (`celery_semaphore.worker.parked_rebuild`)."""
+        try:
+            placed = rebuild(self.app, only_short=only_short)
+        except Exception as error:  # the broker or Redis away: the next loss or start
+            logger.warning("could not give the tasks parked in the broker their places: %r", error)
+            return
+        if placed:
+            logger.warning(
+                "gave %d task(s) parked in the broker their places in line again", placed
+            )
 
     def look_after_parked(self) -> None:
         """Look after the parked tasks now (`ParkedLook.look`); a beat does it too."""

@@ -7,9 +7,6 @@ uses a private vhost (``rabbitmqctl``), else unique queue and node names on
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,33 +28,6 @@ AMQP = "amqp://guest:guest@127.0.0.1:5672"
 def clusters(celery_cluster: Any) -> Iterator[Clusters]:
     with Clusters(celery_cluster) as made:
         yield made
-
-
-def _rabbitmqctl(*args: str) -> bool:
-    command = shutil.which("rabbitmqctl")
-    if command is None:
-        return False
-    done = subprocess.run([command, *args], capture_output=True, timeout=60, check=False)
-    return done.returncode == 0
-
-
-@pytest.fixture(scope="module")
-def rabbitmq_vhost() -> Iterator[str]:
-    """A private vhost, or ``/`` when rabbitmqctl can't make one (then names are unique)."""
-    try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
-    except OSError:
-        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
-    vhost = f"celery-semaphore-test-{uuid.uuid4().hex[:8]}"
-    if not (
-        _rabbitmqctl("add_vhost", vhost)
-        and _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-    ):
-        _rabbitmqctl("delete_vhost", vhost)
-        yield ""
-        return
-    yield vhost
-    _rabbitmqctl("delete_vhost", vhost)
 
 
 def test_cap_holds_on_the_rabbitmq_broker(clusters: Clusters, rabbitmq_vhost: str) -> None:

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 from celery_harness import max_overlap
 from cluster_tools import Clusters, eta_countdowns
-from test_brokers_canvas import AMQP, rabbitmq_vhost
+from test_brokers_canvas import AMQP
 
 from celery_semaphore import Handover, Permit, Semaphore
 from celery_semaphore.parked_tasks import publish
+from celery_semaphore.parking_queues import BrokerLink
 from devkit.redis_servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.slow
-FIXTURES = (rabbitmq_vhost,)
 
 BEAT = 0.3
 # No waiting in place: every refused task parks; the heartbeat looks after parked
@@ -209,7 +209,8 @@ def test_the_publisher_dying_between_selection_and_publish_delays_the_task_by_th
     assert 1.5 <= took < 1.5 + BEAT + 2.0, took
     assert starts(cluster, result.id) == ["once"]
 
-    publish(cluster.app_module.app, "hold", selected[0])  # the stale copy after all
+    app = cluster.app_module.app
+    publish(app, sem, selected[0], BrokerLink(app))  # the stale copy after all
     line = f"[{result.id}]: dropped an older copy of this task"
     cluster.wait_for(lambda: line in worker.text(), 10, "the stale copy dropped")
     time.sleep(0.5)

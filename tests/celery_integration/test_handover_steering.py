@@ -23,7 +23,8 @@ from cluster_tools import Clusters
 from test_handover import BEAT, PARKING, block, states, wait_parked
 
 from celery_semaphore import Handover, Semaphore
-from celery_semaphore.parked_tasks import publisher
+from celery_semaphore.parked_tasks import Publisher
+from celery_semaphore.parking_queues import BrokerLink
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,8 @@ class Steering:
 
     def __init__(self, cluster: Cluster, limit: int) -> None:
         self.handed: list[str] = []
-        self._publish = publisher(cluster.app_module.app, "hold")
+        app = cluster.app_module.app
+        self._publish = Publisher(app, BrokerLink(app))
         self.semaphore = Semaphore(
             cluster.state_url,
             "hold",
@@ -50,6 +52,7 @@ class Steering:
             handover_window=PARKING["semaphore_max_block"],
             handover_deadline=PARKING["semaphore_handover_deadline"],
         )
+        self._publish.semaphore = self.semaphore
 
     def _on_handover(self, handovers: list[Handover]) -> None:
         self.handed.extend(h.holder for h in handovers)

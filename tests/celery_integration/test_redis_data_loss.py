@@ -31,14 +31,13 @@ from typing import Any
 import pytest
 from celery_harness import Cluster, max_overlap
 from cluster_tools import Clusters, eta_countdowns
-from test_brokers_canvas import AMQP, rabbitmq_vhost
+from test_brokers_canvas import AMQP
 from test_handover import NOT_PARKED_WARNING, PARKING, block, starts, states, wait_parked
 
 from celery_semaphore import Permit, Semaphore
 from devkit.redis_servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
-FIXTURES = (rabbitmq_vhost,)
 
 RESTARTS = 5
 BETWEEN_RESTARTS = 2.5

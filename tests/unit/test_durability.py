@@ -18,6 +18,7 @@ from celery_semaphore.core.redis.server import read_persistence
 from celery_semaphore.durability import (
     RECHECK_EVERY,
     ParkingSafety,
+    Where,
     is_the_brokers_server,
     server_of,
 )
@@ -28,13 +29,21 @@ WARNING = "waiting tasks do not park in the Redis at"
 
 
 class FakeRedis:
-    """Answers CONFIG GET with ``answers`` in turn (the last one again and again);
-    an exception in them is raised. A store too: its ``persistence()`` is what the
-    Redis store reads."""
+    """Answers CONFIG GET with ``answers`` in turn (the last one again and again),
+    and INFO persistence with ``info`` (by default it refuses INFO too); an exception
+    among them is raised. A store too: its ``persistence()`` is what the Redis store
+    reads."""
 
-    def __init__(self, *answers: Any) -> None:
+    def __init__(self, *answers: Any, info: Any = None) -> None:
         self.answers = list(answers)
         self.asked = 0
+        self.info_answer = redis.ResponseError("unknown command 'INFO'") if info is None else info
+
+    def info(self, section: str) -> Any:
+        assert section == "persistence"
+        if isinstance(self.info_answer, Exception):
+            raise self.info_answer
+        return self.info_answer
 
     def config_get(self, pattern: str) -> Any:
         assert pattern == "appendonly"
@@ -132,6 +141,32 @@ def test_what_config_get_appendonly_says(reply: Any, every_write: bool | None) -
     assert read_persistence(FakeRedis(reply)).every_write is every_write
 
 
+REFUSED = redis.ResponseError("unknown command 'CONFIG', with args beginning with: 'GET'")
+
+
+@pytest.mark.parametrize(
+    ("info", "every_write"),
+    [
+        ({"aof_enabled": 1, "rdb_changes_since_last_save": 0}, True),
+        ({"aof_enabled": 0}, False),
+        ({"n1:7000": {"aof_enabled": 1}, "n2:7001": {"aof_enabled": 1}}, True),  # a Cluster
+        ({"n1:7000": {"aof_enabled": 1}, "n2:7001": {"aof_enabled": 0}}, False),
+        ({"loading": 0}, None),
+        (redis.exceptions.NoPermissionError("no permissions to run 'info'"), None),
+    ],
+)
+def test_a_redis_that_refuses_config_is_read_through_info_persistence(
+    info: Any, every_write: bool | None
+) -> None:
+    """Managed services that refuse CONFIG answer INFO: ``aof_enabled`` says it."""
+    persistence = read_persistence(FakeRedis(REFUSED, info=info))
+    assert persistence.every_write is every_write
+    if every_write is not None:
+        assert persistence.detail.endswith("(read by INFO persistence: CONFIG GET refused)")
+    elif isinstance(info, Exception):
+        assert str(REFUSED) in persistence.detail and str(info) in persistence.detail
+
+
 def safety_and_app(make_app: MakeApp) -> tuple[ParkingSafety, Celery, Clock]:
     clock = Clock()
     return ParkingSafety(clock=clock), make_app(broker_url="redis://broker.internal/0"), clock
@@ -145,7 +180,7 @@ def test_a_redis_that_appends_every_write_takes_parked_tasks(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
     safety, app, _ = safety_and_app(make_app)
-    assert safety.allows(app, SemaphoreConfig(redis_url=SEMAPHORES), FakeRedis(YES))
+    assert safety.where(app, SemaphoreConfig(redis_url=SEMAPHORES), FakeRedis(YES)) is Where.REDIS
     assert warnings_of(caplog) == []
 
 
@@ -156,7 +191,7 @@ def test_a_redis_that_persists_nothing_takes_none_and_says_so_once(
     config = SemaphoreConfig(redis_url="redis://:secret@semaphores.internal:6379/1")
     client = FakeRedis(NO)
     for _ in range(5):
-        assert not safety.allows(app, config, client)
+        assert safety.where(app, config, client) is None
         clock.now += RECHECK_EVERY  # read again each time: still one warning
     assert client.asked == 5
     (warning,) = warnings_of(caplog)
@@ -183,8 +218,8 @@ def test_a_redis_that_refuses_config_takes_none_and_says_to_opt_in_if_it_persist
     safety, app, _ = safety_and_app(make_app)
     client = FakeRedis(refusal)
     config = SemaphoreConfig(redis_url=SEMAPHORES)
-    assert not safety.allows(app, config, client)
-    assert not safety.allows(app, config, client)
+    assert safety.where(app, config, client) is None
+    assert safety.where(app, config, client) is None
     assert client.asked == 1  # the refusal is an answer, kept for a while
     (warning,) = warnings_of(caplog)
     assert "whether it persists is unknown" in warning
@@ -199,9 +234,9 @@ def test_an_unreachable_redis_takes_none_says_nothing_and_is_asked_again(
     safety, app, _ = safety_and_app(make_app)
     client = FakeRedis(redis.ConnectionError("refused"), redis.TimeoutError("slow"), YES)
     config = SemaphoreConfig(redis_url=SEMAPHORES)
-    assert not safety.allows(app, config, client)
-    assert not safety.allows(app, config, client)
-    assert safety.allows(app, config, client)
+    assert safety.where(app, config, client) is None
+    assert safety.where(app, config, client) is None
+    assert safety.where(app, config, client) is Where.REDIS
     assert client.asked == 3
     assert warnings_of(caplog) == []
 
@@ -210,12 +245,12 @@ def test_the_reading_is_kept_a_minute_then_read_again(make_app: MakeApp) -> None
     safety, app, clock = safety_and_app(make_app)
     client = FakeRedis(NO, YES)
     config = SemaphoreConfig(redis_url=SEMAPHORES)
-    assert not safety.allows(app, config, client)
+    assert safety.where(app, config, client) is None
     clock.now += RECHECK_EVERY - 1
-    assert not safety.allows(app, config, client)
+    assert safety.where(app, config, client) is None
     assert client.asked == 1
     clock.now += 1
-    assert safety.allows(app, config, client)  # appendonly turned on meanwhile
+    assert safety.where(app, config, client) is Where.REDIS  # appendonly turned on meanwhile
     assert client.asked == 2
 
 
@@ -224,7 +259,10 @@ def test_the_brokers_own_server_takes_parked_tasks_without_asking(
 ) -> None:
     safety, app, _ = safety_and_app(make_app)
     client = FakeRedis(NO)
-    assert safety.allows(app, SemaphoreConfig(redis_url="redis://broker.internal/1"), client)
+    assert (
+        safety.where(app, SemaphoreConfig(redis_url="redis://broker.internal/1"), client)
+        is Where.REDIS
+    )
     assert client.asked == 0
     assert warnings_of(caplog) == []
 
@@ -235,12 +273,12 @@ def test_whether_it_is_the_brokers_server_is_kept_a_minute_then_read_again(
     safety, app, clock = safety_and_app(make_app)
     client = FakeRedis(NO)
     config = SemaphoreConfig(redis_url="redis://broker.internal/1")
-    assert safety.allows(app, config, client)
+    assert safety.where(app, config, client) is Where.REDIS
     app.conf.broker_url = "redis://elsewhere.internal/0"  # settings read once a minute
     clock.now += RECHECK_EVERY - 1
-    assert safety.allows(app, config, client)
+    assert safety.where(app, config, client) is Where.REDIS
     clock.now += 1
-    assert not safety.allows(app, config, client)
+    assert safety.where(app, config, client) is None
     assert client.asked == 1
 
 
@@ -250,7 +288,7 @@ def test_the_opt_in_parks_anywhere_without_asking(
     safety, app, _ = safety_and_app(make_app)
     client = FakeRedis(NO)
     config = SemaphoreConfig(redis_url=SEMAPHORES, park_without_persistence=True)
-    assert safety.allows(app, config, client)
+    assert safety.where(app, config, client) is Where.REDIS
     assert client.asked == 0
     assert warnings_of(caplog) == []
 
@@ -273,3 +311,16 @@ def test_a_redis_that_cannot_answer_is_a_connection_error_for_the_worker(error: 
 
     with pytest.raises(SemaphoreConnectionError):
         ping(Unreachable(), "redis://semaphores.internal:6379/1")
+
+
+def test_on_an_amqp_broker_tasks_park_in_the_broker_whatever_the_redis_keeps(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    safety = ParkingSafety()
+    app = make_app(broker_url="amqp://guest:guest@rabbit.internal:5672//")
+    client = FakeRedis(NO)
+    assert safety.where(app, SemaphoreConfig(redis_url=SEMAPHORES), client) is Where.BROKER
+    assert client.asked == 0  # what the Redis keeps does not matter
+    assert warnings_of(caplog) == []
+    assert safety.broker_is_amqp(app)
+    assert not ParkingSafety().broker_is_amqp(make_app(broker_url="redis://broker.internal/0"))

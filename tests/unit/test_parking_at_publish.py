@@ -14,9 +14,10 @@ from kombu.serialization import loads
 
 import celery_semaphore
 from celery_semaphore import LimitedTask, Place
-from celery_semaphore.core import Handover
+from celery_semaphore.core import Handover, Semaphore
 from celery_semaphore.formats import ParkedMessage, decode_payload, encode_message
 from celery_semaphore.parked_tasks import publish
+from celery_semaphore.parking_queues import BrokerLink
 from celery_semaphore.publish import TICKET_MARK, around_ticket, turn_is_near
 from celery_semaphore.task import may_park
 
@@ -24,6 +25,7 @@ from celery_semaphore.task import may_park
 @pytest.fixture
 def app() -> Iterator[Celery]:
     app = Celery("parking", broker="memory://", set_as_current=False)
+    app.conf.semaphore_redis_url = "redis://semaphores.internal:6379/0"
     yield app
     celery_semaphore.reset(app)
     app.close()
@@ -115,7 +117,7 @@ def test_a_parked_message_is_published_as_it_was_to_its_handover_queue(
         yield recorder
 
     monkeypatch.setattr(app, "producer_or_acquire", producer_or_acquire)
-    publish(app, "sem", Handover("t-1", 42, payload))
+    publish(app, Semaphore("memory://", "sem", 1), Handover("t-1", 42, payload), BrokerLink(app))
     ((data, options),) = recorder.published
     assert options["routing_key"] == "work.semaphore-handover"
     assert options["exchange"] == ""
@@ -127,6 +129,29 @@ def test_a_parked_message_is_published_as_it_was_to_its_handover_queue(
     assert loads(data, options["content_type"], options["content_encoding"]) == [
         [1, 2], {"k": "v"}, {"callbacks": None, "errbacks": None, "chain": None}
     ]  # fmt: skip
+
+
+def test_a_payload_in_the_broker_says_where_and_carries_the_ticket_it_is_given() -> None:
+    from celery_semaphore.formats import InBroker, encode_in_broker, in_broker_around_ticket
+
+    app = Celery("t")
+    assert decode_payload(app, encode_in_broker("work.semaphore-parked.s", "work")) == InBroker(
+        "work.semaphore-parked.s", "work"
+    )
+    head, tail = in_broker_around_ticket("work.semaphore-parked.s", "work")
+    parked = decode_payload(app, head + "1234" + tail)
+    assert parked == InBroker("work.semaphore-parked.s", "work")
+
+
+def test_parking_queues_are_named_for_the_queue_the_semaphore_and_the_place_kind() -> None:
+    from celery_semaphore.formats import Gate, parking_queue
+
+    assert parking_queue("work", Gate("api", 2)) == "work.semaphore-parked.api"
+    fair = Gate("api", 2, priority=3, fair_key="acme")
+    assert parking_queue("work", fair) == "work.semaphore-parked.api.account-acme.priority3"
+    long = parking_queue("work", Gate("x" * 300, 2))
+    assert len(long.encode()) <= 200 and long.startswith("work.semaphore-parked.")
+    assert long != parking_queue("work", Gate("x" * 299, 2))
 
 
 def test_a_message_that_is_not_json_is_not_parked(app: Celery) -> None:
