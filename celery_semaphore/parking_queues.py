@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -38,7 +39,7 @@ from typing import Any
 from kombu import entity, messaging
 
 from .core import Claimed, Handover, Semaphore
-from .formats import Gate, InBroker, handover_queue, with_handover
+from .formats import PARKING_INFIX, Gate, InBroker, handover_queue, with_handover
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ DIRECTORY_SUFFIX = ".parking-queues"
 #: Messages one handover takes at most looking for a waiter in line (a message of a
 #: task no longer in line goes on to a worker as it is met).
 MOST_TAKEN = 64
+#: Seconds before a parking queue the broker refused to declare is tried again.
+RETRY_REFUSED = 60.0
 #: The properties of a message a move keeps (the rest are the broker's).
 KEPT_PROPERTIES = ("delivery_mode", "priority", "correlation_id", "reply_to", "expiration")
 
@@ -89,6 +92,7 @@ class BrokerLink:
         self._connection: Any = None
         self._channel: Any = None
         self._listed: set[str] = set()
+        self._refused: dict[str, float] = {}  # parking queue -> when the broker refused it
 
     def _ready_channel(self) -> Any:
         if self._pid != os.getpid() or self._channel is None:
@@ -124,16 +128,36 @@ class BrokerLink:
         self._ready_channel()
         return self._connection.channel()
 
-    def declare(self, parking: str, home: str, gate: Gate, namespace: str) -> None:
+    def declare(self, parking: str, home: str, gate: Gate, namespace: str) -> bool:
         """Declare parking queue ``parking`` and list it in ``namespace``'s `directory()`
-        (once per process; the entry says how to give its messages their places again)."""
-        with self.channel() as channel:
-            if parking in self._listed:
-                return
-            parking_queue_entity(parking).bind(channel).declare()
-            entry = {"parking": parking, "home": home, "gate": gate.encode()}
-            list_queue(channel, directory(namespace), entry)
+        (once per process; the entry says how to give its messages their places again).
+        False: the broker refused (a WARNING once per queue and `RETRY_REFUSED` s: the
+        task waits the old way meanwhile)."""
+        with self.lock:
+            if parking in self._listed and self._pid == os.getpid():
+                return True
+            refused_at = self._refused.get(parking)
+            if refused_at is not None and time.monotonic() - refused_at < RETRY_REFUSED:
+                return False
+            try:
+                with self.channel() as channel:
+                    parking_queue_entity(parking).bind(channel).declare()
+                    entry = {"parking": parking, "home": home, "gate": gate.encode()}
+                    list_queue(channel, directory(namespace), entry)
+            except Exception as error:  # refused (permissions, vhost) or the broker away
+                self._refused[parking] = time.monotonic()
+                logger.warning(
+                    "celery-semaphore: could not declare parking queue %r or list it in %r "
+                    "(%s). Waiting tasks of queue %r wait as countdown retries until it can: "
+                    "grant this broker user configure, write and read permissions on queues "
+                    "named %r and %r",
+                    parking, directory(namespace), error, home,
+                    f"{home}{PARKING_INFIX}*", directory(namespace),
+                )  # fmt: skip
+                return False
+            self._refused.pop(parking, None)
             self._listed.add(parking)
+            return True
 
 
 def list_queue(channel: Any, listing: str, entry: dict[str, Any]) -> None:

@@ -332,14 +332,12 @@ class ParkingProducer:
             return where
         if queue is None:
             return None
-        try:
-            state.semaphores.broker_link.declare(
-                parking_queue(queue, gate), queue, gate, config.namespace
-            )
-        except Exception as error:  # the broker refused it: the task waits at a worker
-            logger.warning("parking queue %s not declared: %r", parking_queue(queue, gate), error)
-            return None
-        return where
+        link = state.semaphores.broker_link
+        return (
+            where
+            if link.declare(parking_queue(queue, gate), queue, gate, config.namespace)
+            else None
+        )
 
     def _park_in_one_call(
         self,

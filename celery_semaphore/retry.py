@@ -155,9 +155,11 @@ class Waits:
         parking = parking_queue(home, gate)
         semaphore = semaphore_of(app, gate, self.config)
         signature = self._signature(queue=parking_queues.parking_queue_entity(parking))
+        if not link.declare(parking, home, gate, self.config.namespace):
+            self.state.waits -= 1
+            return None  # said once by the link: a countdown
         with parking_queues.parking(task_id) as deferred:
             try:
-                link.declare(parking, home, gate, self.config.namespace)
                 parked = semaphore.park(
                     task_id, encode_in_broker(parking, home), place.ticket, info=self.info,
                     due=due, ask=gate.ask,

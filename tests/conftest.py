@@ -176,7 +176,7 @@ def make_semaphore(
         loop.close()
 
 
-def _rabbitmqctl(*args: str) -> bool:
+def rabbitmqctl(*args: str) -> bool:
     command = shutil.which("rabbitmqctl")
     if command is None:
         return False
@@ -194,11 +194,11 @@ def rabbitmq_vhost() -> Iterator[str]:
         pytest.skip("no RabbitMQ on 127.0.0.1:5672")
     vhost = f"celery-semaphore-test-{uuid.uuid4().hex[:8]}"
     if not (
-        _rabbitmqctl("add_vhost", vhost)
-        and _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        rabbitmqctl("add_vhost", vhost)
+        and rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
     ):
-        _rabbitmqctl("delete_vhost", vhost)
+        rabbitmqctl("delete_vhost", vhost)
         yield ""
         return
     yield vhost
-    _rabbitmqctl("delete_vhost", vhost)
+    rabbitmqctl("delete_vhost", vhost)

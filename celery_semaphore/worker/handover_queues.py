@@ -5,7 +5,10 @@ queue (``formats.handover_queue()``) rather than to ``<queue>``: behind a backlo
 of thousands of new messages in ``<queue>``, the next owner of a freed permit
 would arrive seconds late. The workers that consume ``<queue>`` consume its
 handover queue as well (added here when the consumer starts, and again after a
-reconnect).
+reconnect). The queue is only added: the worker's event loop starts consuming once
+it can take messages (``Consumer.add_task_queue()`` would start at once, and on
+RabbitMQ a message already waiting would arrive before the worker has a callback
+for it: the consumer crashed with "Consumer does not have any callbacks").
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ class HandoverQueues(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, consumer: Any) -> None:
         if not uses_handover(consumer.app):
             return
-        for queue in list(consumer.task_consumer.queues):
-            if not is_handover_queue(queue.name):
-                consumer.add_task_queue(handover_queue(queue.name))
+        queues, tasks = consumer.app.amqp.queues, consumer.task_consumer
+        for queue in list(tasks.queues):
+            name = handover_queue(queue.name)
+            if is_handover_queue(queue.name) or tasks.consuming_from(name):
+                continue
+            # indexing makes a missing queue (task_create_missing_queues), as Celery's own
+            tasks.add_queue(queues.select_add(queues[name]))

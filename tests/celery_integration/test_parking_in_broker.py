@@ -19,14 +19,20 @@ from typing import Any
 import pytest
 from celery_harness import max_overlap
 from cluster_tools import Clusters
+from conftest import rabbitmqctl
 from kombu import Connection
+from test_handover import PARKING, block
 
+from celery_semaphore import Permit, Semaphore, SemaphoreTimeout, parking_queues
 from celery_semaphore.formats import Gate, parking_queue
-from celery_semaphore.parking_queues import parking_queue_entity
+from celery_semaphore.parked_tasks import Publisher
+from celery_semaphore.parking_queues import BrokerLink, parking_queue_entity
+from devkit.redis_servers import RedisServer
 
 pytestmark = pytest.mark.slow
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672"
+REFUSED = "could not declare parking queue"
 
 
 @pytest.fixture
@@ -104,3 +110,128 @@ def test_a_parked_task_revoked_never_runs(clusters: Clusters, rabbitmq_vhost: st
     assert revoked.id not in ran
     assert len(ran) == 6
     assert parked_messages(broker, queue) == 0
+
+
+def wait_broker_parked(cluster: Any, broker: str, queue: str, least: int) -> None:
+    cluster.wait_for(
+        lambda: parked_messages(broker, queue) >= least, 20, f"{least} messages parked"
+    )
+
+
+def test_a_line_lost_while_no_worker_ran_is_rebuilt_when_a_worker_starts(
+    clusters: Clusters, rabbitmq_vhost: str
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue, broker = f"ps-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    with RedisServer() as semaphores:
+        conf = {**PARKING, "semaphore_redis_url": semaphores.url}
+        cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
+        blocker = Semaphore(semaphores.url, "hold", 1).attempt("test-blocker")
+        assert isinstance(blocker, Permit)
+        results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(8)]
+        wait_broker_parked(cluster, broker, queue, 6)
+        semaphores.restart()  # empty: the places and the blocker are gone
+        started = time.monotonic()
+        cluster.worker(f"s1-{suffix}", concurrency=2, queues=queue)
+        assert sorted(r.get(timeout=30) for r in results) == list(range(8))
+        print(f"all ran {time.monotonic() - started:.1f} s after the worker started")
+    events = cluster.events()
+    assert len(starts(events)) == 8  # each once
+    assert max_overlap(events) == 1
+    assert parked_messages(broker, queue) == 0
+
+
+def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
+    clusters: Clusters, rabbitmq_vhost: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue, broker = f"pm-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
+    cluster.worker(f"m1-{suffix}", concurrency=2, queues=queue)
+    app = cluster.app_module.app
+    publisher = Publisher(app, BrokerLink(app))
+    mover = Semaphore(
+        cluster.state_url, "hold", 1, on_handover=publisher, handover_window=0.0,
+        handover_deadline=PARKING["semaphore_handover_deadline"],
+    )  # fmt: skip
+    publisher.semaphore = mover
+    blocker = mover.attempt("test-blocker")
+    assert isinstance(blocker, Permit)
+    results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(5)]
+    wait_broker_parked(cluster, broker, queue, 4)
+
+    taken: list[str] = []
+
+    def dies(app: Any, channel: Any, message: Any, *args: Any, **kwargs: Any) -> None:
+        taken.append(message.headers["id"])
+        raise ConnectionError("the mover died before publishing")
+
+    monkeypatch.setattr(parking_queues, "publish_moved", dies)
+    released = time.monotonic()
+    assert blocker.release()  # hands the head over: this process takes it, then fails
+    assert taken, "the handover took a message"
+    assert sorted(r.get(timeout=30) for r in results) == list(range(5))
+    took = time.monotonic() - released
+    events = cluster.events()
+    assert len(starts(events)) == 5  # none lost, none twice
+    assert max_overlap(events) == 1
+    assert took < PARKING["semaphore_handover_deadline"] + 15, took
+    mover.close()
+
+
+def test_a_parked_tasks_wait_budget_runs_out_in_the_broker(
+    clusters: Clusters, rabbitmq_vhost: str
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue, broker = f"pb-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    conf = {**PARKING, "semaphore_max_wait_time": 2.0}
+    cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
+    cluster.worker(f"b1-{suffix}", concurrency=2, queues=queue)
+    blocker = block(cluster)
+    results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(5)]
+    wait_broker_parked(cluster, broker, queue, 3)
+    for result in results:
+        with pytest.raises(SemaphoreTimeout):
+            result.get(timeout=30)
+    assert blocker.release()
+    assert starts(cluster.events()) == []
+    assert parked_messages(broker, queue) == 0
+
+
+@pytest.fixture
+def no_parking_vhost() -> Iterator[str]:
+    """A vhost where guest may not declare parking queues."""
+    vhost = f"cs-noparking-{uuid.uuid4().hex[:8]}"
+    if not (
+        rabbitmqctl("add_vhost", vhost)
+        and rabbitmqctl(
+            "set_permissions", "-p", vhost, "guest", "^(?!.*semaphore-parked).*$", ".*", ".*"
+        )
+    ):
+        rabbitmqctl("delete_vhost", vhost)
+        pytest.skip("rabbitmqctl cannot make a vhost here")
+    yield vhost
+    rabbitmqctl("delete_vhost", vhost)
+
+
+def test_a_parking_queue_the_broker_refuses_is_named_once_and_tasks_wait_the_old_way(
+    clusters: Clusters, no_parking_vhost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue, broker = "refused", f"{AMQP}/{no_parking_vhost}"
+    cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
+    worker = cluster.worker(f"n1-{uuid.uuid4().hex[:8]}", concurrency=2, queues=queue)
+    blocker = block(cluster)
+    results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(6)]
+    time.sleep(2.0)
+    assert blocker.release()
+    assert sorted(r.get(timeout=60) for r in results) == list(range(6))
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "could not declare parking queue" in r.getMessage()
+    ]
+    assert len(said) == 1, said  # the publisher's, once
+    assert "'refused.semaphore-parked.hold'" in said[0]
+    assert "grant this broker user configure, write and read permissions" in said[0]
+    assert "'refused.semaphore-parked.*'" in said[0]
+    assert worker.text().count(REFUSED) <= 2  # once per process
