@@ -89,16 +89,21 @@ PARKING_INFIX = ".semaphore-parked."
 PARKING_NAME_MOST = 200
 
 
-def parking_queue(queue: str, gate: Gate) -> str:
+def parking_queue(queue: str, gate: Gate, *, asked: bool = False) -> str:
     """Where the messages of ``queue``'s tasks waiting at ``gate`` park (on an AMQP
     broker): one queue per semaphore, fair-share account and priority, so that a
-    queue's order is its part of the line's order. A name too long to be a queue's
-    ends with a digest instead."""
+    queue's order is its part of the line's order; ``asked``: the one for tasks that
+    reached a worker and asked before they parked (their tickets are older than
+    those of the tasks parked at publish meanwhile: a queue of their own keeps each
+    queue's arrival order close to its tickets' order). A name too long to be a
+    queue's ends with a digest instead."""
     name = queue + PARKING_INFIX + gate.name
     if gate.fair_key is not None:
         name += f".account-{gate.fair_key}"
     if gate.priority:
         name += f".priority{gate.priority}"
+    if asked:
+        name += ".asked"
     if len(name.encode()) <= PARKING_NAME_MOST:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:24]

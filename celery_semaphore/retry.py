@@ -152,7 +152,7 @@ class Waits:
         published once the message is there. None: not parked (a countdown then)."""
         app, task_id = self.task.app, self.request.id
         link = state_of(app).semaphores.broker_link
-        parking = parking_queue(home, gate)
+        parking = parking_queue(home, gate, asked=True)
         semaphore = semaphore_of(app, gate, self.config)
         signature = self._signature(queue=parking_queues.parking_queue_entity(parking))
         if not link.declare(parking, home, gate, self.config.namespace):

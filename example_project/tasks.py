@@ -17,6 +17,7 @@ Environment (read at import, so set it before starting workers):
 
 - ``DEMO_REDIS_URL`` (``redis://127.0.0.1:6379/0``): broker, result backend, semaphores and the
   records below;
+- ``DEMO_BROKER_URL`` (empty: the Redis): the broker, if another one (RabbitMQ: amqp://...);
 - ``DEMO_DOWNSTREAM_URL`` (``http://127.0.0.1:8000``): the partner API;
 - ``DEMO_PARTNER_LIMIT`` (5): the partner-api cap; set it above the partner's capacity to see
   what the cap prevents (429s);
@@ -51,6 +52,7 @@ import celery_semaphore
 from celery_semaphore import LimitedTask
 
 REDIS_URL = os.environ.get("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0")
+BROKER_URL = os.environ.get("DEMO_BROKER_URL") or REDIS_URL
 DOWNSTREAM_URL = os.environ.get("DEMO_DOWNSTREAM_URL", "http://127.0.0.1:8000").rstrip("/")
 PARTNER_LIMIT = int(os.environ.get("DEMO_PARTNER_LIMIT", "5"))
 DISABLE_PREFETCH = os.environ.get("DEMO_DISABLE_PREFETCH", "1") != "0"
@@ -65,7 +67,7 @@ CRM = KEY_PREFIX + "crm:"
 CRM_ROUND_TRIP = (0.1, 0.2)  # seconds between reading and writing a customer record
 REPORT_SECONDS = (0.2, 0.4)
 
-app = Celery("example_project", broker=REDIS_URL, backend=REDIS_URL)
+app = Celery("example_project", broker=BROKER_URL, backend=REDIS_URL)
 app.conf.update(
     task_default_queue="default",
     task_routes={"example_project.tasks.build_report": {"queue": "reports"}},

@@ -13,6 +13,8 @@ lease and queue limits (used when places are taken at publish).
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 import time
 from datetime import datetime
@@ -162,3 +164,12 @@ def eta_countdowns(receiver: TaskEvents, task_id: str) -> list[float]:
             eta = datetime.fromisoformat(event["eta"]).timestamp()
             out.append(eta - float(event["timestamp"]))
     return out
+
+
+def rabbitmqctl(*args: str) -> bool:
+    """Run ``rabbitmqctl`` with ``args`` (the machine's RabbitMQ); whether it succeeded."""
+    command = shutil.which("rabbitmqctl")
+    if command is None:
+        return False
+    done = subprocess.run([command, *args], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0

@@ -7,9 +7,7 @@ teardown, whatever the outcome of the test. The shared Redis on 6379 is never us
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 from async_as_sync import BlockingSemaphore, EventLoopThread
 from celery_harness import Cluster, forget_closed_pools
+from cluster_tools import rabbitmqctl
 
 from celery_semaphore.core.redis import epochs
 from celery_semaphore.state import installed_apps
@@ -174,14 +173,6 @@ def make_semaphore(
         sem.close()
     if loop is not None:
         loop.close()
-
-
-def rabbitmqctl(*args: str) -> bool:
-    command = shutil.which("rabbitmqctl")
-    if command is None:
-        return False
-    done = subprocess.run([command, *args], capture_output=True, timeout=60, check=False)
-    return done.returncode == 0
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 from celery_harness import max_overlap
-from cluster_tools import Clusters
-from conftest import rabbitmqctl
+from cluster_tools import Clusters, rabbitmqctl
 from kombu import Connection
 from test_handover import PARKING, block
 

@@ -49,9 +49,11 @@ def test_the_waiters_own_message_is_published_and_nothing_changes(publishing: Ma
     p.check()
 
 
-def test_a_parked_waiters_message_takes_the_turn_and_the_other_is_due_again_at_once(
+def test_a_parked_waiters_message_takes_the_turn_and_the_place_of_the_other(
     publishing: MakePair,
 ) -> None:
+    """The message in hand (d) takes b's turn and, its ticket being the later, b's
+    place in line: it is served when it arrives, and b waits in d's place."""
     p = publishing(1)
     parked_behind_a_holder(p, "b", "c", "d")
     p.release("a")
@@ -62,9 +64,10 @@ def test_a_parked_waiters_message_takes_the_turn_and_the_other_is_due_again_at_o
     states = {w.holder: w.state for w in p.sem.status().waiters}
     assert states == {"b": "parked", "c": "handed over", "d": "handed over"}
     assert p.claim("b", "b", token) is Claimed.VOID, "b's turn went to d"
-    assert [h.holder for h in p.dispatch()] == ["b"], "parked since a release: due"
+    assert [w.holder for w in p.sem.status().waiters] == ["d", "c", "b"], "tickets swapped"
+    assert p.dispatch() == [], "b waits in d's place, behind c (handed over)"
     p.check()
-    assert isinstance(p.attempt("d", handover=token), Place), "d arrives: behind b and c"
+    assert not isinstance(p.attempt("d", handover=token), Place), "d arrives: served"
     p.check()
 
 
@@ -108,7 +111,9 @@ def test_a_swap_gives_the_waiter_its_earlier_copys_token_back(publishing: MakePa
     assert p.claim("d", "b", p.copies["b"][-1]) is Claimed.PUBLISH
     p.check()
     assert (p.sem.status().parked_count, p.sem.status().handed_over_count) == (0, 3)
-    assert isinstance(p.attempt("b", handover=first), Permit), "its earlier copy arrives"
+    place = p.attempt("b", handover=first)
+    assert isinstance(place, Place), "its earlier copy arrives, in d's place"
+    assert place.position == 3
     p.check()
 
 
@@ -123,7 +128,7 @@ def test_a_handed_over_waiters_message_takes_the_turn(publishing: MakePair) -> N
     p.check()
     assert p.claim("b", "c", c_token) is Claimed.VOID
     assert p.attempt("c", handover=c_token) is None, "c's own copy is stale now"
-    assert isinstance(p.attempt("c", handover=b_token), Place), "b is ahead of it"
+    assert isinstance(p.attempt("c", handover=b_token), Permit), "c took b's place too"
     p.check()
 
 

@@ -533,7 +533,10 @@ def test_a_late_handover_keeps_the_token_before_for_a_claim_to_give_back() -> No
     assert model.claim(PUBLISHING, "c", "b", late, late + 2) is Claimed.PUBLISH
     assert model.parking.records["b"] == Record(T0 + 2, State.HANDED, 0, "b's message")
     assert model.parking.records["c"] == Record(late, State.HANDED, 0, "c's message")
-    granted(attempt(model, "b", late + 3, PUBLISHING, handover=T0 + 2))
+    # c took b's turn and its place in line (the later ticket): it is served first,
+    # b's earlier copy waits behind it
+    refused(attempt(model, "b", late + 3, PUBLISHING, handover=T0 + 2))
+    granted(attempt(model, "c", late + 4, PUBLISHING, handover=late))
 
 
 def test_asking_in_person_takes_a_parked_payload_back() -> None:

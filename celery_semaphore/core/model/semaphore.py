@@ -701,7 +701,20 @@ class SemaphoreModel:
         (claim.lua; see `Parking.claim`). It frees nothing, so it reclaims nothing
         and hands over nobody."""
         self.begin(caller.pause_ms, now_us)
-        return self.parking.claim(taken, handed, token)
+        claimed = self.parking.claim(taken, handed, token)
+        if claimed is Claimed.PUBLISH and taken != handed:
+            self.swap_tickets(taken, handed)
+        return claimed
+
+    def swap_tickets(self, taken: str, handed: str) -> None:
+        """``taken`` got ``handed``'s turn (`claim`): where its ticket is the later, they
+        swap tickets, so that it is served in that place when it arrives (both wait in
+        one parking queue: one account, one priority)."""
+        mine, theirs = self.waiters.get(taken), self.waiters.get(handed)
+        if mine is None or theirs is None or mine.ticket <= theirs.ticket:
+            return
+        self.waiters[taken] = replace(mine, ticket=theirs.ticket)
+        self.waiters[handed] = replace(theirs, ticket=mine.ticket)
 
     def after_free(
         self,

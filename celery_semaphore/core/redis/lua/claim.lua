@@ -22,8 +22,12 @@
 --              h): X becomes h with T (its payload, mark 0) at H's score in handed
 --              (T's deadline); H becomes h with the token of its mark where it has
 --              one (an earlier copy, handed over before, may still be on its way),
---              else p with mark 0 (due at the next release), at its score.
--- Reads and writes KEYS[7] parked and KEYS[8] handed alone, and only for that swap:
+--              else p with mark 0 (due at the next release), at its score. Where X's
+--              ticket is later than H's, they swap tickets too (X is served in H's
+--              place when it arrives; both wait in one parking queue, so they are
+--              of one account and priority).
+-- Reads and writes KEYS[7] parked, KEYS[8] handed and the waiters' tickets alone, and
+-- only for that swap:
 -- it frees nothing, so it reclaims nothing and hands over nobody (nor restarts the
 -- keys' expiry: those it writes exist).
 
@@ -46,5 +50,10 @@ if mark ~= '0' then
   put_record(handed_to, mark .. '|h|0|' .. payload, turn)
 else
   put_record(handed_to, '0|p|0|' .. payload, turn)
+end
+local later, earlier = redis.call('ZSCORE', waiters, taken), redis.call('ZSCORE', waiters, handed_to)
+if later and earlier and tonumber(later) > tonumber(earlier) then
+  redis.call('ZADD', waiters, earlier, taken)
+  redis.call('ZADD', waiters, later, handed_to)
 end
 return {1}
