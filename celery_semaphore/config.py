@@ -31,7 +31,8 @@
   Redis that is not the broker's server and does not persist every write
   (``appendonly no``, or neither ``CONFIG`` nor ``INFO`` says): parked tasks are
   then lost with its data. Without it such a Redis gets countdown waits and one warning
-  (`celery_semaphore.durability`).
+  (`celery_semaphore.durability`). Changes nothing on an AMQP broker, where waiting
+  messages park in the broker's parking queues.
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
   with `SemaphoreTimeout`.
