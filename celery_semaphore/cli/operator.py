@@ -18,7 +18,9 @@ from celery_semaphore.core.errors import UnknownSemaphore
 from celery_semaphore.core.operations import open_semaphore, operated_store
 from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import RateLimit
+from celery_semaphore.durability import Where
 from celery_semaphore.gates import QUEUE_PREFIX
+from celery_semaphore.state import state_of
 
 from . import rows
 from .errors import prog
@@ -48,6 +50,11 @@ class Operator:
         # app's workers would (see celery_semaphore.core.redis.epochs).
         self.pause_after_loss = config.renew_every + PAUSE_MARGIN
         self._declared: dict[str, InApp] | None = None
+
+    def parked_in(self) -> str:
+        """Where this app's parked tasks' messages wait (`durability.Where`)."""
+        in_broker = state_of(self.app).parking.broker_is_amqp(self.app)
+        return str((Where.BROKER if in_broker else Where.REDIS).value)
 
     def names(self) -> list[str]:
         return self.store.semaphore_names(self.namespace)

@@ -49,7 +49,9 @@ def status(
     before first use) as 3(-); D marks a draining semaphore. WAIT counts every
     task waiting for it, and the next columns say where they wait: PARKED, kept
     aside until their turn (or handed over for it, not at a worker yet); IN PLACE,
-    blocked at a worker, their turn near; SENT, published and not at a worker yet
+    blocked at a worker, their turn near (the line below the table says where parked
+    messages wait: in the broker's parking queues on RabbitMQ, else in the
+    semaphores' Redis); SENT, published and not at a worker yet
     (in the broker, with a place or with one that lapsed); COUNTDOWN, the rest:
     refused at a worker and retried with a countdown, their messages held by a
     worker until due.
@@ -65,9 +67,12 @@ def status(
     would have delayed and by how long in all.
     """
     with operator_for(ctx) as operator:
+        parked_in = operator.parked_in()
         while True:
-            rows = _status_rows(operator, names)
+            rows = [{**row, "parked_in": parked_in} for row in _status_rows(operator, names)]
             text = json.dumps(rows, indent=2) if as_json else status_text(flat(rows))
+            if not as_json and any(row["parked"] + row["handed_over"] for row in rows):
+                text += f"\nPARKED: their messages wait {parked_in}."
             if not watch:
                 click.echo(text)
                 return
