@@ -223,26 +223,27 @@ class Heartbeat:
             report_loss(self.app, self.hostname, loss, restored, set() if in_broker else parked_in)
             restored = 0  # counted once, with the first loss reported
         if in_broker and (losses or not self._rebuilt):
-            self.rebuild_parked(only_short=not losses)
-            self._rebuilt = True
+            self._rebuilt = self.rebuild_parked(only_short=not losses)  # else: next beat
         if uses_handover(self.app):
             try:
                 self.look_after_parked()
             except SemaphoreError as error:  # Redis away: the next beat looks again
                 logger.warning("could not look after parked tasks: %s", error)
 
-    def rebuild_parked(self, *, only_short: bool = False) -> None:
+    def rebuild_parked(self, *, only_short: bool = False) -> bool:
         """Give the tasks parked in the broker that have no place in line their places
-        (`celery_semaphore.worker.parked_rebuild`)."""
+        (`celery_semaphore.worker.parked_rebuild`); whether it could (else the next beat
+        tries again)."""
         try:
             placed = rebuild(self.app, only_short=only_short)
-        except Exception as error:  # the broker or Redis away: the next loss or start
+        except Exception as error:  # the broker or Redis away: the next beat
             logger.warning("could not give the tasks parked in the broker their places: %r", error)
-            return
+            return False
         if placed:
             logger.warning(
                 "gave %d task(s) parked in the broker their places in line again", placed
             )
+        return True
 
     def look_after_parked(self) -> None:
         """Look after the parked tasks now (`ParkedLook.look`); a beat does it too."""

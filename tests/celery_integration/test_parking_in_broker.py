@@ -11,6 +11,7 @@ restarts empty.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 from celery_harness import max_overlap
 from cluster_tools import Clusters, rabbitmqctl
 from kombu import Connection
-from test_handover import PARKING, block
+from test_handover import PARKING, block, wait_parked
 
 from celery_semaphore import Permit, Semaphore, SemaphoreTimeout, parking_queues
 from celery_semaphore.formats import Gate, parking_queue
@@ -41,14 +42,17 @@ def clusters(celery_cluster: Any) -> Iterator[Clusters]:
 
 
 def parked_messages(broker_url: str, queue: str, semaphore: str = "hold") -> int:
-    """Messages in ``queue``'s parking queue of ``semaphore`` (0 before it exists)."""
-    name = parking_queue(queue, Gate(semaphore, 1))
+    """Messages in the parking queues of ``queue`` and ``semaphore``: those parked at
+    publish and those that reached a worker first (the ``.asked`` queue)."""
+    total = 0
     with Connection(broker_url) as connection:
-        entity = parking_queue_entity(name).bind(connection.default_channel)
-        try:
-            return int(entity.queue_declare(passive=True).message_count)
-        except Exception:  # not declared yet
-            return 0
+        for asked in (False, True):
+            name = parking_queue(queue, Gate(semaphore, 1), asked=asked)
+            with connection.channel() as channel:
+                entity = parking_queue_entity(name).bind(channel)
+                with contextlib.suppress(Exception):  # not declared yet
+                    total += int(entity.queue_declare(passive=True).message_count)
+    return total
 
 
 def starts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -157,7 +161,8 @@ def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
     blocker = mover.attempt("test-blocker")
     assert isinstance(blocker, Permit)
     results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(5)]
-    wait_broker_parked(cluster, broker, queue, 4)
+    wait_parked(cluster, cluster.semaphore("hold", 1), [r.id for r in results])
+    wait_broker_parked(cluster, broker, queue, 5)  # each message in its parking queue
 
     taken: list[str] = []
 

@@ -4,8 +4,8 @@ Real workers, real RabbitMQ, the semaphores in the test's own Redis (not the
 broker). A waiting task's message waits in a parking queue of the broker
 (celery_semaphore/parking_queues.py); what an observer sees must hold through a
 restart of RabbitMQ (a node of the test's own), a worker SIGKILLed while it holds
-the permit, and a bounded chaos run: every task runs, none twice, never more than
-the limit at once.
+the permit, a moved message that a busy worker starts late, and a bounded chaos
+run: every task runs, none twice, never more than the limit at once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -30,7 +31,7 @@ from cluster_tools import Clusters
 from test_chaos import APPS, LEASE, LIMIT, Execution, Observer, crowded
 from test_chaos import max_overlap as executions_overlap
 from test_handover import PARKING, block
-from test_parking_in_broker import AMQP, parked_messages, starts, wait_broker_parked
+from test_parking_in_broker import AMQP, parked_messages, starts
 
 from celery_semaphore import Semaphore
 from devkit.processes import Processes, wait_until, worker_command
@@ -42,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 @pytest.fixture
 def rabbitmq_node() -> Iterator[RabbitMQNode]:
-    """A RabbitMQ node of this test's own (about 6-12 s to boot), stopped by pid."""
+    """A RabbitMQ node of this test's own (4-12 s to boot), stopped by pid."""
     node = RabbitMQNode()
     try:
         node.start()
@@ -59,6 +60,20 @@ def clusters(celery_cluster: Any) -> Iterator[Clusters]:
         yield made
 
 
+def wait_all_parked(cluster: Any, broker_url: str, queue: str, count: int) -> None:
+    cluster.wait_for(
+        lambda: parked_messages(broker_url, queue) >= count, 20, f"{count} messages parked"
+    )
+
+
+def stuck(cluster: Any, broker_url: str, queue: str, error: Exception) -> str:
+    """What a test that timed out waiting for its tasks says: the line, the parking
+    queues, the workers' logs."""
+    line = [(w.holder, w.state) for w in cluster.semaphore("hold").status().waiters]
+    logs = "\n".join(f"--- {w.name}\n{w.text()[-6000:]}" for w in cluster.workers)
+    return f"{error!r}; line {line}; parked {parked_messages(broker_url, queue)}\n{logs}"
+
+
 def ran_once_each(events: list[dict[str, Any]], ids: list[str]) -> None:
     started = [e["id"] for e in starts(events)]
     assert sorted(started) == sorted(ids), "each task starts once"
@@ -72,8 +87,10 @@ def test_parked_messages_survive_a_restart_of_rabbitmq_and_all_run_once(
     persistent) while the workers are connected; then the permits free and every task
     runs once, never more than 2 at once.
 
-    Costs about 35-45 s: the node boots twice (6-12 s each on a 2-CPU machine), and
-    Celery's consumer reconnects on kombu's schedule (2, 4, 6, 8 s apart)."""
+    Costs 15-25 s: the node boots twice (4-12 s each on a 2-CPU machine), and
+    Celery's consumers reconnect on kombu's schedule (2, 4, 6, 8 s apart), so the
+    first handovers are moved while no consumer is back: the moved messages must
+    still run when the consumers are."""
     queue, broker = "restarted", rabbitmq_node.url
     cluster = clusters(limit=2, broker_url=broker, extra_conf=PARKING)
     for name in ("a", "b"):
@@ -81,7 +98,7 @@ def test_parked_messages_survive_a_restart_of_rabbitmq_and_all_run_once(
     blockers = [block(cluster, limit=2, number=n) for n in range(2)]
     hold = cluster.app_module.hold
     results = [hold.apply_async((0.2, i), queue=queue) for i in range(10)]
-    wait_broker_parked(cluster, broker, queue, 10)
+    wait_all_parked(cluster, broker, queue, 10)
 
     rabbitmq_node.restart()
     assert parked_messages(broker, queue) == 10, "the parked messages survive the restart"
@@ -89,12 +106,9 @@ def test_parked_messages_survive_a_restart_of_rabbitmq_and_all_run_once(
     for blocker in blockers:
         assert blocker.release()
     try:
-        assert sorted(r.get(timeout=60) for r in results) == list(range(10))
+        assert sorted(r.get(timeout=30) for r in results) == list(range(10))
     except Exception as error:
-        logs = "\n".join(f"--- {w.name}\n{w.text()[-6000:]}" for w in cluster.workers)
-        raise AssertionError(
-            f"{error!r}; parked {parked_messages(broker, queue)}\n{logs}"
-        ) from error
+        raise AssertionError(stuck(cluster, broker, queue, error)) from error
     print(f"all ran {time.monotonic() - released:.1f} s after the permits freed")
     events = cluster.events()
     ran_once_each(events, [r.id for r in results])
@@ -109,24 +123,26 @@ def test_a_worker_killed_holding_the_permit_leaves_the_tasks_parked_in_the_broke
 ) -> None:
     """Limit 1, a 2 s lease: a task of worker k1 holds the permit, six more wait in the
     broker. k1 dies whole (SIGKILL to its main process and children): nobody releases,
-    the lease runs out, and worker k2 runs the six, once each, one at a time."""
+    the lease runs out, and worker k2 runs the six, once each, one at a time. (k1
+    consumes another queue than the six's: on RabbitMQ a busy worker still takes a
+    message into its buffer, which its death would give back rather than park.)"""
     suffix = uuid.uuid4().hex[:8]
     queue, broker, lease = f"pk-{suffix}", f"{AMQP}/{rabbitmq_vhost}", 2.0
-    # No prefetch: the busy victim must not hold waiting messages in its buffer.
-    conf = {**PARKING, "worker_disable_prefetch": True}
-    cluster = clusters(limit=1, lease=lease, broker_url=broker, extra_conf=conf)
-    victim = cluster.worker(f"k1-{suffix}", concurrency=1, queues=queue)
-    hold = cluster.app_module.hold
-    long = hold.apply_async((60, "long"), queue=queue)
-    cluster.wait_for(lambda: cluster.started(long.id), 20, "the long task started")
-    # Only now the second worker: with both up, the long task could start on it.
+    cluster = clusters(limit=1, lease=lease, broker_url=broker, extra_conf=PARKING)
+    victim = cluster.worker(f"k1-{suffix}", concurrency=1, queues=f"{queue}-long")
     cluster.worker(f"k2-{suffix}", concurrency=2, queues=queue)
+    hold = cluster.app_module.hold
+    long = hold.apply_async((60, "long"), queue=f"{queue}-long")
+    cluster.wait_for(lambda: cluster.started(long.id), 20, "the long task started")
     waiting = [hold.apply_async((0.1, i), queue=queue) for i in range(6)]
-    wait_broker_parked(cluster, broker, queue, 6)
+    wait_all_parked(cluster, broker, queue, 6)
 
     victim.kill_all()
     killed_at = time.time()
-    assert [r.get(timeout=30) for r in waiting] == list(range(6))
+    try:
+        assert [r.get(timeout=30) for r in waiting] == list(range(6))
+    except Exception as error:
+        raise AssertionError(stuck(cluster, broker, queue, error)) from error
     took = time.time() - killed_at
     print(f"the parked tasks ran {took:.1f} s after the kill (lease {lease} s)")
     events = cluster.events()
@@ -142,11 +158,42 @@ def test_a_worker_killed_holding_the_permit_leaves_the_tasks_parked_in_the_broke
     assert (status.holder_count, status.waiter_count) == (0, 0)
 
 
+def test_a_task_moved_out_of_its_parking_queue_runs_even_if_its_worker_starts_it_late(
+    clusters: Clusters, rabbitmq_vhost: str
+) -> None:
+    """Limit 1, a 1.5 s handover deadline, one worker whose only pool process is busy
+    for 6 s with a task of no semaphore. Three tasks park in the broker; the permit
+    frees: the head's message is moved to the handover queue and reaches the busy
+    worker, which starts it only when its pool process is free, several deadlines
+    later (the deadline hands the turn over again meanwhile). The moved message is
+    the task's only copy: every task still runs, once each, one at a time."""
+    suffix = uuid.uuid4().hex[:8]
+    queue, broker = f"pl-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
+    cluster.worker(f"l1-{suffix}", concurrency=1, queues=queue)
+    blocker = block(cluster)
+    tasks = cluster.app_module
+    results = [tasks.hold.apply_async((0.05, i), queue=queue) for i in range(3)]
+    wait_all_parked(cluster, broker, queue, 3)
+    busy = tasks.plain.apply_async((6.0, "busy"), queue=queue)
+    cluster.wait_for(lambda: cluster.started(busy.id), 20, "the busy task started")
+    assert blocker.release()
+    try:
+        assert [r.get(timeout=30) for r in results] == list(range(3))
+    except Exception as error:
+        raise AssertionError(stuck(cluster, broker, queue, error)) from error
+    events = [e for e in cluster.events() if e["id"] != busy.id]
+    ran_once_each(events, [r.id for r in results])
+    assert max_overlap(events) == 1
+    assert parked_messages(broker, queue) == 0
+
+
 # ---- chaos on RabbitMQ, the semaphores in a Redis of their own that loses its data ----
 
 CHAOS_SECONDS, SETTLE_SECONDS = 20.0, 25.0
 WORKERS, CONCURRENCY = 2, 3
 DATA_LOSSES, BETWEEN_LOSSES = 2, 7.0
+REBUILT = re.compile(r"gave (\d+) task\(s\) parked in the broker their places")
 
 
 def test_chaos_on_rabbitmq_with_the_semaphores_in_a_redis_that_loses_its_data(
@@ -243,10 +290,10 @@ def run_chaos(
     stop_producing = threading.Event()
 
     def produce() -> None:
-        while not stop_producing.wait(rng.uniform(0.05, 0.25)):
+        while not stop_producing.wait(rng.uniform(0.05, 0.2)):
             try:
                 result = chaos_app.body.apply_async(
-                    (round(rng.uniform(0.05, 0.4), 3),),
+                    (round(rng.uniform(0.1, 0.6), 3),),
                     {"account": rng.choice("AAAB")},
                     priority=rng.choice([None, None, 0, 5]),
                 )
@@ -339,8 +386,10 @@ def run_chaos(
         "peak bodies": executions_overlap(executions, now),
         "lost with a killed worker": len(lost_with_worker),
     }
-    print("chaos figures:", json.dumps(figures))
     logs = "\n".join(f"--- {w.name}\n{w.text()}" for w in processes)
+    figures["parked at a worker"] = logs.count("retry: waiting for a permit")
+    figures["places rebuilt"] = sum(map(int, REBUILT.findall(logs)))
+    print("chaos figures:", json.dumps(figures))
 
     if figures["peak bodies"] > LIMIT:
         pytest.fail(f"more bodies than the limit: {crowded(executions, now)}\n{figures}")
@@ -362,3 +411,4 @@ def run_chaos(
     assert done["data loss"] == DATA_LOSSES, done
     assert "lost its data" in logs
     assert figures["executions"] > 30, figures  # the run did real work
+    assert figures["parked at a worker"] > 10, figures  # and lines were long

@@ -92,11 +92,17 @@ def arrival(record: Record | None, token: int) -> Arrival:
     """What a waiter presenting handover ``token`` is (arrival()).
 
     Why: a copy may be delivered twice, or handed over again after its deadline while
-    the first copy was only late; only the newest copy may take the place, once."""
+    the first copy was only late. While it is handed over (``h``), the first copy to
+    arrive takes the place, whichever handover's it is, and any other copy is stale
+    after it: a message moved out of a parking queue is the task's only copy, and a
+    later handover of it may find nothing left to move (its token must not make that
+    copy stale). A copy presenting the token of its arrival again is a redelivery."""
     if record is None:
         return Arrival.AGAIN
-    if record.token != token or record.state is State.SERVED:
+    if record.state is State.SERVED:
         return Arrival.STALE
+    if record.token != token:
+        return Arrival.VALID if record.state is State.HANDED else Arrival.STALE
     if record.state in (State.ARRIVED, State.IN_PLACE):
         return Arrival.AGAIN
     return Arrival.VALID

@@ -16,7 +16,7 @@
 --   h          p, h  claim.lua                       its handover went to the message
 --                                                    taken: p (mark 0), or h with the
 --                                                    token of its mark (mark 0)
---   h          d     acquire.lua (arrival())         the copy handed over last arrives
+--   h          d     acquire.lua (arrival())         a copy handed over arrives (the first)
 --   h          x     acquire.lua (served())          served in person, a copy on its way
 --   p          -     acquire.lua                     it asks in person, or is served so
 --   -, d, w    w     acquire.lua (mark_in_place())   refused while it waits in place
@@ -123,15 +123,18 @@ local function served(holder)
   end
 end
 
--- What a waiter presenting handover ``token`` is: 'valid' (the copy handed over
--- last: its record becomes a tombstone), 'again' (that copy delivered again, or
--- no record: proceed as usual), or 'stale' (an older copy: drop it).
+-- What a waiter presenting handover ``token`` is: 'valid' (the first copy to arrive
+-- while it is handed over, whichever handover's: its record becomes a tombstone with
+-- that token; a message moved out of a parking queue is the only copy, and a later
+-- handover may have found nothing to move), 'again' (the copy that arrived, delivered
+-- again, or no record: proceed as usual), or 'stale' (any other copy: drop it). See
+-- arrival() in core/model/parking.py.
 local function arrival(holder, token)
   local record = redis.call('HGET', parked, holder)
   if not record then return 'again' end
   local current, state = parked_in(record)
-  if current ~= token or state == 'x' then return 'stale' end
-  if state == 'd' or state == 'w' then return 'again' end
+  if state == 'x' or (current ~= token and state ~= 'h') then return 'stale' end
+  if current == token and (state == 'd' or state == 'w') then return 'again' end
   put_record(holder, token .. '|d|0|', record)
   redis.call('ZADD', handed, now_ms + TOMBSTONE_MS, holder)
   return 'valid'
