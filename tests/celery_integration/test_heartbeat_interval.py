@@ -11,6 +11,7 @@ from celery_semaphore.worker.heartbeat import renew_interval
 def make_app(name: str) -> Celery:
     app = Celery(name, broker="memory://", set_as_current=False)
     app.conf.semaphore_lease_timeout = 60.0
+    app.conf.semaphore_redis_url = "memory://"  # a broker that is not Redis needs one
     return app
 
 
