@@ -260,10 +260,8 @@ class ParkingProducer:
         if not (isinstance(headers, dict) and headers.pop(PARK_MARK, None)):
             return self._producer.publish(body, **options)
         with parking_queues.parking(headers.get("id")) as deferred:
-            if self._park(body, options):
-                return None
-            sent = self._producer.publish(body, **options)
-        for hand_over in deferred:  # its own, now that its message is in its parking queue
+            sent = None if self._park(body, options) else self._producer.publish(body, **options)
+        for hand_over in deferred:  # its own, now that its message is where it parked
             hand_over()
         return sent
 

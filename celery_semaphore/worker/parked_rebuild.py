@@ -15,6 +15,7 @@ it starts (a message parked while Redis failed has no place either).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -57,7 +58,7 @@ def rebuild(app: Any, *, only_short: bool = False) -> int:
     link = state_of(app).semaphores.broker_link
     entries = read_directory(link, config.namespace)
     if only_short:
-        entries = short_of_places(app, link, entries, config)
+        entries = short_of_places(app, entries, config)
     placed = 0
     for entry in entries:
         try:
@@ -68,17 +69,15 @@ def rebuild(app: Any, *, only_short: bool = False) -> int:
 
 
 def short_of_places(
-    app: Any, link: BrokerLink, entries: list[dict[str, Any]], config: SemaphoreConfig
+    app: Any, entries: list[dict[str, Any]], config: SemaphoreConfig
 ) -> list[dict[str, Any]]:
     """The entries of the semaphores whose parking queues hold more messages than their
-    lines count parked or handed over."""
+    lines count parked or handed over (each entry's ``messages``: read with the
+    directory)."""
     messages: dict[str, int] = {}
-    with link.channel() as channel:
-        for entry in entries:
-            queue = parking_queue_entity(entry["parking"]).bind(channel)
-            _, count, _ = queue.queue_declare(passive=False)
-            name = Gate.decode(entry["gate"]).name
-            messages[name] = messages.get(name, 0) + int(count)
+    for entry in entries:
+        name = Gate.decode(entry["gate"]).name
+        messages[name] = messages.get(name, 0) + entry["messages"]
     store = state_of(app).semaphores.store(config.redis_url)
     counted = {c.name: c.parked_count + c.handed_over_count for c in store.counts(
         config.namespace, [name for name, count in messages.items() if count]
@@ -87,9 +86,23 @@ def short_of_places(
     return [entry for entry in entries if Gate.decode(entry["gate"]).name in short]
 
 
+def messages_in(link: BrokerLink, name: str) -> int | None:
+    """How many messages queue ``name`` holds (ready), or None: it is gone (deleted;
+    never declared again by a rebuild). Hold the link's lock."""
+    channel = link.side_channel()
+    try:
+        _, count, _ = parking_queue_entity(name).bind(channel).queue_declare(passive=True)
+    except Exception:  # 404: the broker closes the channel
+        return None
+    with contextlib.suppress(Exception):
+        channel.close()
+    return int(count)
+
+
 def read_directory(link: BrokerLink, namespace: str) -> list[dict[str, Any]]:
-    """The parking queues listed in ``namespace``'s `directory()`, one entry each; the
-    directory is written back compacted (one message per queue)."""
+    """The parking queues listed in ``namespace``'s `directory()` that still exist, one
+    entry each, with the messages each holds (``messages``); the directory is written
+    back compacted (one message per queue, none for a queue deleted since)."""
     entries: dict[str, dict[str, Any]] = {}
     listing = directory(namespace)
     with link.channel() as channel:
@@ -103,11 +116,15 @@ def read_directory(link: BrokerLink, namespace: str) -> list[dict[str, Any]]:
                 entries[str(entry["parking"])] = entry
             except (ValueError, KeyError, TypeError):
                 logger.warning("dropped an unreadable entry of %s: %r", listing, message.body)
+        found = []
         for entry in entries.values():
-            list_queue(channel, listing, entry)
+            count = messages_in(link, entry["parking"])
+            if count is not None:
+                list_queue(channel, listing, entry)
+                found.append({**entry, "messages": count})
         for message in taken:
             message.ack()
-    return list(entries.values())
+    return found
 
 
 def rebuild_queue(
