@@ -482,8 +482,8 @@ def admit(admission: Admission, waits: Waits) -> None:
             raise waits.countdown(gate, place, decision.delay)
     except StaleHandover as stale:
         logger.info(
-            "%s[%s]: dropped an older copy of this task (semaphore %s handed over a "
-            "newer one, or the task was served already)",
+            "%s[%s]: dropped another copy of this task (a copy semaphore %s handed "
+            "over arrived first, or the task was served already)",
             admission.task.name,
             admission.request.id,
             stale.name,

@@ -8,7 +8,7 @@ and the execution ends as a Celery retry that publishes nothing. When permits
 free up, the script that frees them selects the parked tasks now due, in
 ticket order, and the calling process publishes them here (`Publisher`).
 Each published copy carries its handover token in the ``celery_semaphore``
-header; an older copy that arrives later is dropped at admission
+header; a copy that arrives after another one took the place is dropped at admission
 (``StaleHandover``)::
 
     refused, position 40 -> park(payload)  -> Retry (RETRY in Flower, nothing published)

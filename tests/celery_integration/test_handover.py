@@ -211,7 +211,7 @@ def test_the_publisher_dying_between_selection_and_publish_delays_the_task_by_th
 
     app = cluster.app_module.app
     publish(app, sem, selected[0], BrokerLink(app))  # the stale copy after all
-    line = f"[{result.id}]: dropped an older copy of this task"
+    line = f"[{result.id}]: dropped another copy of this task"
     cluster.wait_for(lambda: line in worker.text(), 10, "the stale copy dropped")
     time.sleep(0.5)
     assert starts(cluster, result.id) == ["once"], "ran twice"

@@ -2,7 +2,7 @@
 
 A parked waiter leaves a payload and stops asking; whichever call of a
 publishing client makes it due hands it over (``on_handover``); it comes back
-presenting the handover token, and an older copy is refused as stale.
+presenting the handover token, and a copy arriving after another took the place is refused as stale.
 """
 
 from __future__ import annotations
