@@ -1,20 +1,22 @@
 """Where a waiting task's message may be parked: only where it is at least as safe
 as in the broker.
 
-On an AMQP broker (RabbitMQ) a parked task's message never leaves the broker: it
-waits in a parking queue (`celery_semaphore.parking_queues`), whatever the
-semaphores' Redis keeps (`Where.BROKER`). Elsewhere, parking takes a task's
-message out of the broker and keeps it beside its place in line, in the
-semaphores' Redis, until its turn (`Where.REDIS`). A message we take out of the
-broker must be at least as safe where we put it, so a task parks there (at the
-worker, `celery_semaphore.retry.Waits`, or at publish,
+On RabbitMQ (an AMQP broker), and on a Redis broker whose server is not the
+semaphores' Redis, a parked task's message never leaves the broker: it waits in
+a parking queue (`celery_semaphore.parking_queues`), whatever the semaphores'
+Redis keeps (`Where.BROKER`). Where the semaphores' Redis is the broker's own
+server (same host and port, or the same unix socket; the database may differ),
+parking takes a task's message out of the broker's queue and keeps it beside its
+place in line, in that Redis, until its turn (`Where.REDIS`): a loss there takes
+the broker's messages too, so parking changes nothing.
+
+On any other broker (kombu's other transports, SQS) a task parks in the
+semaphores' Redis (at the worker, `celery_semaphore.retry.Waits`, or at publish,
 `celery_semaphore.publish.ParkingProducer`) only when one of these holds:
 
-- that Redis is the broker's own server (same host and port, or the same unix
-  socket; the database may differ): a loss there takes the broker's messages
-  too, so parking changes nothing;
-- it persists every write (``appendonly yes``, read with ``CONFIG GET`` and
-  re-read every `RECHECK_EVERY` s; on Redis Cluster, on every primary);
+- it persists every write (``appendonly yes``, read with ``CONFIG GET`` or
+  ``INFO`` and re-read every `RECHECK_EVERY` s; on Redis Cluster, on every
+  primary);
 - the task's settings opt in: ``semaphore_park_without_persistence = True``.
 
 Otherwise the task waits as a countdown retry, its message in the broker, and
@@ -116,26 +118,40 @@ class ParkingSafety:
         # every publish.
         self._brokers: dict[str, tuple[float, bool]] = {}
         self._warned: set[str] = set()
-        self._amqp: bool | None = None
+        self._driver: str | None = None
+
+    def broker_driver(self, app: Any) -> str:
+        """The kind of the app's broker: ``"amqp"`` (RabbitMQ), ``"redis"``, or another
+        of kombu's transports."""
+        if self._driver is None:
+            try:
+                self._driver = str(app.connection_for_write().transport.driver_type)
+            except Exception:  # an unknown transport: not one to park in
+                self._driver = ""
+        return self._driver
 
     def broker_is_amqp(self, app: Any) -> bool:
-        """Whether the app's broker speaks AMQP (RabbitMQ): tasks park in its parking
-        queues, and a higher priority goes first (`celery_semaphore.gates.urgency`)."""
-        if self._amqp is None:
-            try:
-                driver = app.connection_for_write().transport.driver_type
-            except Exception:  # an unknown transport: not one to park in
-                driver = ""
-            self._amqp = driver == "amqp"
-        return self._amqp
+        """Whether the app's broker speaks AMQP (RabbitMQ): a higher priority goes first
+        there (`celery_semaphore.gates.urgency`)."""
+        return self.broker_driver(app) == "amqp"
+
+    def has_parking_queues(self, app: Any) -> bool:
+        """Whether tasks of the app may park in its broker's parking queues (RabbitMQ,
+        Redis): what a worker rebuilds after a data loss."""
+        return self.broker_driver(app) in ("amqp", "redis")
 
     def where(self, app: Any, config: SemaphoreConfig, store: OperatedStore) -> Where | None:
-        """Where a task with settings ``config`` parks: in the broker (an AMQP broker),
-        in ``config.redis_url`` (``store`` is there: its ``persistence()`` says), or
-        nowhere (None: it waits as a countdown retry; logs the WARNING once per URL)."""
-        if self.broker_is_amqp(app):
+        """Where a task with settings ``config`` parks: in the broker (RabbitMQ, or a
+        Redis broker that is not ``config.redis_url``'s server), in
+        ``config.redis_url`` (its server is the broker's, or ``store``'s
+        ``persistence()`` says it keeps every write, or the opt-in), or nowhere
+        (None: it waits as a countdown retry; logs the WARNING once per URL)."""
+        driver = self.broker_driver(app)
+        if driver == "amqp" or (
+            driver == "redis" and not self._is_the_brokers(app, config.redis_url)
+        ):
             return Where.BROKER
-        if config.park_without_persistence or self._is_the_brokers(app, config.redis_url):
+        if driver == "redis" or config.park_without_persistence:
             return Where.REDIS
         persistence = self.persistence(store, config.redis_url)
         if persistence is None:

@@ -1,7 +1,8 @@
 """Parking queues: a waiting task's message waits in the broker, in a queue no worker consumes.
 
-On an AMQP broker (RabbitMQ) a task refused a permit far from the head of the line
-does not leave the broker: its message is published to a *parking queue* of its
+On an AMQP broker (RabbitMQ), and on a Redis broker whose server is not the
+semaphores' Redis, a task refused a permit far from the head of the line does not
+leave the broker: its message is published to a *parking queue* of its
 home queue, semaphore, fair-share account and priority (`formats.parking_queue()`),
 and its place in line records only where to take it from (`formats.InBroker`).
 When its turn comes, the process that frees the permit moves the head of that
@@ -22,10 +23,15 @@ The semaphores' Redis holds no message: when it loses its data,
 `celery_semaphore.worker.parked_rebuild` reads every parking queue (listed in the
 broker itself, in a `directory()` queue, so which queues to read does not depend
 on the lost data) and gives each message its place again.
+
+On a Redis broker a parking queue is a list of the broker's Redis, taken from
+atomically, and the directory a hash (`celery_semaphore.parking_lists`); the rest
+is the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +46,7 @@ from kombu import entity, messaging
 
 from .core import Claimed, Handover, Semaphore
 from .formats import PARKING_INFIX, Gate, InBroker, handover_queue, with_handover
+from .parking_lists import ParkingLists, owner_name
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +100,25 @@ class BrokerLink:
         self._channel: Any = None
         self._listed: set[str] = set()
         self._refused: dict[str, float] = {}  # parking queue -> when the broker refused it
+        self._owner = owner_name()
 
     def _ready_channel(self) -> Any:
         if self._pid != os.getpid() or self._channel is None:
+            if self._pid != os.getpid():
+                self._owner = owner_name()
             self._pid, self._listed = os.getpid(), set()
             options = dict(self.app.conf.broker_transport_options or {}, confirm_publish=True)
             self._connection = self.app.connection_for_write(transport_options=options)
             self._channel = self._connection.channel()
         return self._channel
+
+    def lists(self, namespace: str) -> ParkingLists | None:
+        """On a Redis broker, its parking queues as lists (`celery_semaphore.parking_lists`:
+        what takes, lists and reads them there); None on an AMQP broker. Hold the lock."""
+        channel = self._ready_channel()
+        if self._connection.transport.driver_type != "redis":
+            return None
+        return ParkingLists(channel, namespace, self._owner)
 
     def reset(self) -> None:
         """Drop the connection: the broker puts back the messages taken and not
@@ -143,7 +161,11 @@ class BrokerLink:
                 with self.channel() as channel:
                     parking_queue_entity(parking).bind(channel).declare()
                     entry = {"parking": parking, "home": home, "gate": gate.encode()}
-                    list_queue(channel, directory(namespace), entry)
+                    lists = self.lists(namespace)
+                    if lists is not None:
+                        lists.list_queue(directory(namespace), entry)
+                    else:
+                        list_queue(channel, directory(namespace), entry)
             except Exception as error:  # refused (permissions, vhost) or the broker away
                 self._refused[parking] = time.monotonic()
                 logger.warning(
@@ -199,8 +221,9 @@ def move(link: BrokerLink, semaphore: Semaphore, handover: Handover, where: InBr
     gone; the handover's deadline brings the turn back."""
     with link.channel() as channel:
         parking = parking_queue_entity(where.parking).bind(channel)
+        lists = link.lists(semaphore.namespace)
         for _ in range(MOST_TAKEN):
-            message = parking.get(no_ack=False)
+            message = lists.take(where.parking) if lists else parking.get(no_ack=False)
             if message is None:
                 return
             taken = (message.headers or {}).get("id")
@@ -214,12 +237,26 @@ def move(link: BrokerLink, semaphore: Semaphore, handover: Handover, where: InBr
                 return
             if answer is not Claimed.STALE:
                 token = handover if answer is Claimed.PUBLISH else None
-                publish_moved(
-                    link.app, channel, message, where.home, semaphore.name, handover=token
-                )
+                try:
+                    publish_moved(
+                        link.app, channel, message, where.home, semaphore.name, handover=token
+                    )
+                except Exception:
+                    with contextlib.suppress(Exception):  # else: when the connection closes
+                        message.reject(requeue=True)
+                    raise
             message.ack()
             if answer is Claimed.PUBLISH:
                 return
+
+
+def sweep(link: BrokerLink, namespace: str) -> int:
+    """On a Redis broker, put back the messages a process of ``namespace`` stopped
+    moving (`celery_semaphore.parking_lists.ParkingLists.sweep`); on RabbitMQ the
+    broker does it when the process's connection closes."""
+    with link.channel():
+        lists = link.lists(namespace)
+        return 0 if lists is None else lists.sweep()
 
 
 def publish_moved(

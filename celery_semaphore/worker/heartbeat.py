@@ -29,8 +29,10 @@ from celery_semaphore.config import get_config, task_config, uses_handover
 from celery_semaphore.core import losses
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.core.results import DataLoss
+from celery_semaphore.durability import Where
 from celery_semaphore.formats import Gate, recorded_gates
 from celery_semaphore.gates import semaphore_of
+from celery_semaphore.parking_queues import sweep
 from celery_semaphore.state import state_of
 from celery_semaphore.worker.data_loss import WrittenBack, report_loss
 from celery_semaphore.worker.dead_children import killed
@@ -217,18 +219,34 @@ class Heartbeat:
         self._reported &= live
         self._missing = {k: v for k, v in self._missing.items() if k in live}
         losses, self._losses = self._losses, []
-        in_broker = uses_handover(self.app) and state_of(self.app).parking.broker_is_amqp(self.app)
+        in_broker = uses_handover(self.app) and self.parks_in_broker()
         for loss, parked_in in losses:
             # parked in the broker: nothing lost, their places are given back below
             report_loss(self.app, self.hostname, loss, restored, set() if in_broker else parked_in)
             restored = 0  # counted once, with the first loss reported
         if in_broker and (losses or not self._rebuilt):
             self._rebuilt = self.rebuild_parked(only_short=not losses)  # else: next beat
+        if in_broker:
+            self.sweep_moving()
         if uses_handover(self.app):
             try:
                 self.look_after_parked()
             except SemaphoreError as error:  # Redis away: the next beat looks again
                 logger.warning("could not look after parked tasks: %s", error)
+
+    def parks_in_broker(self) -> bool:
+        """Whether the app's parked tasks wait in its broker's parking queues."""
+        state, config = state_of(self.app), get_config(self.app)
+        store = state.semaphores.store(config.redis_url)
+        return state.parking.where(self.app, config, store) is Where.BROKER
+
+    def sweep_moving(self) -> None:
+        """Put back the parked messages a process stopped moving (a Redis broker:
+        `celery_semaphore.parking_lists`)."""
+        try:
+            sweep(state_of(self.app).semaphores.broker_link, get_config(self.app).namespace)
+        except Exception as error:  # the broker away: the next beat
+            logger.warning("could not look for parked messages stopped mid-move: %r", error)
 
     def rebuild_parked(self, *, only_short: bool = False) -> bool:
         """Give the tasks parked in the broker that have no place in line their places

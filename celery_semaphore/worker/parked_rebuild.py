@@ -1,14 +1,16 @@
 """Giving the tasks parked in the broker their places again (after a data loss, at a start).
 
-On an AMQP broker a parked task's message waits in a parking queue
-(`celery_semaphore.parking_queues`) and its place in line, in Redis, says only
-where. When Redis loses its data the messages are safe and their places are gone:
-nobody would hand them over. `rebuild()` reads the parking queues listed in the
-broker (its namespace's `directory()` queue: which queues to read does not depend
-on the lost data), takes each one's messages without acknowledging them, parks each message
-that has no place (with the ticket it carries, so the line keeps its order), gives
-them back to the broker (which puts them back in their order) and hands over those
-now due. A message whose task was already served is a stale copy: it is dropped.
+On RabbitMQ, or a Redis broker apart from the semaphores' Redis, a parked task's
+message waits in a parking queue (`celery_semaphore.parking_queues`) and its
+place in line, in the semaphores' Redis, says only where. When that Redis loses
+its data the messages are safe and their places are gone: nobody would hand them
+over. `rebuild()` reads the parking queues listed in the broker (its namespace's
+`directory()`: which queues to read does not depend on the lost data), parks
+each message that has no place (with the ticket it carries, so the line keeps
+its order) and hands over those now due. On RabbitMQ it takes each queue's
+messages without acknowledging them and gives them back (the broker puts them
+back in their order); on a Redis broker it reads the lists without taking from
+them. A message whose task was already served is a stale copy: it is dropped.
 A worker does it when it notices the loss (while admissions are paused) and when
 it starts (a message parked while Redis failed has no place either).
 """
@@ -20,6 +22,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery_semaphore.config import SemaphoreConfig, get_config
@@ -101,11 +104,15 @@ def messages_in(link: BrokerLink, name: str) -> int | None:
 
 def read_directory(link: BrokerLink, namespace: str) -> list[dict[str, Any]]:
     """The parking queues listed in ``namespace``'s `directory()` that still exist, one
-    entry each, with the messages each holds (``messages``); the directory is written
-    back compacted (one message per queue, none for a queue deleted since)."""
+    entry each, with the messages each holds (``messages``); on RabbitMQ the directory
+    is written back compacted (one message per queue, none for a queue deleted
+    since)."""
     entries: dict[str, dict[str, Any]] = {}
     listing = directory(namespace)
     with link.channel() as channel:
+        lists = link.lists(namespace)
+        if lists is not None:
+            return lists.directory(listing)
         queue = parking_queue_entity(listing).bind(channel)
         queue.declare()
         taken = []
@@ -142,6 +149,54 @@ def rebuild_queue(
         handover_deadline=config.handover_deadline,
     )  # fmt: skip
     payload = encode_in_broker(parking, home)
+    with link.channel():
+        lists = link.lists(config.namespace)
+        placed = (
+            rebuild_amqp_queue(link, quiet, parking, payload=payload, gate=gate, config=config)
+            if lists is None
+            else sum(
+                place_again(quiet, headers, drop, payload=payload, gate=gate, config=config)
+                for headers, drop in lists.messages(parking)
+            )
+        )
+    if placed:
+        record_limit(quiet)
+        semaphore = semaphore_of(app, gate, config)
+        if later and semaphore.on_handover is not None:
+            semaphore.on_handover(later)
+        semaphore.dispatch()
+    return placed
+
+
+def place_again(
+    quiet: Semaphore,
+    headers: dict[str, Any],
+    drop: Callable[[], None],
+    *,
+    payload: str,
+    gate: Gate,
+    config: SemaphoreConfig,
+) -> int:
+    """Park the message with ``headers`` again if it has no place (1), drop it if its
+    task was served already (``drop``), else leave it (0)."""
+    holder = headers.get("id")
+    if not holder:
+        return 0
+    answer = quiet.claim(holder, Handover(holder, PROBE_TOKEN, payload))
+    if answer is Claimed.STALE:
+        drop()
+    elif answer is Claimed.ABSENT:
+        park_again(quiet, headers, payload, gate, config)
+        return 1
+    return 0
+
+
+def rebuild_amqp_queue(
+    link: BrokerLink, quiet: Semaphore, parking: str, *, payload: str, gate: Gate,
+    config: SemaphoreConfig,
+) -> int:  # fmt: skip
+    """Place the messages of RabbitMQ parking queue ``parking``: taken on a channel of
+    their own, given back in their order when it closes."""
     placed = 0
     with link.lock:
         channel = link.side_channel()
@@ -151,23 +206,12 @@ def rebuild_queue(
                 message = queue.get(no_ack=False)
                 if message is None:
                     break
-                holder = (message.headers or {}).get("id")
-                if not holder:
-                    continue
-                answer = quiet.claim(holder, Handover(holder, PROBE_TOKEN, payload))
-                if answer is Claimed.STALE:
-                    message.ack()
-                elif answer is Claimed.ABSENT:
-                    park_again(quiet, message, payload, gate, config)
-                    placed += 1
+                headers = message.headers or {}
+                placed += place_again(
+                    quiet, headers, message.ack, payload=payload, gate=gate, config=config
+                )
         finally:
             channel.close()  # the broker puts back what was not acknowledged, in order
-    if placed:
-        record_limit(quiet)
-        semaphore = semaphore_of(app, gate, config)
-        if later and semaphore.on_handover is not None:
-            semaphore.on_handover(later)
-        semaphore.dispatch()
     return placed
 
 
@@ -181,16 +225,16 @@ def record_limit(semaphore: Semaphore) -> None:
 
 
 def park_again(
-    semaphore: Semaphore, message: Any, payload: str, gate: Gate, config: SemaphoreConfig
-) -> None:
-    """Park the task of ``message`` with the ticket it carries and what is left of its
-    wait budget."""
-    state = WaitState.in_headers(message.headers)
+    semaphore: Semaphore, headers: dict[str, Any], payload: str, gate: Gate,
+    config: SemaphoreConfig,
+) -> None:  # fmt: skip
+    """Park the task of the message with ``headers`` with the ticket it carries and
+    what is left of its wait budget."""
+    state = WaitState.in_headers(headers)
     due = None
     if config.max_wait_time is not None:
         waited = time.time() - (state.first_ask or time.time())
         due = max(0.0, config.max_wait_time - waited)
-    headers = message.headers
     ticket = state.tickets.get(gate.name)
     info = str(headers.get("task", ""))
     semaphore.park(headers["id"], payload, ticket, info=info, due=due, ask=gate.ask)

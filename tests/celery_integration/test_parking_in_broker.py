@@ -1,8 +1,9 @@
-"""Waiting in the broker: on RabbitMQ a waiting task's message waits in a parking queue.
+"""Waiting in the broker: a waiting task's message waits in a parking queue of the broker.
 
-Real workers on the machine's RabbitMQ (a private vhost per module), the
-semaphores in the test's own Redis (not the broker's, no AOF: before parking
-queues, tasks there waited as countdown retries). What an observer sees: every
+Real workers on the machine's RabbitMQ (a private vhost per test) and on a Redis
+broker of the test's own, the semaphores in another Redis of the test's own (not
+the broker's, no AOF: before parking queues, tasks there waited as countdown
+retries). What an observer sees: every
 task runs once, never more than the limit at once, messages wait in the parking
 queue while the line is long, and nothing is lost when the process moving a
 message fails, when a parked task is revoked, or when the semaphores' Redis
@@ -33,6 +34,17 @@ pytestmark = pytest.mark.slow
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672"
 REFUSED = "could not declare parking queue"
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The broker's URL: the machine's RabbitMQ (a private vhost), or a Redis of the
+    test's own, apart from the semaphores' Redis (its parking queues are lists)."""
+    if request.param == "rabbitmq":
+        yield f"{AMQP}/{request.getfixturevalue('rabbitmq_vhost')}"
+        return
+    with RedisServer() as server:
+        yield server.url
 
 
 @pytest.fixture
@@ -69,10 +81,10 @@ def kendall_tau(order: list[int]) -> float:
 
 
 def test_a_backlog_waits_in_a_parking_queue_and_runs_in_order(
-    clusters: Clusters, rabbitmq_vhost: str
+    clusters: Clusters, broker: str
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
-    queue, broker = f"pq-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    queue = f"pq-{suffix}"
     cluster = clusters(limit=2, broker_url=broker)
     for name in ("p1", "p2"):
         cluster.worker(f"{name}-{suffix}", concurrency=2, queues=queue)
@@ -90,9 +102,9 @@ def test_a_backlog_waits_in_a_parking_queue_and_runs_in_order(
     assert (status.holder_count, status.waiter_count) == (0, 0)
 
 
-def test_a_parked_task_revoked_never_runs(clusters: Clusters, rabbitmq_vhost: str) -> None:
+def test_a_parked_task_revoked_never_runs(clusters: Clusters, broker: str) -> None:
     suffix = uuid.uuid4().hex[:8]
-    queue, broker = f"pr-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    queue = f"pr-{suffix}"
     cluster = clusters(limit=1, broker_url=broker)
     cluster.worker(f"r1-{suffix}", concurrency=2, queues=queue)
     tasks = cluster.app_module
@@ -122,10 +134,10 @@ def wait_broker_parked(cluster: Any, broker: str, queue: str, least: int) -> Non
 
 
 def test_a_line_lost_while_no_worker_ran_is_rebuilt_when_a_worker_starts(
-    clusters: Clusters, rabbitmq_vhost: str
+    clusters: Clusters, broker: str
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
-    queue, broker = f"ps-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    queue = f"ps-{suffix}"
     with RedisServer() as semaphores:
         conf = {**PARKING, "semaphore_redis_url": semaphores.url}
         cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
@@ -145,10 +157,10 @@ def test_a_line_lost_while_no_worker_ran_is_rebuilt_when_a_worker_starts(
 
 
 def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
-    clusters: Clusters, rabbitmq_vhost: str, monkeypatch: pytest.MonkeyPatch
+    clusters: Clusters, broker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
-    queue, broker = f"pm-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    queue = f"pm-{suffix}"
     cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
     cluster.worker(f"m1-{suffix}", concurrency=2, queues=queue)
     app = cluster.app_module.app
@@ -184,10 +196,10 @@ def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
 
 
 def test_a_parked_tasks_wait_budget_runs_out_in_the_broker(
-    clusters: Clusters, rabbitmq_vhost: str
+    clusters: Clusters, broker: str
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
-    queue, broker = f"pb-{suffix}", f"{AMQP}/{rabbitmq_vhost}"
+    queue = f"pb-{suffix}"
     conf = {**PARKING, "semaphore_max_wait_time": 2.0}
     cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
     cluster.worker(f"b1-{suffix}", concurrency=2, queues=queue)
