@@ -111,6 +111,11 @@ class ParkingLists:
                 return Taken(self, raw, origin, self.moving)
         return None
 
+    def check(self) -> None:
+        """Raise if the broker's Redis cannot move (LMOVE: Redis 6.2 or later, and a
+        user allowed to run it): an LMOVE between two keys that hold nothing."""
+        self.client.lmove(self.key(self.moving + ".check"), self.key(self.moving), "RIGHT", "LEFT")
+
     def list_queue(self, listing: str, entry: dict[str, Any]) -> None:
         """Add ``entry`` (a parking queue's) to the directory ``listing`` (a hash)."""
         self.client.hset(self.key(listing), entry["parking"], json.dumps(entry))

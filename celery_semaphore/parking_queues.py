@@ -101,6 +101,7 @@ class BrokerLink:
         self._listed: set[str] = set()
         self._refused: dict[str, float] = {}  # parking queue -> when the broker refused it
         self._owner = owner_name()
+        self._driver = ""  # the broker's kind: "amqp", "redis", ...
 
     def _ready_channel(self) -> Any:
         if self._pid != os.getpid() or self._channel is None:
@@ -110,13 +111,14 @@ class BrokerLink:
             options = dict(self.app.conf.broker_transport_options or {}, confirm_publish=True)
             self._connection = self.app.connection_for_write(transport_options=options)
             self._channel = self._connection.channel()
+            self._driver = str(self._connection.transport.driver_type)
         return self._channel
 
     def lists(self, namespace: str) -> ParkingLists | None:
         """On a Redis broker, its parking queues as lists (`celery_semaphore.parking_lists`:
         what takes, lists and reads them there); None on an AMQP broker. Hold the lock."""
         channel = self._ready_channel()
-        if self._connection.transport.driver_type != "redis":
+        if self._driver != "redis":
             return None
         return ParkingLists(channel, namespace, self._owner)
 
@@ -163,6 +165,7 @@ class BrokerLink:
                     entry = {"parking": parking, "home": home, "gate": gate.encode()}
                     lists = self.lists(namespace)
                     if lists is not None:
+                        lists.check()
                         lists.list_queue(directory(namespace), entry)
                     else:
                         list_queue(channel, directory(namespace), entry)
@@ -171,15 +174,25 @@ class BrokerLink:
                 logger.warning(
                     "celery-semaphore: could not declare parking queue %r or list it in %r "
                     "(%s). Waiting tasks of queue %r wait as countdown retries until it can: "
-                    "grant this broker user configure, write and read permissions on queues "
-                    "named %r and %r",
+                    "%s",
                     parking, directory(namespace), error, home,
-                    f"{home}{PARKING_INFIX}*", directory(namespace),
+                    self._what_to_grant(home, namespace),
                 )  # fmt: skip
                 return False
             self._refused.pop(parking, None)
             self._listed.add(parking)
             return True
+
+    def _what_to_grant(self, home: str, namespace: str) -> str:
+        if self._driver == "redis":
+            return (
+                "the broker's Redis must be 6.2 or later (LMOVE) and let this user run "
+                "LMOVE, LRANGE, LREM, HSET, HGETALL and LLEN on its keys"
+            )
+        return (
+            f"grant this broker user configure, write and read permissions on queues named "
+            f"{home + PARKING_INFIX + '*'!r} and {directory(namespace)!r}"
+        )
 
 
 def list_queue(channel: Any, listing: str, entry: dict[str, Any]) -> None:

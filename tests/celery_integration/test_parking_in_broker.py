@@ -195,9 +195,7 @@ def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
     mover.close()
 
 
-def test_a_parked_tasks_wait_budget_runs_out_in_the_broker(
-    clusters: Clusters, broker: str
-) -> None:
+def test_a_parked_tasks_wait_budget_runs_out_in_the_broker(clusters: Clusters, broker: str) -> None:
     suffix = uuid.uuid4().hex[:8]
     queue = f"pb-{suffix}"
     conf = {**PARKING, "semaphore_max_wait_time": 2.0}

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery import Celery
 from kombu import Connection, Producer
 
+from celery_semaphore.formats import Gate
 from celery_semaphore.parking_lists import ParkingLists
-from celery_semaphore.parking_queues import parking_queue_entity
+from celery_semaphore.parking_queues import BrokerLink, parking_queue_entity
 from devkit.redis_servers import RedisServer
 
 QUEUE = "home.semaphore-parked.s"
@@ -106,3 +108,20 @@ def test_reading_a_queue_takes_nothing_and_drops_only_what_it_is_told(channel: A
             drop()
     assert seen == ["a", "b", "c"]
     assert ids_in(channel) == ["a", "c"]
+
+
+def test_a_broker_redis_that_cannot_move_is_refused_once_with_what_it_needs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with RedisServer("--rename-command", "LMOVE", "") as server:
+        app = Celery(broker=server.url)
+        link = BrokerLink(app)
+        try:
+            assert not link.declare(QUEUE, "home", Gate("s", 1), "ns")
+            assert not link.declare(QUEUE, "home", Gate("s", 1), "ns")  # not tried again yet
+        finally:
+            link.reset()
+    said = [r.getMessage() for r in caplog.records if "could not declare" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "the broker's Redis must be 6.2 or later (LMOVE)" in said[0]
+    assert "wait as countdown retries" in said[0]
