@@ -156,10 +156,12 @@ class ParkingLists:
             if read >= MOST_READ:
                 return
 
-    def sweep(self, stuck_after: float = STUCK_AFTER) -> int:
+    def sweep(self, stuck_after: float | None = None) -> int:
         """Put back, at the head of its list, each message a process has held for more
-        than ``stuck_after`` s (killed or stopped mid-move), and forget the entries of
-        moving lists left empty as long; how many messages were put back."""
+        than ``stuck_after`` s (`STUCK_AFTER` unless given: killed or stopped
+        mid-move), and forget the entries of moving lists left empty as long; how
+        many messages were put back."""
+        stuck_after = STUCK_AFTER if stuck_after is None else stuck_after
         registry = self.key(self.registry)
         put_back = 0
         now = time.time()

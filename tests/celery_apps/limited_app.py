@@ -28,6 +28,7 @@ from celery_semaphore import (
     RateLimited,
     Semaphore,
     install,
+    parking_lists,
     per_key,
 )
 from celery_semaphore.limits import declared
@@ -63,6 +64,8 @@ app.conf.update(
 )
 install(app)
 _log = redis.Redis.from_url(REDIS_URL)
+if os.environ.get("CS_STUCK_AFTER"):  # sooner than 30 s: a stopped move is put back
+    parking_lists.STUCK_AFTER = float(os.environ["CS_STUCK_AFTER"])
 
 
 def record(task: Any, event: str, tag: Any = None, **more: Any) -> None:

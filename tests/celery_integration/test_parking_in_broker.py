@@ -249,3 +249,49 @@ def test_a_parking_queue_the_broker_refuses_is_named_once_and_tasks_wait_the_old
     assert "grant this broker user configure, write and read permissions" in said[0]
     assert "'refused.semaphore-parked.*'" in said[0]
     assert worker.text().count(REFUSED) <= 2  # once per process
+
+
+class MoverDied(BaseException):
+    """The mover's death between taking a message and publishing it: nothing of the
+    process runs after it (no give-back, no reset; not an ``Exception``)."""
+
+
+def test_a_message_whose_mover_died_on_a_redis_broker_is_put_back_and_runs(
+    clusters: Clusters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue = f"pk-{suffix}"
+    with RedisServer() as broker_server:
+        broker = broker_server.url
+        cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
+        cluster.env["CS_STUCK_AFTER"] = "2"
+        cluster.worker(f"k1-{suffix}", concurrency=2, queues=queue)
+        app = cluster.app_module.app
+        publisher = Publisher(app, BrokerLink(app))
+        mover = Semaphore(
+            cluster.state_url, "hold", 1, on_handover=publisher, handover_window=0.0,
+            handover_deadline=PARKING["semaphore_handover_deadline"],
+        )  # fmt: skip
+        publisher.semaphore = mover
+        blocker = mover.attempt("test-blocker")
+        assert isinstance(blocker, Permit)
+        results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(5)]
+        wait_parked(cluster, cluster.semaphore("hold", 1), [r.id for r in results])
+        wait_broker_parked(cluster, broker, queue, 5)
+
+        def dies(*args: Any, **kwargs: Any) -> None:
+            raise MoverDied
+
+        monkeypatch.setattr(parking_queues, "publish_moved", dies)
+        released = time.monotonic()
+        with pytest.raises(MoverDied):
+            blocker.release()  # hands the head over: this process takes it, and dies
+        assert parked_messages(broker, queue) == 4  # the fifth in the mover's own list
+        assert sorted(r.get(timeout=60) for r in results) == list(range(5))
+        took = time.monotonic() - released
+        events = cluster.events()
+        assert len(starts(events)) == 5  # none lost, none twice
+        assert max_overlap(events) == 1
+        assert took < 2 + 15, took  # put back after 2 s by the worker's heartbeat
+        assert "put back 1 parked message(s)" in cluster.workers[0].text()
+        print(f"all ran {took:.1f} s after the mover died")
