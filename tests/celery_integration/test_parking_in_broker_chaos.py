@@ -196,14 +196,16 @@ DATA_LOSSES, BETWEEN_LOSSES = 2, 7.0
 REBUILT = re.compile(r"gave (\d+) task\(s\) parked in the broker their places")
 
 
-def test_chaos_on_rabbitmq_with_the_semaphores_in_a_redis_that_loses_its_data(
-    rabbitmq_vhost: str,
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_chaos_with_the_semaphores_in_a_redis_that_loses_its_data(
+    broker: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
 ) -> None:
-    """test_chaos.py's run, bounded (20 s of chaos, about 40 s in all), on RabbitMQ:
-    waiting tasks park in the broker; the semaphores' Redis (no persistence) is
+    """test_chaos.py's run, bounded (20 s of chaos, about 40 s in all), on RabbitMQ
+    and on a Redis broker (not the semaphores' Redis): waiting tasks park in the
+    broker; the semaphores' Redis (no persistence) is
     restarted empty twice and stalled, pool children and whole workers are SIGKILLed,
     a worker shuts down warm, tasks are revoked. The bodies' own records say: never
     more than the limit at once, no task body runs twice (chaos_app's task acks
@@ -213,10 +215,15 @@ def test_chaos_on_rabbitmq_with_the_semaphores_in_a_redis_that_loses_its_data(
     print(f"chaos seed {seed} (CHAOS_SEED={seed} repeats this run)")
     rng = random.Random(seed)
     with RedisServer() as state, RedisServer() as semaphores:
+        broker_url = (
+            f"{AMQP}/{request.getfixturevalue('rabbitmq_vhost')}"
+            if broker == "rabbitmq"
+            else state.url_for(1)
+        )
         processes = Processes(tmp_path, cwd=APPS)
         try:
             run_chaos(
-                rng, vhost=rabbitmq_vhost, state=state, semaphores=semaphores,
+                rng, broker_url=broker_url, state=state, semaphores=semaphores,
                 processes=processes, monkeypatch=monkeypatch, request=request,
             )  # fmt: skip
         finally:
@@ -228,7 +235,7 @@ def test_chaos_on_rabbitmq_with_the_semaphores_in_a_redis_that_loses_its_data(
 def run_chaos(
     rng: random.Random,
     *,
-    vhost: str,
+    broker_url: str,
     state: RedisServer,
     semaphores: RedisServer,
     processes: Processes,
@@ -238,7 +245,7 @@ def run_chaos(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-        "CS_BROKER_URL": f"{AMQP}/{vhost}",
+        "CS_BROKER_URL": broker_url,
         "CS_REDIS_URL": state.url,
         "CS_SEMAPHORE_URL": semaphores.url,
         "CS_LIMIT": str(LIMIT),
