@@ -37,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -102,6 +103,15 @@ class BrokerLink:
         self._refused: dict[str, float] = {}  # parking queue -> when the broker refused it
         self._owner = owner_name()
         self._driver = ""  # the broker's kind: "amqp", "redis", ...
+        forget = weakref.WeakMethod(self._forget_in_child)
+        os.register_at_fork(after_in_child=lambda: (method := forget()) and method())
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: a lock of its own (another thread of the parent may have
+        held this one, moving a message, at the fork: the child would wait for it
+        forever) and no connection (the parent's is not the child's to use)."""
+        self.lock = threading.RLock()
+        self._pid, self._connection, self._channel = None, None, None
 
     def _ready_channel(self) -> Any:
         if self._pid != os.getpid() or self._channel is None:
