@@ -118,6 +118,13 @@ def among_next_round(place: Place) -> bool:
     return place.position - 1 < max(0, place.limit - place.holders) + place.limit
 
 
+def due_at_resume(place: Place) -> bool:
+    """Whether ``place`` was refused only because admissions are paused after a data
+    loss (its turn is due when they resume): it comes back then as a countdown
+    retry, rather than park with nobody left to hand it over when the pause ends."""
+    return place.resumes_in is not None and among_next_round(place)
+
+
 def should_wait_in_place(place: Place, max_block: float) -> bool:
     """Only the next ``limit`` in line wait in place, after those ahead that the free
     permits are kept for (`among_next_round`), and only for a turn due soon; nobody
@@ -190,7 +197,7 @@ def decide(
     over_time = config.max_wait_time is not None and waited >= config.max_wait_time
     if over_count or over_time:
         return GiveUp(waits, waited)
-    if place is not None and may_park and config.parks:
+    if place is not None and may_park and config.parks and not due_at_resume(place):
         return Park(budget_left(waited, config))
     delay = countdown(waits, place, config, rng)
     refresh = delay * 1.5 + PLACE_GRACE if place is not None and delay > PLACE_GRACE / 2 else None

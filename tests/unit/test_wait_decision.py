@@ -68,6 +68,15 @@ def test_after_a_data_loss_the_turn_comes_after_the_pause() -> None:
     assert isinstance(delay, Countdown) and delay.delay >= 4.0
 
 
+def test_in_handover_mode_a_turn_due_when_the_pause_ends_comes_back_then() -> None:
+    """Parked, it would wait for a handover nobody makes when admissions resume."""
+    paused = place(2, resumes_in=3.0)  # among the next round: refused only by the pause
+    delay = decide(paused, waits=0, waited=0.0, config=HANDOVER, rng=Fixed())
+    assert isinstance(delay, Countdown) and delay.delay == pytest.approx(3.0 * 1.05)
+    far = place(9, resumes_in=3.0)  # past the next round: handed over as permits free
+    assert decide(far, waits=0, waited=0.0, config=HANDOVER) == Park(due=None)
+
+
 def test_a_message_that_cannot_park_counts_down_instead() -> None:
     decision = decide(place(8), waits=0, waited=0.0, config=HANDOVER, may_park=False, rng=Fixed())
     assert isinstance(decision, Countdown)
