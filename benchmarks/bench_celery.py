@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -220,6 +221,15 @@ class Topology:
             "broker_url": self.broker_url.replace("guest:guest@", "guest:***@"),
             "queue": self.queue,
         }
+
+    def started_line(self) -> str:
+        """Where everything runs, for the log and the report."""
+        return (
+            f"private redis-server on 127.0.0.1:{self.bench.port}"
+            + (f", the semaphores' on 127.0.0.1:{self.semaphore.port}"
+               if self.semaphore is not self.bench else "")
+            + f"; broker {self.describe()['broker_url']}, semaphore Redis {self.semaphore_redis}"
+        )  # fmt: skip
 
     @classmethod
     @contextmanager
@@ -907,6 +917,39 @@ def print_backlog(results: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def topology_line(where: dict[str, Any], rabbitmq: str | None) -> str:
+    """The report's line on where a run ran, from ``Topology.describe()`` and the
+    RabbitMQ version (None on a Redis broker)."""
+    return (
+        f"broker {where['broker']} ({where['broker_url']}"
+        + (f", RabbitMQ {rabbitmq}" if rabbitmq else "")
+        + "), semaphores in "
+        + ("the broker's redis-server" if where["semaphore_in_broker_redis"]
+           else "a redis-server of their own")
+        + f", semaphore Redis {where['semaphore_redis']}"
+        + (f" ({shlex.join(where['semaphore_redis_args'])})" if where["semaphore_redis_args"]
+           else "")
+    )  # fmt: skip
+
+
+def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--broker`` and ``--semaphore-redis``, as every end-to-end benchmark takes them
+    (bench_fair.py and bench_rate.py import this)."""
+    parser.add_argument(
+        "--broker", choices=BROKERS, default="redis",
+        help="redis: a redis-server of our own, the semaphores in it too (the package's "
+        f"default); amqp: RabbitMQ ({AMQP_URL.replace('guest:guest@', 'guest@')}), the "
+        "semaphores in a redis-server of their own; redis-separate: the broker and the "
+        "semaphores in two redis-servers of our own",
+    )  # fmt: skip
+    parser.add_argument(
+        "--semaphore-redis", choices=tuple(SEMAPHORE_REDIS_ARGS), default="plain",
+        help="the semaphores' redis-server (the broker's with --broker redis): plain "
+        "(appendonly no, save ''), aof (appendonly yes), no-config (no persistence, "
+        "CONFIG renamed away as on managed services)",
+    )  # fmt: skip
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
@@ -944,18 +987,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument(
         "--acks-late", action="store_true", help="task_acks_late for every task, both scenarios"
     )
-    parser.add_argument(
-        "--broker", choices=BROKERS, default="redis",
-        help="redis: a redis-server of our own, the semaphores in it too (the package's "
-        "default); amqp: RabbitMQ (--amqp-url), the semaphores in a redis-server of their "
-        "own; redis-separate: the broker and the semaphores in two redis-servers of our own",
-    )  # fmt: skip
-    parser.add_argument(
-        "--semaphore-redis", choices=tuple(SEMAPHORE_REDIS_ARGS), default="plain",
-        help="the semaphores' redis-server (the broker's with --broker redis): plain "
-        "(appendonly no, save ''), aof (appendonly yes), no-config (no persistence, "
-        "CONFIG renamed away as on managed services)",
-    )  # fmt: skip
+    add_topology_arguments(parser)
     parser.add_argument(
         "--amqp-url",
         help=f"RabbitMQ for --broker amqp (default {AMQP_URL}); the run's queues and "
@@ -1177,12 +1209,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
     with Topology.started(args.broker, args.semaphore_redis, args.amqp_url) as where:
-        log(
-            f"private redis-server on 127.0.0.1:{where.bench.port}"
-            + (f", the semaphores' on 127.0.0.1:{where.semaphore.port}"
-               if where.semaphore is not where.bench else "")
-            + f"; broker {where.describe()['broker_url']}, semaphore Redis {args.semaphore_redis}"
-        )  # fmt: skip
+        log(where.started_line())
         redis_version = where.bench.version()
         rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
         figures: dict[str, Any] = {}

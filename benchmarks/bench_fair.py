@@ -9,16 +9,22 @@ served). ``--countdown`` adds ``fair_countdown`` (countdown wait mode).
 
 Priority: N_P tasks at priority 5 (on a Redis broker 0 is the default and the most
 urgent), then one task at priority 0; the baseline publishes the same tasks with no
-priority at all.
+priority at all. On RabbitMQ, where a higher number goes first and 0 is the default,
+the same five steps: the line at 0, the task at 5.
 
 The script starts its own ``redis-server`` (broker, result backend and semaphore
 store; never the shared one on 6379) and the workers, prints figures, and stops every
 process again, also on an error, Ctrl-C, SIGTERM or ``--timeout``. It asserts nothing:
-the targets are printed next to the figures.
+the targets are printed next to the figures. ``--broker`` and ``--semaphore-redis``
+are bench_celery.py's: ``--broker amqp`` takes the broker from RabbitMQ (queues and
+exchanges named for the run, deleted at the end) and the semaphores from a
+redis-server of their own, ``--broker redis-separate`` runs two redis-servers; the
+report says which ran.
 
     .venv/bin/python benchmarks/bench_fair.py            # full run, about two minutes
     .venv/bin/python benchmarks/bench_fair.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_fair.py --json     # machine-readable results
+    .venv/bin/python benchmarks/bench_fair.py --broker amqp --semaphore-redis plain
 
 Every figure comes from the task bodies' own records (start and end, ``time.time()``,
 same machine) and the times this script published at.
@@ -43,13 +49,18 @@ from typing import Any
 
 import redis
 from bench_celery import (
+    AMQP_URL,
     BACKLOG,
     Settings,
+    Topology,
     Workers,
     _exit_on_sigterm,
+    add_topology_arguments,
     analyze,
     bench_environment,
     log,
+    rabbitmq_version_of,
+    topology_line,
     warm_up,
 )
 
@@ -57,7 +68,6 @@ import celery_semaphore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.measures import kendall_tau
-from devkit.redis_servers import RedisServer
 from devkit.reporting import package_version, verdict
 
 TARGETS = {
@@ -95,6 +105,9 @@ FULL = Scenario(
     window_step=0.25,
 )
 QUICK = replace(FULL, a_tasks=200, b_tasks=20, line_tasks=100)
+# RabbitMQ orders by priority the other way round (higher first, 0 the default): the
+# line at the default, the urgent task five steps more urgent, as on Redis.
+AMQP_PRIORITIES = {"line_priority": 0, "urgent_priority": 5}
 # The backlog scenario's workers (bench_celery.py): L=4, H=50 ms, 2 x 4 prefork
 # processes, Celery's default prefetch multiplier (4).
 WORKERS = BACKLOG
@@ -262,12 +275,12 @@ def run_priority(
 
 
 def run(
-    args: argparse.Namespace, settings: Settings, sc: Scenario, server: RedisServer
+    args: argparse.Namespace, settings: Settings, sc: Scenario, where: Topology
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    bench, worker_env = bench_environment(server, settings)
+    bench, worker_env = bench_environment(where, settings)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-fair-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records = server.client(db=2)
+    records = where.bench.client(db=2)
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
     figures: dict[str, Any] = {"noisy": {}, "priority": {}}
     raw: dict[str, Any] = {"noisy": {}, "priority": {}}
@@ -315,7 +328,7 @@ def table(rows: list[list[str]]) -> None:
 
 def print_report(results: dict[str, Any]) -> None:
     s, sc, env, t = results["settings"], results["scenario"], results["environment"], TARGETS
-    load = env["load_average"]
+    load, where = env["load_average"], results["topology"]
     print(
         f"fair share and priority end to end: L={s['limit']}, H={s['hold']} s, "
         f"K={s['workers']} workers x C={s['concurrency']} prefork processes, prefetch "
@@ -328,6 +341,7 @@ def print_report(results: dict[str, Any]) -> None:
         f"load average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load['before'])} before, "
         f"{' '.join(f'{x:.2f}' for x in load['after'])} after"
     )
+    print(topology_line(where, env["rabbitmq"]))
     noisy = results["noisy"]
     modes = [m for m in NOISY_MODES if m in noisy]
     fair = noisy["fair"]
@@ -410,15 +424,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings, Sc
         "--timeout", type=float, default=900.0,
         help="seconds after which the run stops itself (default 900)",
     )  # fmt: skip
+    add_topology_arguments(parser)
     parser.add_argument("--worker-loglevel", default="warning")
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs in this directory")
     parser.add_argument("--dump", type=Path, help="write every record to this JSON file")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
-    if args.quick:
-        return args, WORKERS_QUICK, QUICK
-    return args, WORKERS, FULL
+    settings, scenario = (WORKERS_QUICK, QUICK) if args.quick else (WORKERS, FULL)
+    if args.broker == "amqp":
+        scenario = replace(scenario, **AMQP_PRIORITIES)
+    return args, settings, scenario
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,10 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
     try:
-        with RedisServer(die_with_parent=True) as server:
-            log(f"private redis-server on 127.0.0.1:{server.port}")
-            redis_version = server.version()
-            figures, raw = run(args, settings, scenario, server)
+        with Topology.started(args.broker, args.semaphore_redis, AMQP_URL) as where:
+            log(where.started_line())
+            redis_version = where.bench.version()
+            rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
+            figures, raw = run(args, settings, scenario, where)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     if args.dump:
@@ -440,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "quick": args.quick,
         "elapsed_s": time.perf_counter() - started,
+        "broker": args.broker,
+        "semaphore_redis": args.semaphore_redis,
+        "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
         "settings": {  # the workers' (bench_celery.Settings): no tasks, no-op or baseline here
             k: v
             for k, v in asdict(settings).items()
@@ -449,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {
             "celery": package_version("celery"),
             "redis_server": redis_version,
+            "rabbitmq": rabbitmq_version,
             "redis_py": package_version("redis"),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),

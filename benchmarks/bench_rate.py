@@ -18,15 +18,21 @@ The script starts its own ``redis-server`` (broker, semaphores and records; neve
 shared one on 6379) and the workers (benchmarks/bench_rate_app.py), prints figures,
 and stops every process again, also on an error, Ctrl-C or SIGTERM. It asserts
 nothing: the targets and the load average are printed next to the figures.
+``--broker`` and ``--semaphore-redis`` are bench_celery.py's: ``--broker amqp`` takes
+the broker from RabbitMQ (queues and exchanges named for the run, deleted at the end)
+and the semaphores from a redis-server of their own, ``--broker redis-separate`` runs
+two redis-servers; the report says which ran.
 
     .venv/bin/python benchmarks/bench_rate.py            # full run, about 4 minutes
     .venv/bin/python benchmarks/bench_rate.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_rate.py --json     # machine-readable results
     .venv/bin/python benchmarks/bench_rate.py --scenario pause
+    .venv/bin/python benchmarks/bench_rate.py --broker amqp --semaphore-redis plain
 
 Every figure comes from outside the semaphores: each task body records its own start
 and end (``time.time()``, same machine), ``request.retries`` and the plugin's waits; a
-thread samples the Redis transport's ``unacked`` hash (messages the workers hold).
+thread samples the messages the workers hold (the Redis transport's ``unacked`` hash;
+on RabbitMQ, which has none, ``inspect`` reserved + scheduled every second).
 Without rate limits in the package (before the feature), only the baselines run.
 """
 
@@ -52,19 +58,26 @@ from types import FrameType, ModuleType
 from typing import Any
 
 import redis
+from bench_celery import (
+    AMQP_URL,
+    Topology,
+    add_topology_arguments,
+    rabbitmq_version_of,
+    topology_line,
+)
 
 import celery_semaphore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.measures import kendall_tau, peak_overlap
 from devkit.processes import Processes, worker_command
-from devkit.redis_servers import RedisServer
 from devkit.reporting import package_version, verdict
 
 HERE = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 SAMPLE_EVERY = 0.05
+INSPECT_EVERY = 1.0  # RabbitMQ: seconds between two inspect samples of the messages held
 PAUSE_TOLERANCE = 0.1
 
 TARGETS = {
@@ -160,22 +173,56 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 # --------------------------------------------------------------------------- running
 
 
-class HeldSampler:
-    """Every 50 ms, the messages the workers hold: the Redis transport's ``unacked``
-    hash (delivered and not acked: prefetched, held by a rate limit, countdown retries),
-    and how many of them carry an ETA (countdowns, hand-overs for a later slot)."""
+def held_source(*, rabbitmq: bool) -> str:
+    """Where HeldSampler reads the messages the workers hold."""
+    if rabbitmq:
+        return f"inspect reserved + scheduled, every {INSPECT_EVERY:g} s"
+    return f"the unacked hash, every {SAMPLE_EVERY:g} s"
 
-    def __init__(self, broker: redis.Redis) -> None:
+
+class HeldSampler:
+    """The messages the workers hold, and how many of them carry an ETA (countdowns,
+    hand-overs for a later slot). On a Redis broker every 50 ms the transport's
+    ``unacked`` hash (delivered and not acked: prefetched, held by a rate limit,
+    countdown retries); on RabbitMQ (``broker`` None), which has no such hash, every
+    second what ``inspect().reserved()`` and ``.scheduled()`` list (scheduled: the
+    ETA ones), asked of ``destination`` only. Inspect does not list the requests
+    Celery's own ``rate_limit`` holds in its buckets: on RabbitMQ the ``rate_limit``
+    baselines' peaks read low."""
+
+    def __init__(
+        self, broker: redis.Redis | None, *, app: Any = None, destination: list[str] | None = None
+    ) -> None:
         self.broker = broker
+        self.app, self.destination = app, destination or []
         self.samples: list[tuple[int, int]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-held", daemon=True)
+        target = self._inspect if broker is None else self._run
+        self._thread = threading.Thread(target=target, name="bench-held", daemon=True)
+
+    @property
+    def source(self) -> str:
+        return held_source(rabbitmq=self.broker is None)
 
     def _run(self) -> None:
+        assert self.broker is not None
         while not self._stop.wait(SAMPLE_EVERY):
             held = self.broker.hvals("unacked")
             with_eta = sum(1 for m in held if json.loads(m)[0]["headers"].get("eta"))
             self.samples.append((len(held), with_eta))
+
+    def _inspect(self) -> None:
+        while True:  # the first sample at once, then every INSPECT_EVERY s
+            inspect = self.app.control.inspect(destination=self.destination, timeout=1.0)
+            try:
+                reserved = sum(len(v) for v in (inspect.reserved() or {}).values())
+                scheduled = sum(len(v) for v in (inspect.scheduled() or {}).values())
+            except Exception as exc:  # noqa: BLE001: a sample lost is no reason to stop
+                log(f"inspect sample failed: {exc!r}")
+            else:
+                self.samples.append((reserved + scheduled, scheduled))
+            if self._stop.wait(INSPECT_EVERY):
+                return
 
     @contextmanager
     def running(self) -> Iterator[HeldSampler]:
@@ -194,7 +241,7 @@ def run_phase(
     arguments: Callable[[int], tuple[Any, ...]],
     *,
     records: redis.Redis,
-    broker: redis.Redis,
+    sampler: HeldSampler,
     timeout: float,
 ) -> dict[str, Any]:
     """Submit ``count`` tasks in a loop of ``.delay()`` and wait (at most ``timeout``
@@ -203,7 +250,6 @@ def run_phase(
     key, raises = bench.records_key(task_name), bench.raises_key(task_name)
     records.delete(key, raises, *(bench.in_place_key(s) for s in bench.SEMAPHORES.values()))
     load_before = os.getloadavg()[0]
-    sampler = HeldSampler(broker)
     with sampler.running():
         first_submit = time.time()
         for i in range(count):
@@ -224,6 +270,7 @@ def run_phase(
         "runs": runs,
         "raises": [json.loads(r) for r in records.lrange(raises, 0, -1)],
         "held": sampler.samples,
+        "held_source": sampler.source,
         "in_place": [json.loads(w) for w in in_place],
         "load_average_1min": [load_before, os.getloadavg()[0]],
         "timed_out": len(runs) < count,
@@ -292,6 +339,7 @@ def common(phase: dict[str, Any], rate: float) -> dict[str, Any]:
         "waits_max": max(waits),
         "body_retries_mean": statistics.fmean(float(r["retries"]) for r in runs),
         "held_peak": max((held for held, _ in phase["held"]), default=0),
+        "held_source": phase["held_source"],
         "held_with_eta_peak": max((eta for _, eta in phase["held"]), default=0),
         "in_place": in_place(phase["in_place"]),
         "kendall_tau": kendall_tau([r["index"] for r in runs]),
@@ -379,28 +427,38 @@ class Bench:
     worker_env: dict[str, str]
     settings: Settings
     records: redis.Redis
-    broker: redis.Redis
+    broker: redis.Redis | None  # None: RabbitMQ
     log_dir: Path
     loglevel: str
 
+    def held_sampler(self) -> HeldSampler:
+        """A sampler of the messages the running workers hold."""
+        if self.broker is not None:
+            return HeldSampler(self.broker)
+        names = sorted(m.decode() for m in self.records.smembers(self.app.READY_KEY))
+        return HeldSampler(None, app=self.app.app, destination=names)
+
     @contextmanager
-    def workers(self, queue: str) -> Iterator[Workers]:
-        """Fresh workers consuming only ``queue``, warmed up; stopped at the end, and
-        the broker's leftovers of the variant (its queue, the transport's unacked
-        bookkeeping) deleted, so a variant that timed out leaves nothing behind."""
+    def workers(self, name: str) -> Iterator[Workers]:
+        """Fresh workers consuming only the queue of task ``name``, warmed up; stopped at
+        the end, and on a Redis broker the variant's leftovers (its queue, the
+        transport's unacked bookkeeping) deleted, so a variant that timed out leaves
+        nothing behind (on RabbitMQ its queues are the run's, deleted at the end)."""
+        queue = self.app.queue_of(name)
         self.records.delete(self.app.READY_KEY)
         workers = Workers(self.worker_env, self.settings, self.log_dir, self.loglevel)
         try:
             workers.start(queue, lambda: int(self.records.scard(self.app.READY_KEY)))
-            warm_up(self.app, self.settings, self.records, queue)
+            warm_up(self.app, self.settings, self.records, name)
             yield workers
         except Exception:
             log(f"worker logs ({self.log_dir}):\n{workers.processes.tails()}")
             raise
         finally:
             workers.stop()
-            leftovers = list(self.broker.scan_iter(match=f"{queue}*"))  # and its handover queue
-            self.broker.delete("unacked", "unacked_index", "unacked_mutex", *leftovers)
+            if self.broker is not None:
+                leftovers = list(self.broker.scan_iter(match=f"{queue}*"))  # and its handover
+                self.broker.delete("unacked", "unacked_index", "unacked_mutex", *leftovers)
 
 
 def run_scenario(scenario: str, bench: Bench, raw: dict[str, Any]) -> dict[str, Any]:
@@ -422,7 +480,7 @@ def run_scenario(scenario: str, bench: Bench, raw: dict[str, Any]) -> dict[str, 
         with bench.workers(name):
             phase = run_phase(
                 bench.app, name, count, arguments(name),
-                records=bench.records, broker=bench.broker, timeout=timeout,
+                records=bench.records, sampler=bench.held_sampler(), timeout=timeout,
             )  # fmt: skip
         raw[scenario][name] = phase
         result = common(phase, rate)
@@ -622,10 +680,14 @@ def _tail_rows(row: Callable[..., list[str]], count: int) -> list[list[str]]:
 
 
 def print_report(results: dict[str, Any]) -> None:
-    s, env = Settings(**results["settings"]), results["environment"]
+    s, env, where = Settings(**results["settings"]), results["environment"], results["topology"]
     print(
         f"rates end to end: K={s.workers} workers x C={s.concurrency} prefork processes, "
         f"prefetch multiplier 4 (Celery's default)"
+    )
+    print(
+        f"{topology_line(where, env['rabbitmq'])}; messages held by workers sampled from "
+        f"{results['held_source']}"
     )
     print(
         f"celery {env['celery']}, celery-semaphore {env['celery_semaphore']} "
@@ -656,6 +718,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument(
         "--scenario", choices=[*SCENARIOS, "all"], default="all", help="one scenario, or all"
     )
+    add_topology_arguments(parser)
     parser.add_argument("--worker-loglevel", default="warning")
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs in this directory")
     parser.add_argument(
@@ -665,11 +728,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     return args, QUICK if args.quick else FULL
 
 
-def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleType, dict[str, str]]:
-    """The bench app, configured for ``server`` and ``settings``, and the workers' environment."""
+def bench_environment(where: Topology, settings: Settings) -> tuple[ModuleType, dict[str, str]]:
+    """The bench app, configured for ``where`` and ``settings``, and the workers' environment."""
     env = {
-        "BENCH_BROKER_URL": server.url_for(0),
-        "BENCH_RECORD_URL": server.url_for(2),
+        **where.env(),  # bench_app's variables; bench_rate_app reads those it shares
+        "BENCH_QUEUE_PREFIX": f"{where.queue}-" if where.tag else "",
         "BENCH_WORKERS": str(settings.workers),
         "BENCH_RATE": repr(settings.rate),
         "BENCH_BOTH_LIMIT": str(settings.both_limit),
@@ -689,26 +752,27 @@ def bench_environment(server: RedisServer, settings: Settings) -> tuple[ModuleTy
     return bench_rate_app, worker_env
 
 
-def warm_up(bench: ModuleType, settings: Settings, records: redis.Redis, queue: str) -> None:
-    """Every pool process imports, connects and runs a task or so."""
+def warm_up(bench: ModuleType, settings: Settings, records: redis.Redis, name: str) -> None:
+    """Every pool process imports, connects and runs a task or so (on the queue of
+    task ``name``)."""
     count = 4 * settings.processes
     records.delete(bench.records_key("warm"))
     for i in range(count):
-        bench.warm.apply_async((i,), queue=queue)
+        bench.warm.apply_async((i,), queue=bench.queue_of(name))
     deadline = time.monotonic() + 30
     while records.llen(bench.records_key("warm")) < count and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
 def run(
-    args: argparse.Namespace, settings: Settings, server: RedisServer, raw: dict[str, Any]
+    args: argparse.Namespace, settings: Settings, where: Topology, raw: dict[str, Any]
 ) -> dict[str, Any]:
-    app, worker_env = bench_environment(server, settings)
+    app, worker_env = bench_environment(where, settings)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-rate-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(
-        app, worker_env, settings, records=server.client(db=2), broker=server.client(db=0),
-        log_dir=log_dir, loglevel=args.worker_loglevel,
+        app, worker_env, settings, records=where.bench.client(db=2),
+        broker=where.broker_client(), log_dir=log_dir, loglevel=args.worker_loglevel,
     )  # fmt: skip
     scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
     log(f"each variant on fresh workers: {settings.workers} x {settings.concurrency} processes")
@@ -716,7 +780,8 @@ def run(
         return {scenario: run_scenario(scenario, bench, raw) for scenario in scenarios}
     finally:
         bench.records.close()
-        bench.broker.close()
+        if bench.broker is not None:
+            bench.broker.close()
         app.app.close()
         if args.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
@@ -728,22 +793,28 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
-    with RedisServer(die_with_parent=True) as server:
-        log(f"private redis-server on 127.0.0.1:{server.port}")
-        redis_version = server.version()
-        figures = run(args, settings, server, raw)
+    with Topology.started(args.broker, args.semaphore_redis, AMQP_URL) as where:
+        log(where.started_line())
+        redis_version = where.bench.version()
+        rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
+        figures = run(args, settings, where, raw)
         have_rates = bool(sys.modules["bench_rate_app"].HAVE_RATES)
     if args.dump:
         args.dump.write_text(json.dumps(raw))
     results = {
         "quick": args.quick,
         "elapsed_s": time.perf_counter() - started,
+        "broker": args.broker,
+        "semaphore_redis": args.semaphore_redis,
+        "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
+        "held_source": held_source(rabbitmq=where.amqp),
         "settings": asdict(settings),
         "environment": {
             "celery": package_version("celery"),
             "celery_semaphore": package_version("celery-semaphore"),
             "have_rates": have_rates,
             "redis_server": redis_version,
+            "rabbitmq": rabbitmq_version,
             "redis_py": package_version("redis"),
             "py_redis_semaphore": package_version("py-redis-semaphore"),
             "python": platform.python_version(),

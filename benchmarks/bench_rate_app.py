@@ -5,6 +5,15 @@ this module and before it starts the workers):
 
 - ``BENCH_BROKER_URL``: broker, and the semaphores' Redis (the default
   ``semaphore_redis_url`` is the broker's URL);
+- ``BENCH_SEMAPHORE_URL``: ``semaphore_redis_url``, when set (not empty): a Redis of
+  its own beside a RabbitMQ or a Redis broker (``bench_rate.py --broker``);
+- ``BENCH_QUEUE_PREFIX``: put before every queue name (empty by default; unique to
+  the run on a shared broker);
+- ``BENCH_CONTROL_EXCHANGE``: ``control_exchange``, when set (unique to the run on a
+  shared broker);
+- ``BENCH_DECLARED_KEY``: when set, every AMQP queue and exchange declared by any
+  process of the app is added to this Redis set (``bench_servers.record_amqp_declares``),
+  so the run can delete what it declared;
 - ``BENCH_RECORD_URL``: where the task bodies write what they saw, and the
   baselines' token buckets and semaphores;
 - ``BENCH_WORKERS``: how many workers run this app (Celery's ``rate_limit`` is per
@@ -15,8 +24,8 @@ this module and before it starts the workers):
   the pause one task asks for once;
 - ``BENCH_BUCKET_JITTER``: the token-bucket recipe's jitter, seconds (uniform from 0).
 
-Tasks, by scenario (every one ``ignore_result``, on a queue named after it; the harness
-waits for the records):
+Tasks, by scenario (every one ``ignore_result``, on a queue named after it,
+``queue_of(name)``; the harness waits for the records):
 
 - accuracy, ``(index, hold)``: ``rate_ours`` (``LimitedTask`` with ``rate=``,
   handover mode), ``rate_ours_countdown`` (countdown mode, a semaphore of its own),
@@ -54,6 +63,7 @@ import time
 from typing import Any
 
 import redis
+from bench_servers import record_amqp_declares
 from celery import Celery
 from celery.signals import task_postrun, worker_ready
 from redis_semaphore import Semaphore as PrsSemaphore
@@ -64,6 +74,10 @@ from celery_semaphore import LimitedTask
 
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6399/0")
 RECORD_URL = os.environ.get("BENCH_RECORD_URL", BROKER_URL)
+SEMAPHORE_URL = os.environ.get("BENCH_SEMAPHORE_URL") or None
+QUEUE_PREFIX = os.environ.get("BENCH_QUEUE_PREFIX", "")
+CONTROL_EXCHANGE = os.environ.get("BENCH_CONTROL_EXCHANGE") or None
+DECLARED_KEY = os.environ.get("BENCH_DECLARED_KEY") or None
 WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
 RATE = float(os.environ.get("BENCH_RATE", "20"))
 BOTH_LIMIT = int(os.environ.get("BENCH_BOTH_LIMIT", "3"))
@@ -95,6 +109,11 @@ def per_s(rate: float) -> str:
     return f"{rate:g}/s"
 
 
+def queue_of(task: str) -> str:
+    """The queue of a task (its short name)."""
+    return QUEUE_PREFIX + task
+
+
 def records_key(task: str) -> str:
     return f"bench-rate:records:{task}"
 
@@ -114,9 +133,15 @@ app.conf.update(
     task_ignore_result=True,
     # Each task on a queue of its own, named after it: the harness starts the workers of
     # one variant at a time (-Q), so a variant's leftovers never reach the next one.
-    task_routes=(lambda name, *_, **__: {"queue": name.rsplit(".", 1)[-1]},),
+    task_routes=(lambda name, *_, **__: {"queue": queue_of(name.rsplit(".", 1)[-1])},),
 )
+if SEMAPHORE_URL:
+    app.conf.semaphore_redis_url = SEMAPHORE_URL
+if CONTROL_EXCHANGE:
+    app.conf.control_exchange = CONTROL_EXCHANGE
 _records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
+if DECLARED_KEY:
+    record_amqp_declares(_records, DECLARED_KEY)
 _pending: list[tuple[str, str]] = []
 
 
