@@ -20,10 +20,16 @@ and retries the body publishes add the waits back (`with_waits_added()`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
 from celery.exceptions import Retry
+
+try:  # Celery 5.5+
+    from celery.utils.quorum_queues import detect_quorum_queues
+except ImportError:  # no native delayed delivery before
+    detect_quorum_queues = None
 
 from . import parking_queues, signals
 from .config import SemaphoreConfig
@@ -50,6 +56,14 @@ from .worker import pool_occupancy
 logger = logging.getLogger(__name__)
 
 WAITS_MARK = "celery_semaphore_waits"  # request attribute: the waits, while the body runs
+#: Headers RabbitMQ adds to a dead-lettered message (a countdown sent through its delay
+#: queues, Celery 5.5+): a retry that carried them on would be taken for a dead-letter
+#: cycle by its next countdown and kept in a delay queue for good (Celery's own retry
+#: drops them too).
+DEAD_LETTER_HEADERS = frozenset({
+    "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+    "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
+})  # fmt: skip
 
 
 class Waits:
@@ -179,7 +193,9 @@ class Waits:
         return Retry(str(reason), reason)
 
     def countdown(self, gate: Gate, place: Place | None, delay: float) -> Retry:
-        """Publish the retry with a countdown of ``delay`` s; the ``Retry`` to end with."""
+        """Publish the retry with a countdown of ``delay`` s (as Celery can send it:
+        `native_countdown()`); the ``Retry`` to end with."""
+        delay = native_countdown(self.task.app, delay)
         position = place.position if place else 0
         self._send_waiting(gate, position, delay)
         self.state.waits += 1
@@ -203,7 +219,8 @@ class Waits:
         name, or a kombu Queue)."""
         request = self.request
         headers = {**(request.headers or {}), WAIT_HEADER: self.state.encode()}
-        headers.pop(GATES_HEADER, None)
+        for name in (GATES_HEADER, *DEAD_LETTER_HEADERS):
+            headers.pop(name, None)
         return self.task.signature_from_request(
             request, None, None, queue or home_queue(request), retries=request.retries + 1,
             headers=headers, **options,
@@ -227,6 +244,20 @@ class Waits:
             position=position,
             countdown=countdown,
         )
+
+
+def native_countdown(app: Any, delay: float) -> float:
+    """``delay`` as Celery can send it. On RabbitMQ, an app with a quorum queue (Celery
+    5.5+) sends a countdown through the broker's delay queues (native delayed delivery)
+    in whole seconds: it drops the fraction, and refuses a countdown under a second
+    ("countdown must be a positive number": the task failed). There it is rounded up
+    to whole seconds, at least one."""
+    if detect_quorum_queues is None:
+        return delay
+    driver = app.connection_for_write().transport.driver_type
+    if not detect_quorum_queues(app, driver)[0]:
+        return delay
+    return float(max(1, math.ceil(delay)))
 
 
 def home_queue(request: Any) -> str | None:
