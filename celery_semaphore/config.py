@@ -27,12 +27,9 @@
   reached a worker by then is published again (its late copy is dropped).
 - ``semaphore_park_max_bytes`` (262144): a task whose message is larger is not
   parked but retried with a countdown.
-- ``semaphore_park_without_persistence`` (False): park in handover mode even in a
-  Redis that is not the broker's server and does not persist every write
-  (``appendonly no``, or neither ``CONFIG`` nor ``INFO`` says): parked tasks are
-  then lost with its data. Without it such a Redis gets countdown waits and one warning
-  (`celery_semaphore.durability`). Changes nothing on an AMQP broker, where waiting
-  messages park in the broker's parking queues.
+- ``semaphore_park_without_persistence``: retired, ignored (`RETIRED`): accepted so
+  that a deployment that sets it still starts, with one WARNING per process. Where
+  waiting tasks park now: `celery_semaphore.durability`.
 - ``semaphore_max_waits`` / ``semaphore_max_wait_time`` (None: unlimited): the
   wait budget, in waits or seconds since the first ask; then the task fails
   with `SemaphoreTimeout`.
@@ -58,11 +55,15 @@ queue limits and rates, events and per-key metrics), next to its own limits
 from __future__ import annotations
 
 import difflib
+import logging
+import threading
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .core import validation
 from .core.rates import RateLimit, parse_rate
+
+logger = logging.getLogger(__name__)
 
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 WAIT_MODES = ("handover", "countdown")
@@ -75,6 +76,18 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: handed over, and the longest wait in place in a worker whose other pool
 #: processes all run tasks (`celery_semaphore.worker.pool_occupancy`).
 NEAR_TURN = 0.1
+#: Settings that no longer do anything, each with what to know instead: still
+#: accepted (app-wide or as a task's option, any value), never read, and named in
+#: one WARNING per process (`without_retired()`).
+RETIRED = {
+    "park_without_persistence": (
+        "on RabbitMQ and Redis brokers waiting tasks park in the broker's own server; on "
+        "other brokers they park only in a Redis that keeps every write (appendonly yes), "
+        "else they wait as countdown retries"
+    ),
+}
+_retired_lock = threading.Lock()
+_retired_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,7 @@ class SemaphoreConfig:
     max_block: float = 1.0
     handover_deadline: float = 30.0
     park_max_bytes: int = 262144
-    park_without_persistence: bool = False
+    park_without_persistence: object = None  # retired (`RETIRED`): never read
     max_waits: int | None = None
     max_wait_time: float | None = None
     on_redis_error: str = "retry"
@@ -125,11 +138,6 @@ class SemaphoreConfig:
             raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")
         if not isinstance(self.metrics_per_key, bool):
             raise TypeError(f"metrics_per_key must be True or False, got {self.metrics_per_key!r}")
-        if not isinstance(self.park_without_persistence, bool):
-            raise TypeError(
-                "park_without_persistence must be True or False, "
-                f"got {self.park_without_persistence!r}"
-            )
         if not isinstance(self.backoff_jitter, bool):
             raise TypeError(f"backoff_jitter must be True or False, got {self.backoff_jitter!r}")
         if self.max_waits is not None:
@@ -186,9 +194,31 @@ class SemaphoreConfig:
                 f"accepted: semaphore, limit, {', '.join(sorted(known))}"
             )
         try:
-            return replace(self, **options)
+            return replace(self, **without_retired(options))
         except (TypeError, ValueError) as error:
             raise type(error)(f"{owner}: {error}") from None
+
+
+def without_retired(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (an app's, or a task's options) without the `RETIRED` ones: the
+    first time a process meets one, set to anything, it logs a WARNING naming it (a
+    worker reads its app's and tasks' settings before its pool forks, so its children
+    do not say it again)."""
+    retired = sorted(set(settings) & RETIRED.keys())
+    if not retired:
+        return settings
+    with _retired_lock:
+        new = [name for name in retired if name not in _retired_warned]
+        _retired_warned.update(new)
+    for name in new:
+        logger.warning(
+            "celery-semaphore: the setting %s%s is retired and ignored: %s. Remove it "
+            "(from the Celery settings and from every task's options)",
+            PREFIX,
+            name,
+            RETIRED[name],
+        )
+    return {name: value for name, value in settings.items() if name not in RETIRED}
 
 
 def check_shared_redis(app: Any) -> None:
@@ -310,7 +340,7 @@ def get_config(app: Any) -> SemaphoreConfig:
                 values[f.name] = value
         values.setdefault("redis_url", default_redis_url(app))
         try:
-            config = SemaphoreConfig(**values)
+            config = SemaphoreConfig(**without_retired(values))
         except (TypeError, ValueError) as error:
             raise type(error)(f"Celery setting {PREFIX}{error}") from None
         check_backoff(app, config, f"Celery setting {PREFIX}")

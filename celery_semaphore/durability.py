@@ -12,12 +12,11 @@ the broker's messages too, so parking changes nothing.
 
 On any other broker (kombu's other transports, SQS) a task parks in the
 semaphores' Redis (at the worker, `celery_semaphore.retry.Waits`, or at publish,
-`celery_semaphore.publish.ParkingProducer`) only when one of these holds:
-
-- it persists every write (``appendonly yes``, read with ``CONFIG GET`` or
-  ``INFO`` and re-read every `RECHECK_EVERY` s; on Redis Cluster, on every
-  primary);
-- the task's settings opt in: ``semaphore_park_without_persistence = True``.
+`celery_semaphore.publish.ParkingProducer`) only when it persists every write
+(``appendonly yes``, read with ``CONFIG GET`` or ``INFO`` and re-read every
+`RECHECK_EVERY` s; on Redis Cluster, on every primary). The opt-in to park in a
+Redis that persists nothing, ``semaphore_park_without_persistence``, is retired:
+ignored, with one WARNING (`celery_semaphore.config.RETIRED`).
 
 Otherwise the task waits as a countdown retry, its message in the broker, and
 the process logs one WARNING per Redis URL saying so (the worker at start,
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RECHECK_EVERY = 60.0
-OPT_IN = "semaphore_park_without_persistence"
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 SOCKET_SCHEMES = ("unix", "redis+socket", "socket")
 TCP_SCHEMES = ("redis", "rediss")
@@ -140,18 +138,24 @@ class ParkingSafety:
         Redis): what a worker rebuilds after a data loss."""
         return self.broker_driver(app) in ("amqp", "redis")
 
+    def in_broker(self, app: Any, config: SemaphoreConfig) -> bool:
+        """Whether tasks with settings ``config`` park in the broker's parking queues:
+        on RabbitMQ, and on a Redis broker that is not ``config.redis_url``'s server
+        (asks nothing of either server)."""
+        driver = self.broker_driver(app)
+        return driver == "amqp" or (
+            driver == "redis" and not self._is_the_brokers(app, config.redis_url)
+        )
+
     def where(self, app: Any, config: SemaphoreConfig, store: OperatedStore) -> Where | None:
         """Where a task with settings ``config`` parks: in the broker (RabbitMQ, or a
         Redis broker that is not ``config.redis_url``'s server), in
         ``config.redis_url`` (its server is the broker's, or ``store``'s
-        ``persistence()`` says it keeps every write, or the opt-in), or nowhere
+        ``persistence()`` says it keeps every write), or nowhere
         (None: it waits as a countdown retry; logs the WARNING once per URL)."""
-        driver = self.broker_driver(app)
-        if driver == "amqp" or (
-            driver == "redis" and not self._is_the_brokers(app, config.redis_url)
-        ):
+        if self.in_broker(app, config):
             return Where.BROKER
-        if driver == "redis" or config.park_without_persistence:
+        if self._is_the_brokers(app, config.redis_url):
             return Where.REDIS
         persistence = self.persistence(store, config.redis_url)
         if persistence is None:
@@ -196,18 +200,15 @@ class ParkingSafety:
                 "services often disable CONFIG)"
             )
             fixes = (
-                "If it persists every write (appendonly yes), set "
-                f"{OPT_IN} = True; or let this Redis user run CONFIG GET"
+                "Set appendonly yes on that Redis and let this Redis user run CONFIG GET or "
+                "INFO, so that the check can see it"
             )
         else:
             why = (
                 f"it does not write every change to disk ({persistence.detail}): a restart "
                 "would lose the tasks parked there"
             )
-            fixes = (
-                f"Set appendonly yes on that Redis, or {OPT_IN} = True to park there "
-                "anyway and lose the parked tasks with its data"
-            )
+            fixes = "Set appendonly yes on that Redis to let tasks park there"
         logger.warning(
             "celery-semaphore: waiting tasks do not park in the Redis at %s: it is not the "
             "broker's server and %s. They wait as countdown retries instead, their messages "

@@ -53,9 +53,8 @@ class Operator:
 
     def parked_in(self) -> str:
         """Where this app's parked tasks' messages wait (`durability.Where`)."""
-        state, config = state_of(self.app), get_config(self.app)
-        where = state.parking.where(self.app, config, self.store)
-        return str((where or Where.REDIS).value)
+        in_broker = state_of(self.app).parking.in_broker(self.app, get_config(self.app))
+        return str((Where.BROKER if in_broker else Where.REDIS).value)
 
     def names(self) -> list[str]:
         return self.store.semaphore_names(self.namespace)

@@ -4,8 +4,14 @@ The heartbeat's renewals write the permits of the running tasks back while
 admissions are paused (`celery_semaphore.core.redis.epochs`, renew.lua). `WrittenBack`
 remembers them and gives back those whose tasks ended meanwhile; `report_loss()`
 says what happened: a WARNING, the `celery_semaphore.signals.data_lost` signal
-(and its ``semaphore-data-lost`` event), and an ERROR where tasks were parked (no
-persistence, with ``semaphore_park_without_persistence``): they are lost.
+(and its ``semaphore-data-lost`` event), and an ERROR where tasks were parked in
+that Redis: they are lost. Tasks parked in the broker's parking queues (RabbitMQ, a
+Redis broker on another server) lose nothing and get their places back
+(`celery_semaphore.worker.parked_rebuild`). Tasks park in the semaphores' Redis only
+where it is the broker's own server (a restart without persistence takes the
+broker's queued messages too) or, on other brokers, where it appends every write
+(then it was flushed, or failed over to a replica without them):
+`celery_semaphore.durability`.
 """
 
 from __future__ import annotations
@@ -87,8 +93,10 @@ def report_loss(
     if parked_lost:
         logger.error(
             "Redis at %s lost its data: the tasks parked there are lost (semaphores %s); "
-            "they will not run. Give that Redis persistence (appendonly yes), or drop "
-            "semaphore_park_without_persistence so tasks wait in the broker instead",
+            "they will not run: send them again. That Redis restarted without persistence "
+            "(as the broker's own server, it lost the broker's queued messages too: give it "
+            "appendonly yes), was flushed (FLUSHALL, FLUSHDB), or failed over to a replica "
+            "that lacked them",
             mask_url(loss.url),
             ", ".join(parked_lost),
         )

@@ -29,7 +29,6 @@ from celery_semaphore.config import get_config, task_config, uses_handover
 from celery_semaphore.core import losses
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.core.results import DataLoss
-from celery_semaphore.durability import Where
 from celery_semaphore.formats import Gate, recorded_gates
 from celery_semaphore.gates import semaphore_of
 from celery_semaphore.parking_queues import sweep
@@ -226,7 +225,7 @@ class Heartbeat:
             restored = 0  # counted once, with the first loss reported
         if in_broker and (losses or not self._rebuilt):
             self._rebuilt = self.rebuild_parked(only_short=not losses)  # else: next beat
-        if in_broker:
+        if in_broker and state_of(self.app).parking.broker_driver(self.app) == "redis":
             self.sweep_moving()
         if uses_handover(self.app):
             try:
@@ -236,9 +235,7 @@ class Heartbeat:
 
     def parks_in_broker(self) -> bool:
         """Whether the app's parked tasks wait in its broker's parking queues."""
-        state, config = state_of(self.app), get_config(self.app)
-        store = state.semaphores.store(config.redis_url)
-        return state.parking.where(self.app, config, store) is Where.BROKER
+        return state_of(self.app).parking.in_broker(self.app, get_config(self.app))
 
     def sweep_moving(self) -> None:
         """Put back the parked messages a process stopped moving (a Redis broker:

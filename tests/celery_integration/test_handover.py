@@ -7,9 +7,9 @@ A new task whose place is already far back when it is published is parked
 then and there, and reaches no worker before its turn.
 Covered: each runs once and in line order, with no countdown message; the
 publisher dying between selection and publish; a stale copy dropped; revoke of
-a parked task; a worker SIGKILLed while holding a permit; Redis losing its data
-while tasks are parked; RabbitMQ; a queue cap plus a task cap; FIFO over a
-backlog of 500; the semaphores on a Redis Cluster.
+a parked task; a worker SIGKILLed while holding a permit; the semaphores' Redis
+losing its data while tasks are parked in the broker; RabbitMQ; a queue cap plus
+a task cap; FIFO over a backlog of 500; the semaphores on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery_harness import max_overlap
 from cluster_tools import Clusters, eta_countdowns
 from test_brokers_canvas import AMQP
 
 from celery_semaphore import Handover, Permit, Semaphore
+from celery_semaphore.formats import Gate, parking_queue
 from celery_semaphore.parked_tasks import publish
 from celery_semaphore.parking_queues import BrokerLink
 from devkit.redis_servers import RedisClusterServers, RedisServer
@@ -41,10 +43,6 @@ PARKING = {
     "semaphore_heartbeat_interval": BEAT,
     "semaphore_handover_deadline": 1.5,
 }
-# Tests whose semaphores are not on the broker's server, in a Redis without
-# persistence (tests/celery_integration/test_redis_data_loss.py: tasks then park
-# only with this opt-in).
-PARKING_ANYWHERE = {**PARKING, "semaphore_park_without_persistence": True}
 NOT_PARKED_WARNING = "waiting tasks do not park in the Redis at"
 
 
@@ -267,40 +265,51 @@ def test_a_worker_killed_while_holding_a_permit_lets_the_next_parked_task_run_af
     assert long.state != "SUCCESS"
 
 
-def test_redis_losing_its_data_while_tasks_are_parked_loses_them_and_says_so(
+def test_the_semaphores_redis_losing_its_data_loses_no_task_parked_in_the_broker(
     clusters: Clusters,
 ) -> None:
-    """docs/guarantees.md: with semaphore_park_without_persistence, tasks park in a
-    Redis that persists nothing. If it loses its data they are gone: they never run
-    (never twice either), every worker logs an error naming them lost, and the
-    semaphore works on for new tasks."""
+    """docs/guarantees.md ("Nothing lost"): on a Redis broker, the semaphores in a Redis
+    of their own without persistence, waiting tasks park in the broker's parking lists.
+    That Redis restarts empty while they are parked: a worker gives them their places
+    again (celery_semaphore/worker/parked_rebuild.py); each runs once, never two at
+    once, no ERROR says they are lost, and the semaphore works on for new tasks."""
     with RedisServer() as semaphores:
-        conf = {**PARKING_ANYWHERE, "semaphore_redis_url": semaphores.url}
+        conf = {**PARKING, "semaphore_redis_url": semaphores.url}
         cluster = clusters(limit=1, extra_conf=conf)
         worker = cluster.worker("w1", concurrency=2)
         sem = Semaphore(semaphores.url, "hold", 1)
         assert isinstance(sem.attempt("test-blocker"), Permit)
         hold = cluster.app_module.hold
-        lost = [hold.delay(0.1, f"lost{i}") for i in range(2)]
-        wait_parked(cluster, sem, [r.id for r in lost])
+        parked = [hold.delay(0.1, f"parked{i}") for i in range(4)]
+        wait_parked(cluster, sem, [r.id for r in parked])
+        broker = redis.Redis.from_url(cluster.broker_url)
+        lists = [parking_queue("default", Gate("hold", 1), asked=a) for a in (False, True)]
+        assert sum(broker.llen(name) for name in lists) == 4, "parked in the broker"
         time.sleep(3 * BEAT)  # the heartbeat has seen them parked
+        assert cluster.events() == []
 
-        semaphores.restart()  # no persistence: the data is gone
-        line = "lost its data: the tasks parked there are lost (semaphores hold)"
-        cluster.wait_for(lambda: line in worker.text(), 10, "the loss reported")
-        fresh = [hold.delay(0.1, f"new{i}") for i in range(3)]
-        assert [r.get(timeout=30) for r in fresh] == ["new0", "new1", "new2"]
-        time.sleep(1.0)
-        assert sorted(starts(cluster)) == ["new0", "new1", "new2"]
+        semaphores.restart()  # no persistence: the places and the blocker are gone
+        assert sorted(r.get(timeout=30) for r in parked) == [f"parked{i}" for i in range(4)]
+        fresh = [hold.delay(0.1, f"new{i}") for i in range(2)]
+        assert [r.get(timeout=30) for r in fresh] == ["new0", "new1"]
+        time.sleep(1.0)  # a second run would show by now
+        ran = starts(cluster)
+        assert sorted(ran) == sorted([*(f"parked{i}" for i in range(4)), "new0", "new1"])
         assert max_overlap(cluster.events()) == 1
-        assert NOT_PARKED_WARNING not in worker.text()
+        assert sum(broker.llen(name) for name in lists) == 0
+        broker.close()
         sem.close()
+    text = worker.text()
+    assert "lost its data; no permit is granted until" in text, "the loss was noticed"
+    assert "parked in the broker their places in line again" in text
+    assert "the tasks parked there are lost" not in text
+    assert NOT_PARKED_WARNING not in text
 
 
 def test_handover_on_the_rabbitmq_broker(clusters: Clusters, rabbitmq_vhost: str) -> None:
     suffix = uuid.uuid4().hex[:8]
     queue = f"cs-hand-{suffix}"
-    cluster = clusters(limit=1, broker_url=f"{AMQP}/{rabbitmq_vhost}", extra_conf=PARKING_ANYWHERE)
+    cluster = clusters(limit=1, broker_url=f"{AMQP}/{rabbitmq_vhost}", extra_conf=PARKING)
     cluster.worker(f"r1-{suffix}", concurrency=3, queues=queue)
     sem = cluster.semaphore("hold", 1)
     blocker = block(cluster)
@@ -412,12 +421,13 @@ def test_a_message_too_large_to_park_falls_back_to_countdown_retries(clusters: C
 def test_handover_with_the_semaphores_on_redis_cluster(
     clusters: Clusters, redis_cluster: RedisClusterServers
 ) -> None:
-    """The broker is a plain Redis, the semaphores a Redis Cluster: tasks park there,
-    a worker's heartbeat hands the first over when a permit frees outside any worker,
-    the releases of the workers' tasks hand over the others, and each runs once, in
-    line order."""
+    """The broker is a plain Redis, the semaphores a Redis Cluster: tasks take their
+    places there (their messages park in the broker's parking lists), a worker's
+    heartbeat hands the first over when a permit frees outside any worker, the
+    releases of the workers' tasks hand over the others, and each runs once, in line
+    order."""
     url = redis_cluster.url.replace("redis://", "redis+cluster://")
-    cluster = clusters(limit=1, extra_conf={**PARKING_ANYWHERE, "semaphore_redis_url": url})
+    cluster = clusters(limit=1, extra_conf={**PARKING, "semaphore_redis_url": url})
     cluster.worker("w1", concurrency=3)
     sem = Semaphore(url, "hold", 1)
     try:

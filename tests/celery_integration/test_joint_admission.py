@@ -82,9 +82,7 @@ def test_on_redis_cluster_two_names_are_taken_one_after_the_other_with_a_warning
     so the worker says so and takes them one after the other, holding neither while
     it waits for the other."""
     url = redis_cluster.url.replace("redis://", "redis+cluster://")
-    cluster = clusters(
-        extra_conf={"semaphore_redis_url": url, "semaphore_park_without_persistence": True}
-    )
+    cluster = clusters(extra_conf={"semaphore_redis_url": url})
     worker = cluster.worker("w1", concurrency=3)
     pairs = [cluster.app_module.pair.delay(0.1, i) for i in range(6)]
     assert [r.get(timeout=60) for r in pairs] == list(range(6))
@@ -100,13 +98,7 @@ def test_on_redis_cluster_a_namespace_with_a_hash_tag_takes_them_in_one_step(
     two limits are one script call there too (nothing taken while the other is full)."""
     url = redis_cluster.url.replace("redis://", "redis+cluster://")
     namespace = "cs{limits}"
-    cluster = clusters(
-        extra_conf={
-            "semaphore_redis_url": url,
-            "semaphore_namespace": namespace,
-            "semaphore_park_without_persistence": True,
-        }
-    )
+    cluster = clusters(extra_conf={"semaphore_redis_url": url, "semaphore_namespace": namespace})
     worker = cluster.worker("w1", concurrency=4)
     module = cluster.app_module
     pair_a = Semaphore(url, "pair-a", 2, namespace=namespace)
@@ -141,7 +133,7 @@ def test_on_redis_cluster_a_cap_and_a_rate_on_two_names_hold_together(
     start, never given back). Either way: never more than the cap running, never more
     starts in a second than the rate allows, every task once."""
     url = redis_cluster.url.replace("redis://", "redis+cluster://")
-    conf: dict[str, Any] = {"semaphore_redis_url": url, "semaphore_park_without_persistence": True}
+    conf: dict[str, Any] = {"semaphore_redis_url": url}
     where: dict[str, Any] = {}
     if namespace is not None:
         conf["semaphore_namespace"] = where["namespace"] = namespace

@@ -189,7 +189,6 @@ def test_a_backlog_publish_whose_semaphores_redis_dies_sends_the_message_to_the_
         app = Celery("dies", broker=redis_url, set_as_current=False)
         app.conf.update(
             semaphore_redis_url=semaphores.url,
-            semaphore_park_without_persistence=True,
             task_default_queue="dies",
         )
         apps.append(app)

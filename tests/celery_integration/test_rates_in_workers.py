@@ -257,9 +257,7 @@ def test_the_limit_and_the_rate_together_with_the_semaphores_on_redis_cluster(
     """The broker a plain Redis, the semaphores a Redis Cluster: one semaphore's limit
     and rate live on one slot and are granted by one script there."""
     url = redis_cluster.url.replace("redis://", "redis+cluster://")
-    cluster = clusters(
-        extra_conf={"semaphore_redis_url": url, "semaphore_park_without_persistence": True}
-    )
+    cluster = clusters(extra_conf={"semaphore_redis_url": url})
     for name in ("w1", "w2"):
         cluster.worker(name, concurrency=3)
     both = cluster.app_module.both

@@ -7,16 +7,21 @@ restarted empty five times; tasks are published before and between the
 restarts. Every submitted task must run (at least once: duplicates are counted
 and shown), never more bodies at once than the limit, and admissions resume
 after each restart (the delay until the first body starts is printed: the
-target is the renewal interval + 1 s). Before tasks parked only where their
-message is at least as safe as in the broker (celery_semaphore/durability.py),
-the tasks parked there went with its data: 29 of 108 acks_late tasks never ran
-on the Redis broker, 32 of 108 on RabbitMQ, 29 of 108 early-ack ones; before
-the pause after a loss (celery_semaphore/core/redis/epochs.py), 2 bodies ran at once
-under limit 1 and 5 under limit 3.
+target is the renewal interval + 1 s). On both brokers waiting tasks park in
+the broker (parking queues; celery_semaphore/durability.py), so nothing is
+lost and no process warns. Before tasks parked only where their message is at
+least as safe as in the broker, the tasks parked there went with its data: 29
+of 108 acks_late tasks never ran on the Redis broker, 32 of 108 on RabbitMQ, 29
+of 108 early-ack ones; before the pause after a loss
+(celery_semaphore/core/redis/epochs.py), 2 bodies ran at once under limit 1 and
+5 under limit 3.
 
-And parking still happens where it is safe: the broker's own server, a Redis
-that appends every write (its parked tasks outlive its restart), the opt-in
-(test_handover.py); where it is not, the process says so once.
+And parking in the semaphores' Redis still happens where it is safe: the Redis
+broker's own server, and on another broker (kombu's filesystem transport here,
+as SQS would be) a Redis that appends every write (its parked tasks outlive its
+restart); on another broker with a Redis that persists nothing, tasks wait as
+countdown retries and the process says so once, whether or not the retired
+opt-in (semaphore_park_without_persistence) is set.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +57,7 @@ SETTINGS = {"semaphore_backoff_max": 2.0, "semaphore_heartbeat_interval": 0.5}
 LIMITS = {"one": 1, "three": 3}
 LOSS_REPORTED = "lost its data: the tasks parked there are lost"
 LOSS_NOTICED = "lost its data; no permit is granted until"
+PLACES_REBUILT = "parked in the broker their places in line again"
 
 
 @pytest.fixture
@@ -102,6 +109,15 @@ class Outcome:
         assert not over, f"more bodies at once than the limits {LIMITS}: {over}"
         assert None not in self.resumed_after, f"admissions stopped: {self.resumed_after}"
         assert all(LOSS_NOTICED in log for log in self.logs), "each worker reports the losses"
+
+    def check_parked_in_the_broker(self, *, parked: bool = True) -> None:
+        """No task parked in the semaphores' Redis: no process warned that they may
+        not park, none reported parked tasks lost; ``parked``: tasks parked in the
+        broker's parking queues, and a worker gave them their places again."""
+        assert not any(NOT_PARKED_WARNING in log for log in self.logs), "they may park"
+        assert not any(LOSS_REPORTED in log for log in self.logs), "none parked in Redis"
+        rebuilt = any(PLACES_REBUILT in log for log in self.logs)
+        assert rebuilt is parked, "places given again to the tasks parked in the broker"
 
 
 def backlog_through_restarts(
@@ -159,42 +175,70 @@ def started_tags(cluster: Cluster) -> set[str]:
     return {e["tag"] for e in cluster.events() if e["event"] == "start"}
 
 
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_a_backlog_of_acks_late_tasks_survives_restarts_of_a_semaphore_redis_without_persistence(
-    clusters: Clusters,
+    clusters: Clusters, request: pytest.FixtureRequest, broker: str
 ) -> None:
-    outcome = backlog_through_restarts(clusters, late=True)
+    """The semaphores' Redis is not the broker's server: waiting tasks park in the
+    broker's parking queues, and a worker gives them their places again after each
+    restart."""
+    on_rabbitmq: dict[str, Any] = {}
+    if broker == "rabbitmq":
+        vhost = request.getfixturevalue("rabbitmq_vhost")
+        on_rabbitmq = {"broker_url": f"{AMQP}/{vhost}", "queue": f"cs-loss-{uuid.uuid4().hex[:8]}"}
+    outcome = backlog_through_restarts(clusters, late=True, **on_rabbitmq)
     outcome.check_every_task_ran()
-    assert not any(LOSS_REPORTED in log for log in outcome.logs), "tasks were parked there"
-    assert [log.count(NOT_PARKED_WARNING) for log in outcome.logs] == [1, 1]
-
-
-def test_the_same_on_the_rabbitmq_broker(clusters: Clusters, rabbitmq_vhost: str) -> None:
-    outcome = backlog_through_restarts(
-        clusters,
-        late=True,
-        broker_url=f"{AMQP}/{rabbitmq_vhost}",
-        queue=f"cs-loss-{uuid.uuid4().hex[:8]}",
-    )
-    outcome.check_every_task_ran()
+    outcome.check_parked_in_the_broker()
 
 
 @pytest.mark.parametrize("wait_mode", ["handover", "countdown"])
 def test_early_ack_tasks_survive_them_too(clusters: Clusters, wait_mode: str) -> None:
     outcome = backlog_through_restarts(clusters, late=False, wait_mode=wait_mode)
     outcome.check_every_task_ran()
-    # In a countdown app too: a task of limited_app parks in any app (its own mode).
-    assert [log.count(NOT_PARKED_WARNING) for log in outcome.logs] == [1, 1]
+    outcome.check_parked_in_the_broker(parked=wait_mode == "handover")
 
 
 def durability_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "celery_semaphore.durability"]
 
 
-def test_a_separate_redis_without_persistence_gets_countdown_waits_and_one_warning(
-    clusters: Clusters, caplog: pytest.LogCaptureFixture
+@pytest.fixture
+def other_broker(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """A broker of kombu's other transports (as SQS would be), neither AMQP nor Redis:
+    its parked tasks may wait only in a semaphores' Redis that appends every write.
+    The URL and the settings it needs (its folders, shared by the workers and this
+    process)."""
+    folders = {name: tmp_path / name for name in ("messages", "control")}
+    for folder in folders.values():
+        folder.mkdir()
+    options = {
+        "data_folder_in": str(folders["messages"]),
+        "data_folder_out": str(folders["messages"]),
+        "control_folder": str(folders["control"]),
+        "polling_interval": 0.05,
+    }
+    return "filesystem://", {"broker_transport_options": options}
+
+
+RETIRED_WARNING = "the setting semaphore_park_without_persistence is retired and ignored"
+
+
+@pytest.mark.parametrize("retired_opt_in", [False, True], ids=["", "retired opt-in set"])
+def test_on_another_broker_a_redis_without_persistence_gets_countdown_waits_and_one_warning(
+    clusters: Clusters,
+    caplog: pytest.LogCaptureFixture,
+    other_broker: tuple[str, dict[str, Any]],
+    retired_opt_in: bool,
 ) -> None:
+    """Set or not, semaphore_park_without_persistence changes nothing: the tasks wait
+    as countdown retries, their messages in the broker, and each process says why
+    once (and, where it is set, that it is retired: once, not once per pool process)."""
+    broker_url, broker_conf = other_broker
     with RedisServer() as semaphores:
-        cluster = clusters(limit=1, extra_conf={**PARKING, "semaphore_redis_url": semaphores.url})
+        conf = {**PARKING, **broker_conf, "semaphore_redis_url": semaphores.url}
+        if retired_opt_in:
+            conf["semaphore_park_without_persistence"] = True
+        cluster = clusters(limit=1, broker_url=broker_url, extra_conf=conf)
         events = clusters.events(cluster)
         worker = cluster.worker("w1", concurrency=3, extra=["-E"])
         sem = Semaphore(semaphores.url, "hold", 1)
@@ -213,6 +257,8 @@ def test_a_separate_redis_without_persistence_gets_countdown_waits_and_one_warni
     assert f"the Redis at {semaphores.url}: it is not the broker's server" in warning
     assert "appendonly no" in warning
     assert "countdown retries instead" in warning
+    assert "Set appendonly yes on that Redis to let tasks park there" in warning
+    assert worker.text().count(RETIRED_WARNING) == (1 if retired_opt_in else 0)
     assert len(durability_warnings(caplog)) == 1  # the publisher's (this process)
 
 
@@ -231,17 +277,20 @@ def test_tasks_still_park_in_the_brokers_own_server_and_nobody_warns(
     assert durability_warnings(caplog) == []
 
 
-def test_tasks_park_in_a_redis_that_appends_every_write_and_outlive_its_restart(
-    clusters: Clusters, caplog: pytest.LogCaptureFixture
+def test_on_another_broker_tasks_park_in_a_redis_that_appends_every_write_and_outlive_its_restart(
+    clusters: Clusters, caplog: pytest.LogCaptureFixture, other_broker: tuple[str, dict[str, Any]]
 ) -> None:
+    broker_url, broker_conf = other_broker
     with RedisServer("--appendonly", "yes") as semaphores:
-        cluster = clusters(limit=1, extra_conf={**PARKING, "semaphore_redis_url": semaphores.url})
+        conf = {**PARKING, **broker_conf, "semaphore_redis_url": semaphores.url}
+        cluster = clusters(limit=1, broker_url=broker_url, extra_conf=conf)
         worker = cluster.worker("w1", concurrency=3)
         sem = Semaphore(semaphores.url, "hold", 1)
         blocker = sem.attempt("test-blocker")
         assert isinstance(blocker, Permit)
         results = [cluster.app_module.hold.delay(0.1, i) for i in range(5)]
         wait_parked(cluster, sem, [r.id for r in results])
+        assert sem.status().parked_count == 5  # their messages are in this Redis
 
         semaphores.restart()  # the AOF brings everything back
         time.sleep(1.0)

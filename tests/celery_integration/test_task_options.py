@@ -676,12 +676,17 @@ def test_a_bad_weight_fails_the_task_naming_it(
 
 @pytest.mark.parametrize(("mode", "seconds"), [("handover", None), ("countdown", 1.0)])
 def test_in_a_busy_worker_only_a_task_that_would_park_waits_in_place_briefly(
-    make_app: Make, monkeypatch: pytest.MonkeyPatch, mode: str, seconds: float | None
+    make_app: Make,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    seconds: float | None,
 ) -> None:
     """Every other pool process runs a task. A turn 0.4 s away: a task that would park
-    does not wait for it in place (at most 0.1 s, then it parks); one that would come
-    back with a countdown waits the whole max_block (its countdown, aimed half a hold
-    before its turn, would bring it back at once, round and round through the broker)."""
+    (the semaphores' Redis is the broker's own server) does not wait for it in place
+    (at most 0.1 s, then it parks); one that would come back with a countdown waits
+    the whole max_block (its countdown, aimed half a hold before its turn, would
+    bring it back at once, round and round through the broker)."""
     from celery.app.task import Context
 
     from celery_semaphore.config import task_config
@@ -695,8 +700,8 @@ def test_in_a_busy_worker_only_a_task_that_would_park_waits_in_place_briefly(
         monkeypatch.setattr(pool_occupancy, "_own_index", lambda i=index: i)
         table.process_started()
         table.started()
-    task = limited(make_app(), f"busy_{mode}", semaphore="b", limit=2, semaphore_wait_mode=mode,
-                   semaphore_park_without_persistence=True)  # fmt: skip
+    task = limited(make_app(broker_url=redis_url), f"busy_{mode}", semaphore="b", limit=2,
+                   semaphore_wait_mode=mode)  # fmt: skip
     request = Context(id="t-1", retries=0, headers={}, hostname="h", delivery_info={},
                       args=(), kwargs={})  # fmt: skip
     state = WaitState()

@@ -4,6 +4,7 @@ Redis broker's visibility_timeout, and the cache per app."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import fields
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+import celery_semaphore.config
 from celery_semaphore import LimitedTask
 from celery_semaphore.config import (
     APP_WIDE,
@@ -45,7 +47,6 @@ def test_defaults_are_the_documented_ones() -> None:
         on_redis_error="retry",
         queue_limits={},
         send_events=None,
-        park_without_persistence=False,
     )
     assert config.renew_every == 15.0  # a quarter of the lease
 
@@ -79,8 +80,6 @@ BAD_VALUES = [
     ({"on_redis_error": "ignore"}, ValueError,
      "on_redis_error must be one of retry, fail, run, got 'ignore'"),
     ({"backoff_jitter": "yes"}, TypeError, "backoff_jitter must be True or False, got 'yes'"),
-    ({"park_without_persistence": 1}, TypeError,
-     "park_without_persistence must be True or False, got 1"),
     ({"send_events": 1}, TypeError, "send_events must be True, False or None, got 1"),
     ({"queue_limits": [("q", 1)]}, TypeError, "queue_limits must be a dict of queue name -> limit"),
     ({"queue_limits": {"": 1}}, ValueError, "queue_limits key must be 1 to 200 characters"),
@@ -217,6 +216,78 @@ def test_default_redis_url_is_the_broker_if_it_is_redis(
 def test_an_explicit_redis_url_wins_over_the_broker(make_app: MakeApp) -> None:
     app = make_app(broker_url="redis://broker/1", semaphore_redis_url="redis://sem/2")
     assert get_config(app).redis_url == "redis://sem/2"
+
+
+# ------------------------------------------------------------ retired settings
+
+RETIRED_WARNING = "celery-semaphore: the setting semaphore_park_without_persistence is retired"
+
+
+def retired_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if RETIRED_WARNING in r.getMessage()]
+
+
+@pytest.fixture
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process that has not met a retired setting yet."""
+    monkeypatch.setattr(celery_semaphore.config, "_retired_warned", set())
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_the_retired_opt_in_is_accepted_ignored_and_named_in_one_warning_per_process(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """semaphore_park_without_persistence, app-wide or a task's option, any value (it
+    was a bool; nothing reads it now): the settings read as without it, and the
+    process says so once, whatever reads them and however often."""
+    apps = [make_app(semaphore_park_without_persistence=v) for v in (True, False, "yes")]
+    plain = make_app(semaphore_redis_url="redis://r/0")
+    plain.finalize()
+
+    @plain.task(base=LimitedTask, semaphore="s", limit=1, shared=False,
+                semaphore_park_without_persistence=True)  # fmt: skip
+    def limited() -> None: ...
+
+    configs = [get_config(app) for app in apps]
+    assert configs == [SemaphoreConfig()] * 3
+    assert task_config(limited) == get_config(plain) == SemaphoreConfig(redis_url="redis://r/0")
+    reset(apps[0])
+    get_config(apps[0])  # read again: no second warning
+    (record,) = retired_warnings(caplog)
+    assert record.levelno == logging.WARNING
+    assert record.name == "celery_semaphore.config"
+    message = record.getMessage()
+    assert "is retired and ignored" in message
+    assert "on RabbitMQ and Redis brokers waiting tasks park in the broker's own server" in message
+    assert "park only in a Redis that keeps every write (appendonly yes)" in message
+    assert "else they wait as countdown retries" in message
+    assert message.endswith("Remove it (from the Celery settings and from every task's options)")
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_a_tasks_retired_option_alone_is_named_once_too(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(semaphore_redis_url="redis://r/0")
+    app.finalize()
+
+    def job() -> None: ...
+
+    tasks = [
+        app.task(base=LimitedTask, semaphore="s", limit=1, shared=False, name=f"t{i}",
+                 semaphore_park_without_persistence=True)(job)
+        for i in range(3)
+    ]  # fmt: skip
+    assert retired_warnings(caplog) == []  # declared: nothing read yet
+    assert all(task_config(task).park_without_persistence is None for task in tasks)
+    assert len(retired_warnings(caplog)) == 1
+
+
+def test_settings_without_a_retired_one_say_nothing(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture, fresh_process: None
+) -> None:
+    get_config(make_app(semaphore_lease_timeout=30))
+    assert retired_warnings(caplog) == []
 
 
 # ------------------------------------------------ backoff vs visibility_timeout

@@ -1,7 +1,8 @@
 """Where tasks may park (celery_semaphore/durability.py), with fake CONFIG answers:
-the broker's own server, a Redis that appends every write, the opt-in, and the one
-warning otherwise. The same against real servers: tests/celery_integration/
-test_parking_safety.py."""
+the broker's parking queues (RabbitMQ, a Redis broker on another server), the
+broker's own server, on other transports a Redis that appends every write, and the
+one warning otherwise (the retired opt-in changes nothing). The same against real
+servers: tests/celery_integration/test_parking_safety.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_semaphore.config import SemaphoreConfig
+from celery_semaphore.config import SemaphoreConfig, get_config
 from celery_semaphore.core.redis.server import read_persistence
 from celery_semaphore.durability import (
     RECHECK_EVERY,
@@ -25,6 +26,8 @@ from celery_semaphore.durability import (
 
 MakeApp = Callable[..., Celery]
 SEMAPHORES = "redis://semaphores.internal:6379/1"
+# Stands for SQS and kombu's other transports: neither AMQP nor Redis, no network.
+OTHER_BROKER = "filesystem://"
 WARNING = "waiting tasks do not park in the Redis at"
 
 
@@ -167,9 +170,11 @@ def test_a_redis_that_refuses_config_is_read_through_info_persistence(
         assert str(REFUSED) in persistence.detail and str(info) in persistence.detail
 
 
-def safety_and_app(make_app: MakeApp) -> tuple[ParkingSafety, Celery, Clock]:
+def safety_and_app(
+    make_app: MakeApp, broker: str = OTHER_BROKER, **conf: Any
+) -> tuple[ParkingSafety, Celery, Clock]:
     clock = Clock()
-    return ParkingSafety(clock=clock), make_app(broker_url="redis://broker.internal/0"), clock
+    return ParkingSafety(clock=clock), make_app(broker_url=broker, **conf), clock
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -201,8 +206,8 @@ def test_a_redis_that_persists_nothing_takes_none_and_says_so_once(
     assert "not the broker's server" in warning
     assert "appendonly no" in warning
     assert "countdown retries instead, their messages in the broker" in warning
-    assert "Set appendonly yes on that Redis" in warning
-    assert "semaphore_park_without_persistence = True" in warning
+    assert "Set appendonly yes on that Redis to let tasks park there" in warning
+    assert "semaphore_park_without_persistence" not in warning
 
 
 @pytest.mark.parametrize(
@@ -212,7 +217,7 @@ def test_a_redis_that_persists_nothing_takes_none_and_says_so_once(
         redis.exceptions.NoPermissionError("this user has no permissions to run 'config|get'"),
     ],
 )
-def test_a_redis_that_refuses_config_takes_none_and_says_to_opt_in_if_it_persists(
+def test_a_redis_that_refuses_config_takes_none_and_says_to_let_the_check_see_it(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture, refusal: Exception
 ) -> None:
     safety, app, _ = safety_and_app(make_app)
@@ -224,8 +229,10 @@ def test_a_redis_that_refuses_config_takes_none_and_says_to_opt_in_if_it_persist
     (warning,) = warnings_of(caplog)
     assert "whether it persists is unknown" in warning
     assert str(refusal) in warning
-    assert "If it persists every write (appendonly yes), set " in warning
-    assert "semaphore_park_without_persistence = True" in warning
+    assert (
+        "Set appendonly yes on that Redis and let this Redis user run CONFIG GET or INFO" in warning
+    )
+    assert "semaphore_park_without_persistence" not in warning
 
 
 def test_an_unreachable_redis_takes_none_says_nothing_and_is_asked_again(
@@ -257,7 +264,7 @@ def test_the_reading_is_kept_a_minute_then_read_again(make_app: MakeApp) -> None
 def test_the_brokers_own_server_takes_parked_tasks_without_asking(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
-    safety, app, _ = safety_and_app(make_app)
+    safety, app, _ = safety_and_app(make_app, "redis://broker.internal/0")
     client = FakeRedis(NO)
     assert (
         safety.where(app, SemaphoreConfig(redis_url="redis://broker.internal/1"), client)
@@ -270,7 +277,7 @@ def test_the_brokers_own_server_takes_parked_tasks_without_asking(
 def test_whether_it_is_the_brokers_server_is_kept_a_minute_then_read_again(
     make_app: MakeApp,
 ) -> None:
-    safety, app, clock = safety_and_app(make_app)
+    safety, app, clock = safety_and_app(make_app, "redis://broker.internal/0")
     client = FakeRedis(NO)
     config = SemaphoreConfig(redis_url="redis://broker.internal/1")
     assert safety.where(app, config, client) is Where.REDIS
@@ -278,19 +285,35 @@ def test_whether_it_is_the_brokers_server_is_kept_a_minute_then_read_again(
     clock.now += RECHECK_EVERY - 1
     assert safety.where(app, config, client) is Where.REDIS
     clock.now += 1
-    assert safety.where(app, config, client) is None
-    assert client.asked == 1
+    assert safety.where(app, config, client) is Where.BROKER  # a Redis broker elsewhere
+    assert client.asked == 0  # what the Redis keeps does not matter
 
 
-def test_the_opt_in_parks_anywhere_without_asking(
+def test_on_a_redis_broker_elsewhere_tasks_park_in_the_broker_whatever_the_redis_keeps(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
-    safety, app, _ = safety_and_app(make_app)
+    safety, app, _ = safety_and_app(make_app, "redis://broker.internal/0")
     client = FakeRedis(NO)
-    config = SemaphoreConfig(redis_url=SEMAPHORES, park_without_persistence=True)
-    assert safety.where(app, config, client) is Where.REDIS
+    assert safety.where(app, SemaphoreConfig(redis_url=SEMAPHORES), client) is Where.BROKER
     assert client.asked == 0
     assert warnings_of(caplog) == []
+
+
+@pytest.mark.parametrize("value", [True, False, "yes"])
+def test_the_retired_opt_in_parks_nowhere_it_would_not_park_otherwise(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture, value: Any
+) -> None:
+    """semaphore_park_without_persistence is ignored: a Redis that persists nothing
+    takes no parked task, and the warning does not suggest the setting."""
+    safety, app, _ = safety_and_app(
+        make_app, semaphore_redis_url=SEMAPHORES, semaphore_park_without_persistence=value
+    )
+    config = get_config(app)
+    assert config.park_without_persistence is None
+    assert safety.where(app, config, FakeRedis(NO)) is None
+    (warning,) = warnings_of(caplog)
+    assert "appendonly no" in warning
+    assert "semaphore_park_without_persistence" not in warning
 
 
 @pytest.mark.parametrize(
