@@ -63,6 +63,7 @@ import time
 from typing import Any
 
 import redis
+from bench_servers import record_amqp_declares
 from celery import Celery
 from celery.signals import task_postrun, worker_ready
 from celery.worker import state as worker_state
@@ -277,29 +278,8 @@ def bench_held(state: Any, **_: Any) -> dict[str, int]:
     return {"reserved": len(reserved), "scheduled": scheduled}
 
 
-def _recording_declares() -> None:
-    """Add every AMQP queue and exchange declared in this process to ``DECLARED_KEY``
-    (before the declare: a process killed right after it still left its name)."""
-    from amqp.channel import Channel
-
-    def recording(method: Any, kind: str) -> Any:
-        @functools.wraps(method)
-        def declare(self: Any, *args: Any, **kwargs: Any) -> Any:
-            name = args[0] if args else kwargs.get(kind, "")  # kombu passes keywords
-            if name and DECLARED_KEY:
-                _records.sadd(DECLARED_KEY, f"{kind}:{name}")
-            return method(self, *args, **kwargs)
-
-        return declare
-
-    for attribute, kind in (("queue_declare", "queue"), ("exchange_declare", "exchange")):
-        method = getattr(Channel, attribute)
-        if not getattr(method, "__wrapped__", None):
-            setattr(Channel, attribute, recording(method, kind))
-
-
 if DECLARED_KEY:
-    _recording_declares()
+    record_amqp_declares(_records, DECLARED_KEY)
 
 
 @signals.permit_waiting.connect

@@ -156,13 +156,10 @@ def test_a_line_lost_while_no_worker_ran_is_rebuilt_when_a_worker_starts(
     assert parked_messages(broker, queue) == 0
 
 
-def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
-    clusters: Clusters, broker: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    queue = f"pm-{suffix}"
-    cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
-    cluster.worker(f"m1-{suffix}", concurrency=2, queues=queue)
+def five_parked_behind_a_mover(cluster: Any, broker: str, queue: str) -> tuple[Any, Any, list[Any]]:
+    """This process as a mover (its handovers move parked messages) holding the one
+    permit, and five tasks parked behind it, each message in its parking queue: the
+    mover, its permit, the results."""
     app = cluster.app_module.app
     publisher = Publisher(app, BrokerLink(app))
     mover = Semaphore(
@@ -174,7 +171,18 @@ def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
     assert isinstance(blocker, Permit)
     results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(5)]
     wait_parked(cluster, cluster.semaphore("hold", 1), [r.id for r in results])
-    wait_broker_parked(cluster, broker, queue, 5)  # each message in its parking queue
+    wait_broker_parked(cluster, broker, queue, 5)
+    return mover, blocker, results
+
+
+def test_the_mover_failing_between_taking_and_publishing_loses_nothing(
+    clusters: Clusters, broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue = f"pm-{suffix}"
+    cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
+    cluster.worker(f"m1-{suffix}", concurrency=2, queues=queue)
+    mover, blocker, results = five_parked_behind_a_mover(cluster, broker, queue)
 
     taken: list[str] = []
 
@@ -266,18 +274,7 @@ def test_a_message_whose_mover_died_on_a_redis_broker_is_put_back_and_runs(
         cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
         cluster.env["CS_STUCK_AFTER"] = "2"
         cluster.worker(f"k1-{suffix}", concurrency=2, queues=queue)
-        app = cluster.app_module.app
-        publisher = Publisher(app, BrokerLink(app))
-        mover = Semaphore(
-            cluster.state_url, "hold", 1, on_handover=publisher, handover_window=0.0,
-            handover_deadline=PARKING["semaphore_handover_deadline"],
-        )  # fmt: skip
-        publisher.semaphore = mover
-        blocker = mover.attempt("test-blocker")
-        assert isinstance(blocker, Permit)
-        results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(5)]
-        wait_parked(cluster, cluster.semaphore("hold", 1), [r.id for r in results])
-        wait_broker_parked(cluster, broker, queue, 5)
+        _, blocker, results = five_parked_behind_a_mover(cluster, broker, queue)
 
         def dies(*args: Any, **kwargs: Any) -> None:
             raise MoverDied
