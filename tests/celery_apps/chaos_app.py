@@ -19,7 +19,7 @@ import redis
 from celery import Celery
 from celery.signals import task_prerun
 
-from celery_semaphore import LimitedTask
+from celery_semaphore import LimitedTask, parking_lists
 
 BROKER = os.environ.get("CS_BROKER_URL", "redis://127.0.0.1:6399/0")
 STATE = os.environ.get("CS_REDIS_URL", BROKER)
@@ -43,6 +43,10 @@ app.conf.update(
     result_expires=3600,
 )
 _records = redis.Redis.from_url(STATE, socket_timeout=30)
+# A message a SIGKILLed worker was moving out of a Redis broker's parking list is put
+# back after this long (30 s by default: longer than the chaos tests settle).
+if os.environ.get("CS_STUCK_AFTER"):
+    parking_lists.STUCK_AFTER = float(os.environ["CS_STUCK_AFTER"])
 
 
 def record(event: str, task_id: str) -> None:

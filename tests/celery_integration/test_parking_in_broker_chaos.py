@@ -246,6 +246,7 @@ def run_chaos(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
         "CS_BROKER_URL": broker_url,
+        "CS_STUCK_AFTER": "5",  # a mover killed mid-move: its message back within the settle
         "CS_REDIS_URL": state.url,
         "CS_SEMAPHORE_URL": semaphores.url,
         "CS_LIMIT": str(LIMIT),
