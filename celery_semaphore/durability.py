@@ -133,11 +133,6 @@ class ParkingSafety:
         there (`celery_semaphore.gates.urgency`)."""
         return self.broker_driver(app) == "amqp"
 
-    def has_parking_queues(self, app: Any) -> bool:
-        """Whether tasks of the app may park in its broker's parking queues (RabbitMQ,
-        Redis): what a worker rebuilds after a data loss."""
-        return self.broker_driver(app) in ("amqp", "redis")
-
     def in_broker(self, app: Any, config: SemaphoreConfig) -> bool:
         """Whether tasks with settings ``config`` park in the broker's parking queues:
         on RabbitMQ, and on a Redis broker that is not ``config.redis_url``'s server

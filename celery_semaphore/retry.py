@@ -254,7 +254,7 @@ def native_countdown(app: Any, delay: float) -> float:
     to whole seconds, at least one."""
     if detect_quorum_queues is None:
         return delay
-    driver = app.connection_for_write().transport.driver_type
+    driver = state_of(app).parking.broker_driver(app)  # read once per app
     if not detect_quorum_queues(app, driver)[0]:
         return delay
     return float(max(1, math.ceil(delay)))
