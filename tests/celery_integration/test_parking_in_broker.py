@@ -80,18 +80,15 @@ def kendall_tau(order: list[int]) -> float:
     return concordant / pairs if pairs else 1.0
 
 
-def test_a_backlog_waits_in_a_parking_queue_and_runs_in_order(
-    clusters: Clusters, broker: str
+def a_backlog_parks_and_runs_in_order(
+    cluster: Any, broker: str, queue: str, timeout: float
 ) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    queue = f"pq-{suffix}"
-    cluster = clusters(limit=2, broker_url=broker)
-    for name in ("p1", "p2"):
-        cluster.worker(f"{name}-{suffix}", concurrency=2, queues=queue)
+    """40 tasks under limit 2 to ``queue``: more than 10 wait in its parking queues, each
+    runs once, never more than 2 at once, roughly in order; nothing is left waiting."""
     hold = cluster.app_module.hold
     results = [hold.apply_async((0.15, i), queue=queue) for i in range(40)]
     cluster.wait_for(lambda: parked_messages(broker, queue) > 10, 20, "messages parked")
-    assert [r.get(timeout=120) for r in results] == list(range(40))
+    assert [r.get(timeout=timeout) for r in results] == list(range(40))
     events = cluster.events()
     started = starts(events)
     assert len(started) == 40  # each ran once
@@ -100,6 +97,17 @@ def test_a_backlog_waits_in_a_parking_queue_and_runs_in_order(
     assert parked_messages(broker, queue) == 0
     status = cluster.semaphore("hold", 2).status()
     assert (status.holder_count, status.waiter_count) == (0, 0)
+
+
+def test_a_backlog_waits_in_a_parking_queue_and_runs_in_order(
+    clusters: Clusters, broker: str
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    queue = f"pq-{suffix}"
+    cluster = clusters(limit=2, broker_url=broker)
+    for name in ("p1", "p2"):
+        cluster.worker(f"{name}-{suffix}", concurrency=2, queues=queue)
+    a_backlog_parks_and_runs_in_order(cluster, broker, queue, timeout=120)
 
 
 def test_a_parked_task_revoked_never_runs(clusters: Clusters, broker: str) -> None:

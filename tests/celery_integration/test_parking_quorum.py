@@ -36,7 +36,7 @@ from celery.utils.imports import symbol_by_name
 from celery_harness import max_overlap
 from cluster_tools import Clusters
 from kombu import Exchange, Queue
-from test_parking_in_broker import AMQP, kendall_tau, parked_messages, starts
+from test_parking_in_broker import AMQP, a_backlog_parks_and_runs_in_order, starts
 
 from celery_semaphore.formats import Gate, handover_queue, parking_queue
 from celery_semaphore.worker.handover_queues import HandoverQueues
@@ -111,18 +111,7 @@ def test_a_backlog_on_a_quorum_home_queue_parks_in_the_broker_and_runs_in_order(
         cluster.worker(f"{name}-{suffix}", concurrency=2, queues=queue, app="quorum_app")
         for name in ("q1", "q2")
     ]
-    hold = cluster.app_module.hold
-    results = [hold.apply_async((0.15, i), queue=queue) for i in range(40)]
-    cluster.wait_for(lambda: parked_messages(broker, queue) > 10, 20, "messages parked")
-    assert [r.get(timeout=60) for r in results] == list(range(40))
-    events = cluster.events()
-    started = starts(events)
-    assert len(started) == 40  # each ran once
-    assert max_overlap(events) == 2
-    assert kendall_tau([e["tag"] for e in started]) >= 0.9
-    assert parked_messages(broker, queue) == 0
-    status = cluster.semaphore("hold", 2).status()
-    assert (status.holder_count, status.waiter_count) == (0, 0)
+    a_backlog_parks_and_runs_in_order(cluster, broker, queue, timeout=60)
 
     types = queue_types(rabbitmq_vhost)
     assert types[queue] == "quorum"
