@@ -34,6 +34,7 @@ OTHERS = (
     "redis/_async/listening.py",
     "redis/_async/store.py",
     "memory/_async/store.py",
+    "postgres/_async/store.py",
 )
 HEADER = (
     "# Generated from celery_semaphore/core/{name} by scripts/unasync.py:\n"
@@ -53,6 +54,9 @@ RENAMES = [
     (r"\bcore\._async\.", "core._sync."),
     (r"\bcore\.redis\._async\.", "core.redis._sync."),
     (r"\bcore\.memory\._async\.", "core.memory._sync."),
+    (r"\bcore\.postgres\._async\.", "core.postgres._sync."),
+    (r"\bAsyncPostgresStore\b", "PostgresStore"),
+    (r"\binstall_async\b", "install"),
     (r"\bAsyncStore\b", "Store"),
     (r"\bAsyncRedisStore\b", "RedisStore"),
     (r"\bAsyncMemoryStore\b", "MemoryStore"),

@@ -1,7 +1,9 @@
-"""Fixtures that run real, throwaway Redis servers (see devkit/redis_servers.py).
+"""Fixtures that run real, throwaway Redis servers and PostgreSQL clusters (see
+devkit/redis_servers.py and devkit/postgres_servers.py).
 
 Each fixture starts its own processes on free loopback ports and stops them at
-teardown, whatever the outcome of the test. The shared Redis on 6379 is never used.
+teardown, whatever the outcome of the test. The shared Redis on 6379 and PostgreSQL
+on 5432 are never used.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from async_as_sync import BlockingSemaphore, EventLoopThread
@@ -30,6 +32,9 @@ from devkit.redis_servers import (
     TlsRedisServer,
     UnixSocketRedisServer,
 )
+
+if TYPE_CHECKING:
+    from devkit.postgres_servers import PostgresServer
 
 
 @pytest.fixture(autouse=True)
@@ -128,6 +133,26 @@ def redis_sentinel() -> Iterator[RedisSentinelServers]:
     """Fresh master + replica + Sentinel; per test because ``failover()`` is one-way."""
     with RedisSentinelServers() as sentinel:
         yield sentinel
+
+
+@pytest.fixture(scope="session")
+def postgres_session_server() -> Iterator[PostgresServer]:
+    """Cluster shared by the whole session; tests must use their own database or table
+    names and not crash, restart or stop it."""
+    from devkit.postgres_servers import PostgresServer  # psycopg only for tests that use it
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    """Fresh cluster for this test only (initdb takes about a second); tests may crash,
+    restart or stop it, or cut off its clients."""
+    from devkit.postgres_servers import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
 
 
 @pytest.fixture

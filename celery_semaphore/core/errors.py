@@ -83,19 +83,31 @@ class WaitingForPermit(SemaphoreError):
 
 
 class SemaphoreConnectionError(SemaphoreError, ConnectionError):
-    """Redis could not be reached, or refused the credentials."""
+    """The store (Redis, PostgreSQL) could not be reached, or refused the credentials."""
 
-    def __init__(self, url: str, cause: BaseException | str, hint: str | None = None) -> None:
+    def __init__(
+        self, url: str, cause: BaseException | str, hint: str | None = None, store: str = "Redis"
+    ) -> None:
         self.url = url
         if hint is None:
-            hint = "check that Redis runs there and the URL is right"
+            hint = f"check that {store} runs there and the URL is right"
             if "auth" in type(cause).__name__.lower() or "WRONGPASS" in str(cause):
                 hint = "the server refused the credentials: put the right user/password in the URL"
-        self._set(f"Redis at {url} failed: {cause} ({hint})", url, str(cause), hint)
+        self._set(f"{store} at {url} failed: {cause} ({hint})", url, str(cause), hint, store)
 
 
 class SemaphoreBackendError(SemaphoreError):
-    """Redis answered, but with an error the semaphore cannot work around."""
+    """The store answered, but with an error the semaphore cannot work around."""
+
+
+class NotOnThisStore(SemaphoreBackendError, NotImplementedError):
+    """The semaphore asks for something its store does not do yet (PostgreSQL: see
+    ``celery_semaphore.core.postgres.support``)."""
+
+    def __init__(self, store: str, what: str, instead: str) -> None:
+        self.store = store
+        self.what = what
+        self._set(f"{what} is not supported on {store} yet: {instead}", store, what, instead)
 
 
 class SemaphoreKeyTypeError(SemaphoreBackendError):

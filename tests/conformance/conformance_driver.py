@@ -120,8 +120,39 @@ class WakeChannel:
         self.pubsub.close()
 
 
-def wake_channel(sem: Any) -> WakeChannel | None:
-    """The wake channel of ``sem``'s store, if it has one (a Redis client)."""
+class NotifyChannel:
+    """What the PostgreSQL store NOTIFYs on a semaphore's channel, heard call by call as
+    `WakeChannel` hears Redis: a mark NOTIFY on a channel of its own ends each call's
+    messages (PostgreSQL delivers a listener's notifications in commit order)."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        import psycopg
+
+        self.connection = psycopg.connect(url, autocommit=True)
+        self.channel = channel
+        self.mark = f"{channel}_mark"
+        self.connection.execute(f'LISTEN "{channel}"')
+        self.connection.execute(f'LISTEN "{self.mark}"')
+
+    def heard(self) -> list[str]:
+        self.connection.execute("SELECT pg_notify(%s, '')", (self.mark,))
+        messages: list[str] = []
+        for notify in self.connection.notifies(timeout=2.0):
+            if notify.channel == self.mark:
+                return messages
+            messages.append(notify.payload)
+        raise AssertionError("the channel's mark never came")
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def wake_channel(sem: Any) -> WakeChannel | NotifyChannel | None:
+    """The wake channel of ``sem``'s store, if it has one (Redis, PostgreSQL)."""
+    from celery_semaphore.core.postgres._sync.store import PostgresStore, channel_of
+
+    if isinstance(sem.store, PostgresStore):
+        return NotifyChannel(sem.store.target, channel_of(sem._spec))
     try:
         client = sem.client
     except AttributeError:

@@ -1,0 +1,282 @@
+# Generated from celery_semaphore/core/postgres/_async/store.py by scripts/unasync.py:
+# do not edit; edit the asyncio source and run the script.
+"""The PostgreSQL store: each request one call of a function in the database.
+
+What is here and nowhere else: the connection (made at the first call, the functions
+installed then if missing: `celery_semaphore.core.postgres.schema`), the arguments
+each function takes, and the waiters' LISTEN connection. The rules are in the
+functions (``sql/functions.sql``), which follow the reference model.
+
+``core/postgres/_async/store.py`` is the source; ``core/postgres/_sync/store.py`` is
+generated from it (``scripts/unasync.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from celery_semaphore.core.errors import SemaphoreConnectionError
+from celery_semaphore.core.model.replies import Granted
+from celery_semaphore.core.postgres import replies, support
+from celery_semaphore.core.postgres.connection import (
+    connect,
+    is_postgres_url,
+    needs_psycopg,
+    shown,
+    translate,
+)
+from celery_semaphore.core.postgres.schema import FUNCTIONS, install
+from celery_semaphore.core.protocol import STATUS_MOST, SemaphoreSpec
+from celery_semaphore.core.readings import enqueued_place, grant_of, place_of, semaphore_status
+from celery_semaphore.core.redis import wake_messages
+from celery_semaphore.core.requests import (
+    Acquire,
+    AcquireAll,
+    Claim,
+    Configure,
+    Enqueue,
+    Park,
+    Release,
+    Renew,
+)
+from celery_semaphore.core.results import (
+    Claimed,
+    Grant,
+    Handover,
+    Parked,
+    Place,
+    Places,
+    SemaphoreStatus,
+)
+
+#: Connections a forked child inherited: never used, never closed (closing would end
+#: the parent's session on the shared socket).
+_INHERITED: list[Any] = []
+
+
+def channel_of(spec: SemaphoreSpec) -> str:
+    """The channel the semaphore's waiters LISTEN on (channel() in functions.sql)."""
+    return "cs_" + hashlib.md5(f"{spec.namespace}/{spec.name}".encode()).hexdigest()
+
+
+def _call(function: str, arguments: int) -> str:
+    return f"SELECT {FUNCTIONS}.{function}({', '.join(['%s'] * arguments)})"
+
+
+ACQUIRE = _call("acquire", 16)
+ENQUEUE = _call("enqueue", 13)
+RELEASE = _call("release", 6)
+RENEW = _call("renew", 5)
+CONFIGURE = _call("configure", 5)
+STATUS = _call("status", 5)
+NOTE_LOST = (
+    "UPDATE celery_semaphore.semaphores SET lost_noted = lost_noted + %s "
+    "WHERE namespace = %s AND name = %s"
+)
+
+
+class PostgresStore:
+    """Semaphores in one PostgreSQL database (`celery_semaphore.core._sync.store.Store`).
+
+    ``url``: ``postgresql://user:password@host:port/database?sslmode=...`` (libpq's
+    settings in the query). One connection per process, made at the first call; a
+    waiter in place listens on a connection of its own."""
+
+    def __init__(self, url: str) -> None:
+        if not is_postgres_url(url):
+            raise ValueError(f"a PostgreSQL URL starts with postgresql://, got {shown(url)!r}")
+        needs_psycopg()
+        #: The URL as given (with its password: never shown; ``url`` is).
+        self.target = url
+        self.url = shown(url)
+        self._connection: Any = None
+        self._pid = os.getpid()
+        #: A LISTEN connection kept from the last wait that ended normally.
+        self._spare: Any = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r})"
+
+    def _connected(self) -> Any:
+        if self._pid != os.getpid():  # a forked child: its own connections
+            _INHERITED.extend(c for c in (self._connection, self._spare) if c is not None)
+            self._connection = self._spare = None
+            self._pid = os.getpid()
+        if self._connection is None or self._connection.closed:
+            connection = connect(self.target)
+            try:
+                install(connection, self.url)
+            except BaseException:
+                connection.close()
+                raise
+            self._connection = connection
+        return self._connection
+
+    def _one(self, query: str, arguments: Sequence[Any]) -> Any:
+        """The one value ``query`` answers; a lost connection is dropped (the next call
+        makes a new one) and raised as `SemaphoreConnectionError`."""
+        psycopg = needs_psycopg()
+        connection = self._connected()
+        try:
+            cursor = connection.execute(query, arguments)
+            row = cursor.fetchone()
+        except psycopg.Error as error:
+            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+                self._connection = None
+                connection.close()
+            raise translate(error, self.url) from error
+        return None if row is None else row[0]
+
+    def check(self, spec: SemaphoreSpec) -> None:
+        support.check(spec)
+
+    def acquire(
+        self, spec: SemaphoreSpec, request: Acquire
+    ) -> tuple[Grant | Place, list[Handover]]:
+        ask = request.ask
+        support.check(spec, ask)
+        if request.handover is not None:
+            raise support.refuse("a handed-over copy (handover=)")
+        reply = self._one(ACQUIRE, (
+            spec.namespace, spec.name, request.holder, spec.limit, request.lease_ms,
+            request.wait_ms, request.ticket, request.info, spec.idle_ms, request.in_place,
+            spec.family, spec.shadow_codes, ask.text, ask.permits, ask.grants, ask.priority,
+        ))  # fmt: skip
+        result, now_ms, hold_ms = replies.acquired(reply)
+        if isinstance(result, Granted):
+            return grant_of(result), []
+        return place_of(result, now_ms, hold_ms=hold_ms), []
+
+    def acquire_all(
+        self, specs: Sequence[SemaphoreSpec], request: AcquireAll
+    ) -> tuple[list[Grant] | Places, list[list[Handover]]]:
+        raise support.refuse("several semaphores in one step (SemaphoreSet)")
+
+    def joint_problem(self, members: Sequence[tuple[Any, SemaphoreSpec]]) -> str | None:
+        return str(support.refuse("several semaphores in one step (SemaphoreSet)"))
+
+    def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
+        raise support.refuse("parking (park())")
+
+    def claim(self, spec: SemaphoreSpec, request: Claim) -> Claimed:
+        raise support.refuse("parking (claim())")
+
+    def list_parked(self, spec: SemaphoreSpec) -> None:
+        raise support.refuse("parking (park())")
+
+    def enqueue(self, spec: SemaphoreSpec, request: Enqueue) -> tuple[Place, bool, list[Handover]]:
+        ask = request.ask
+        support.check(spec, ask)
+        if request.far is not None:
+            raise support.refuse("parking a place whose turn is far (take_place_or_park())")
+        reply = self._one(ENQUEUE, (
+            spec.namespace, spec.name, request.holder, spec.limit, request.wait_ms,
+            request.info, spec.idle_ms, spec.shadow_codes, ask.text, ask.permits,
+            ask.grants, ask.priority, spec.sent_horizon_ms,
+        ))  # fmt: skip
+        return enqueued_place(replies.enqueued(reply)), False, []
+
+    def dispatch(self, spec: SemaphoreSpec, drop: tuple[str, ...]) -> list[Handover]:
+        raise support.refuse("parking (dispatch())")
+
+    def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
+        support.check(spec)
+        reply = self._one(RELEASE, (
+            spec.namespace, spec.name, request.holder, request.token, spec.limit,
+            spec.shadow_codes,
+        ))  # fmt: skip
+        return bool(reply[0]), []
+
+    def renew(
+        self, spec: SemaphoreSpec, request: Renew
+    ) -> tuple[float, set[str], list[Handover], int]:
+        support.check(spec)
+        holders = [holder for holder, _, _ in request.held]
+        tokens = [token for _, token, _ in request.held]
+        reply = self._one(RENEW, (spec.namespace, spec.name, holders, tokens, request.lease_ms))
+        expires_ms, lost = reply
+        return expires_ms / 1000, set(lost), [], 0
+
+    def configure(
+        self, spec: SemaphoreSpec, request: Configure
+    ) -> tuple[str | None, list[Handover]]:
+        if request.field not in ("override", "draining"):
+            raise support.refuse("a rate set at run time (set_rate(), pause_rate())")
+        reply = self._one(
+            CONFIGURE, (spec.namespace, spec.name, request.field, request.value, spec.idle_ms)
+        )
+        return reply[0], []
+
+    def status(self, spec: SemaphoreSpec) -> SemaphoreStatus:
+        reply = self._one(
+            STATUS, (spec.namespace, spec.name, spec.limit, spec.sent_horizon_ms, STATUS_MOST)
+        )
+        return semaphore_status(spec.name, replies.status(reply))
+
+    def learn_epoch(self, spec: SemaphoreSpec) -> None:
+        """PostgreSQL keeps what it committed (its WAL): there is no data loss to notice."""
+
+    def note_lost(self, spec: SemaphoreSpec, count: int) -> None:
+        self._one(NOTE_LOST + " RETURNING 1", (count, spec.namespace, spec.name))
+
+    # Waiting in place: LISTEN on a connection of its own --------------------------------
+
+    def listen(self, specs: Sequence[SemaphoreSpec]) -> Any:
+        """A connection that LISTENs on the semaphores' channels (the one kept from the
+        last wait, else a new one)."""
+        listener, self._spare = self._spare, None
+        if listener is None or listener.closed or self._pid != os.getpid():
+            listener = connect(self.target)
+        try:
+            for spec in specs:
+                listener.execute(f'LISTEN "{channel_of(spec)}"')
+        except needs_psycopg().Error as error:
+            listener.close()
+            raise translate(error, self.url) from error
+        return listener
+
+    def wait_for_wakeup(
+        self, subscription: Any, ticket: int, holder: str, seconds: float
+    ) -> Grant | None:
+        """Until a notification that may admit ``ticket`` or grants ``holder`` its permit
+        in place, or ``seconds`` pass (then a round trip checks the connection is alive)."""
+        psycopg = needs_psycopg()
+        deadline = time.monotonic() + seconds
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for notify in subscription.notifies(timeout=left):
+                    message = {"data": notify.payload}
+                    grant = wake_messages.grant_in(message, holder)
+                    if grant is not None:
+                        return grant
+                    if wake_messages.admits(message, ticket):
+                        return None
+            subscription.execute("SELECT 1")
+        except psycopg.Error as error:
+            raise translate(error, self.url) from error
+        return None
+
+    def unlisten(self, subscription: Any, *, keep: bool) -> None:
+        """Keep the connection for the next wait (after UNLISTEN), or close it."""
+        if keep and self._spare is None and not subscription.closed:
+            try:
+                subscription.execute("UNLISTEN *")
+            except needs_psycopg().Error:
+                subscription.close()
+                return
+            self._spare = subscription
+            return
+        subscription.close()
+
+    def reconnectable(self, error: SemaphoreConnectionError) -> bool:
+        return "credentials" not in str(error) and "does not exist" not in str(error)
+
+    def close(self) -> None:
+        for connection in (self._connection, self._spare):
+            if connection is not None and self._pid == os.getpid():
+                connection.close()
+        self._connection = self._spare = None

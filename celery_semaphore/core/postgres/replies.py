@@ -1,0 +1,62 @@
+"""The functions' replies (jsonb arrays, laid out in ``sql/functions.sql``) read as the
+model's replies (`celery_semaphore.core.model.replies`), which
+`celery_semaphore.core.readings` turns into results, as for every store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_semaphore.core.model.replies import (
+    Enqueued,
+    Granted,
+    HolderRow,
+    Refused,
+    SentRow,
+    Status,
+    WaiterRow,
+)
+
+
+def acquired(reply: list[Any]) -> tuple[Granted | Refused, int, int]:
+    """acquire(): the reply, the database's now (ms) and its average hold (ms, 0: none)."""
+    if reply[0] == 1:
+        _, token, expires_ms, now_ms, waited_ms, shadow, late_ms = reply
+        return Granted(token, expires_ms, waited_ms, shadow, late_ms), now_ms, 0
+    _, ticket, position, holders, limit, draining, earliest, now_ms, hold_ms = reply
+    return Refused(ticket, position, holders, limit, draining, earliest), now_ms, hold_ms
+
+
+def enqueued(reply: list[Any]) -> Enqueued:
+    ticket, position, holders, limit, draining = reply
+    return Enqueued(ticket, position, holders, limit, draining)
+
+
+def status(reply: list[Any]) -> Status:
+    (now_ms, recorded, override, effective, draining, held, waiting, holders, waiters,
+     sent_count, sent_without_place, shadow) = reply  # fmt: skip
+    return Status(
+        now_ms=now_ms,
+        recorded_limit=recorded,
+        override=override,
+        effective_limit=effective,
+        draining=draining,
+        holder_count=held,
+        waiter_count=waiting,
+        holders=[HolderRow(*row) for row in holders],
+        waiters=[
+            WaiterRow(holder, ticket, since, expires, info, None, state)
+            for holder, ticket, since, expires, info, state in waiters
+        ],
+        parked_count=0,
+        handed_over_count=0,
+        sent_count=sent_count,
+        sent_without_place=[SentRow(holder, sent_ms) for holder, sent_ms in sent_without_place],
+        rate=None,
+        rate_override=None,
+        rate_room=0,
+        next_start_ms=0,
+        rate_paused_until_ms=0,
+        fair_keys_waiting=0,
+        fair_grants=0,
+        recorded_shadow=shadow,
+    )

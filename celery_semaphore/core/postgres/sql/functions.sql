@@ -1,0 +1,498 @@
+-- The semaphore's operations as PL/pgSQL functions (schema @F@, named after a hash of
+-- this text, so two releases can run side by side during a rolling upgrade). Each
+-- operation is one function call, one round trip, one transaction; it reads the
+-- database's clock once (clock_timestamp()) and locks its semaphore's row first.
+--
+-- The rules are the reference model's (celery_semaphore/core/model/); each function
+-- names the model method it follows, and the conformance suite (tests/conformance/)
+-- drives this store and the model side by side, reply by reply. Not here yet (the
+-- store refuses them by name, core/postgres/support.py): rates, shadow limits, fair
+-- keys, parking and hand-over, several semaphores in one step.
+--
+-- Replies are jsonb arrays, read by core/postgres/replies.py.
+
+CREATE SCHEMA IF NOT EXISTS @F@;
+
+-- The database's clock in µs (read once per operation).
+CREATE FUNCTION @F@.now_us() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+  SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+$$;
+
+-- The next ticket or fencing token: max(last + 1, now µs) (order.seq_after).
+CREATE FUNCTION @F@.seq_after(last bigint, now_us bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT greatest(coalesce(last, 0) + 1, now_us)
+$$;
+
+-- The channel a semaphore's waiters LISTEN on (core/postgres/listening.py names it too).
+CREATE FUNCTION @F@.channel(ns text, nm text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+  SELECT 'cs_' || md5(ns || '/' || nm)
+$$;
+
+-- The override if set, else the caller's declared limit, else the recorded one, else 0
+-- (SemaphoreModel.effective_limit).
+CREATE FUNCTION @F@.effective_limit(m @T@.semaphores, declared integer) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(m.override, declared, m.recorded_limit, 0)
+$$;
+
+CREATE FUNCTION @F@.permits_held(sem bigint) RETURNS integer LANGUAGE sql STABLE AS $$
+  SELECT coalesce(sum(permits), 0)::integer FROM @T@.holders WHERE semaphore = sem
+$$;
+
+-- The semaphore's row, locked for this transaction; made if it is not there. One idle
+-- past its idle time is dropped and made afresh (Backend.forget_idle: as Redis lets
+-- the keys of an unused semaphore expire). ``create`` false: NULL when there is none.
+CREATE FUNCTION @F@.open(ns text, nm text, idle bigint, now_ms bigint, create_ boolean)
+RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
+DECLARE
+  m @T@.semaphores;
+BEGIN
+  LOOP
+    SELECT * INTO m FROM @T@.semaphores WHERE namespace = ns AND name = nm FOR UPDATE;
+    IF FOUND AND now_ms - m.used_ms > m.idle_ms THEN
+      DELETE FROM @T@.semaphores WHERE id = m.id;
+      m := NULL;
+    END IF;
+    IF m.id IS NOT NULL OR NOT create_ THEN
+      RETURN m;
+    END IF;
+    INSERT INTO @T@.semaphores (namespace, name, used_ms, idle_ms)
+      VALUES (ns, nm, now_ms, idle)
+      ON CONFLICT (namespace, name) DO NOTHING
+      RETURNING * INTO m;
+    IF FOUND THEN
+      RETURN m;
+    END IF;
+  END LOOP;
+END $$;
+
+-- Writes back what an operation changed in the semaphore's row; it was used now.
+CREATE FUNCTION @F@.save(m @T@.semaphores, now_ms bigint, idle bigint) RETURNS void
+LANGUAGE sql AS $$
+  UPDATE @T@.semaphores SET
+    family = m.family, recorded_limit = m.recorded_limit, override = m.override,
+    draining = m.draining, fence = m.fence, ticket = m.ticket,
+    recorded_shadow = m.recorded_shadow, released = m.released, hold_ms = m.hold_ms,
+    expired = m.expired, lost_noted = m.lost_noted,
+    used_ms = now_ms, idle_ms = greatest(coalesce(idle, m.idle_ms), 0)
+  WHERE id = m.id
+$$;
+
+-- Drops the holders and waiters whose leases ran out (SemaphoreModel.reclaim): how
+-- many holders went and the permits they held, how many waiters.
+CREATE FUNCTION @F@.reclaim(
+  sem bigint, now_ms bigint, OUT gone integer, OUT freed bigint, OUT lapsed integer
+) LANGUAGE plpgsql AS $$
+BEGIN
+  WITH d AS (
+    DELETE FROM @T@.holders WHERE semaphore = sem AND expires_ms <= now_ms RETURNING permits
+  ) SELECT count(*), coalesce(sum(permits), 0) INTO gone, freed FROM d;
+  WITH d AS (
+    DELETE FROM @T@.waiters WHERE semaphore = sem AND expires_ms <= now_ms RETURNING 1
+  ) SELECT count(*) INTO lapsed FROM d;
+END $$;
+
+-- Free permits go straight to the waiters in place at the head of the line, in order,
+-- each told on the channel (after_free.grant_in_place). Returns the new fence.
+CREATE FUNCTION @F@.grant_in_place(m @T@.semaphores, declared integer, now_us bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  now_ms bigint := now_us / 1000;
+  free integer;
+  w record;
+  fence bigint := m.fence;
+BEGIN
+  IF m.draining THEN
+    RETURN fence;
+  END IF;
+  free := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
+  FOR w IN
+    SELECT holder, permits, in_place_ms, since_ms, info FROM @T@.waiters
+    WHERE semaphore = m.id ORDER BY ticket, holder
+  LOOP
+    EXIT WHEN w.permits > free OR w.in_place_ms IS NULL;
+    fence := @F@.seq_after(fence, now_us);
+    DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = w.holder;
+    INSERT INTO @T@.holders AS x (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
+      VALUES (m.id, w.holder, fence, now_ms, now_ms + w.in_place_ms, w.permits, w.info)
+      ON CONFLICT (semaphore, holder) DO UPDATE SET
+        token = excluded.token, acquired_ms = excluded.acquired_ms,
+        expires_ms = excluded.expires_ms, permits = excluded.permits, info = excluded.info;
+    free := free - w.permits;
+    PERFORM pg_notify(@F@.channel(m.namespace, m.name), concat_ws('|', 'g', w.holder,
+      fence, now_ms + w.in_place_ms, now_ms - w.since_ms));
+  END LOOP;
+  RETURN fence;
+END $$;
+
+-- Tells the blocked waiters that permits are free, with the highest ticket that may be
+-- admitted now ('inf': any), so those further back sleep on (after_free.wake).
+-- ``codes``: the shadow limits (NULL: the recorded ones).
+CREATE FUNCTION @F@.wake(m @T@.semaphores, declared integer, codes text, now_us bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  free_permits integer;  -- NULL: no limit binds
+  line_length integer;
+  free integer;
+  listed integer := 0;
+  n integer := 0;
+  k integer := 0;
+  last bigint;
+  w record;
+BEGIN
+  SELECT count(*) INTO line_length FROM @T@.waiters WHERE semaphore = m.id;
+  IF m.draining OR line_length = 0 THEN
+    RETURN;
+  END IF;
+  IF position('l' IN coalesce(codes, m.recorded_shadow)) = 0 THEN
+    free_permits := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
+    free := least(free_permits, line_length + 1);
+  ELSE
+    free := least(line_length + 1, 1000);
+  END IF;
+  IF free <= 0 THEN
+    RETURN;
+  END IF;
+  FOR w IN
+    SELECT ticket, permits FROM @T@.waiters WHERE semaphore = m.id
+    ORDER BY ticket, holder LIMIT free
+  LOOP
+    listed := listed + 1;
+    EXIT WHEN free_permits IS NOT NULL AND k + w.permits > free_permits;
+    n := n + 1;
+    k := k + w.permits;
+    last := w.ticket;
+  END LOOP;
+  listed := least(free, line_length);
+  IF n = 0 THEN
+    RETURN;
+  END IF;
+  PERFORM pg_notify(@F@.channel(m.namespace, m.name),
+    CASE WHEN n = listed AND listed < free THEN 'inf' ELSE last::text END);
+END $$;
+
+-- What follows freed capacity (SemaphoreModel.after_free): the waiters in place granted,
+-- the others woken. Returns the new fence.
+CREATE FUNCTION @F@.after_free(m @T@.semaphores, declared integer, codes text, now_us bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  m.fence := @F@.grant_in_place(m, declared, now_us);
+  PERFORM @F@.wake(m, declared, codes, now_us);
+  RETURN m.fence;
+END $$;
+
+-- Take a permit, or take or keep a place in line; never blocks (SemaphoreModel.attempt,
+-- open_gate, judge, grant, refuse, finish_gate).
+-- Granted: [1, token, expires ms, now ms, waited ms, shadow codes, shadow late ms].
+-- Refused: [0, ticket (0: not queued), position, permits held, effective limit,
+-- draining, earliest lease end ms (0: none), now ms, average hold ms (0: none)].
+CREATE FUNCTION @F@.acquire(
+  ns text, nm text, h text, declared integer, lease_ms bigint, waiter_ms bigint,
+  presented bigint, info_ text, idle bigint, in_place boolean, family_ text,
+  shadow_ text, ask_ text, want_k integer, want_j integer, priority integer
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  hold @T@.holders;
+  held boolean;
+  w @T@.waiters;
+  in_line boolean;
+  place bigint;
+  weigh_at bigint;
+  ahead integer;
+  count_ integer;
+  free integer;
+  need_k integer;
+  token bigint;
+  waited bigint := 0;
+  earliest bigint;
+  result jsonb;
+BEGIN
+  m := @F@.open(ns, nm, idle, now_ms, true);
+  DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  m.recorded_limit := declared;
+  m.recorded_shadow := shadow_;
+  IF family_ <> '' THEN
+    m.family := family_;
+  END IF;
+  SELECT * INTO hold FROM @T@.holders WHERE semaphore = m.id AND holder = h;
+  held := FOUND;
+  SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+  in_line := FOUND;
+  IF in_line THEN
+    place := w.ticket;
+  END IF;
+  IF presented IS NOT NULL AND (place IS NULL OR presented < place) THEN
+    place := presented;
+  END IF;
+  weigh_at := coalesce(place, @F@.seq_after(m.ticket, now_us) - priority * 1099511627776);
+  -- judge: FIFO with weights; the weights ahead are summed only while so many could fit.
+  SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < weigh_at;
+  count_ := @F@.permits_held(m.id);
+  free := CASE WHEN m.draining THEN 0 ELSE @F@.effective_limit(m, declared) - count_ END;
+  need_k := ahead;
+  IF ahead > 0 AND ahead < greatest(free, 0) THEN
+    SELECT sum(permits) INTO need_k FROM @T@.waiters
+      WHERE semaphore = m.id AND ticket < weigh_at;
+  END IF;
+  need_k := need_k + want_k;
+  IF held OR need_k <= free THEN
+    token := @F@.seq_after(m.fence, now_us);
+    m.fence := token;
+    IF in_line THEN
+      waited := now_ms - w.since_ms;
+      DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+    END IF;
+    INSERT INTO @T@.holders (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
+      VALUES (m.id, h, token, CASE WHEN held THEN hold.acquired_ms ELSE now_ms END,
+              now_ms + lease_ms, CASE WHEN held THEN hold.permits ELSE want_k END, info_)
+      ON CONFLICT (semaphore, holder) DO UPDATE SET
+        token = excluded.token, acquired_ms = excluded.acquired_ms,
+        expires_ms = excluded.expires_ms, permits = excluded.permits, info = excluded.info;
+    result := jsonb_build_array(1, token, now_ms + lease_ms, now_ms, waited, '', 0);
+  ELSE
+    IF waiter_ms > 0 AND place IS NULL THEN
+      m.ticket := @F@.seq_after(m.ticket, now_us);
+      place := m.ticket - priority * 1099511627776;
+    END IF;
+    IF waiter_ms > 0 AND place IS NOT NULL THEN
+      INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info,
+                                    ask, permits, grants, in_place_ms)
+        VALUES (m.id, h, place, now_ms + waiter_ms, now_ms, info_, ask_, want_k, want_j,
+                CASE WHEN in_place THEN lease_ms END)
+        ON CONFLICT (semaphore, holder) DO UPDATE SET
+          ticket = excluded.ticket, expires_ms = excluded.expires_ms, info = excluded.info,
+          ask = excluded.ask, permits = excluded.permits, grants = excluded.grants,
+          in_place_ms = excluded.in_place_ms;
+    ELSE
+      place := 0;
+    END IF;
+    SELECT min(expires_ms) INTO earliest FROM @T@.holders WHERE semaphore = m.id;
+    result := jsonb_build_array(0, place, ahead + 1, count_, @F@.effective_limit(m, declared),
+      m.draining, coalesce(earliest, 0), now_ms, coalesce(m.hold_ms, 0));
+  END IF;
+  IF r.gone + r.lapsed > 0 THEN
+    m.fence := @F@.after_free(m, declared, shadow_, now_us);
+  END IF;
+  PERFORM @F@.save(m, now_ms, idle);
+  RETURN result;
+END $$;
+
+-- Take a place in line without asking for a permit (places.take_place), counted as
+-- sent until its holder first asks: [ticket, position, permits held, effective limit,
+-- draining].
+CREATE FUNCTION @F@.enqueue(
+  ns text, nm text, h text, declared integer, waiter_ms bigint, info_ text, idle bigint,
+  shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
+  sent_horizon_ms bigint
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  w @T@.waiters;
+  is_new boolean;
+  ahead integer;
+BEGIN
+  m := @F@.open(ns, nm, idle, now_ms, true);
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  IF m.recorded_limit IS NULL THEN
+    m.recorded_limit := declared;
+    IF shadow_ <> '' THEN
+      m.recorded_shadow := shadow_;
+    END IF;
+  END IF;
+  IF r.gone + r.lapsed > 0 THEN
+    m.fence := @F@.after_free(m, declared, shadow_, now_us);
+  END IF;
+  SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+  is_new := NOT FOUND;
+  IF is_new THEN
+    m.ticket := @F@.seq_after(m.ticket, now_us);
+    INSERT INTO @T@.waiters (semaphore, holder, ticket, expires_ms, since_ms, info, ask,
+                             permits, grants)
+      VALUES (m.id, h, m.ticket - priority * 1099511627776, now_ms + waiter_ms, now_ms,
+              info_, ask_, want_k, want_j)
+      RETURNING * INTO w;
+  ELSE
+    UPDATE @T@.waiters SET expires_ms = now_ms + waiter_ms, ask = ask_, permits = want_k,
+      grants = want_j
+      WHERE semaphore = m.id AND holder = h;
+  END IF;
+  SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < w.ticket;
+  IF is_new THEN
+    DELETE FROM @T@.sent WHERE semaphore = m.id AND sent_ms <= now_ms - sent_horizon_ms;
+    INSERT INTO @T@.sent (semaphore, holder, sent_ms) VALUES (m.id, h, now_ms)
+      ON CONFLICT DO NOTHING;
+  END IF;
+  PERFORM @F@.save(m, now_ms, idle);
+  RETURN jsonb_build_array(w.ticket, ahead + 1, @F@.permits_held(m.id),
+    @F@.effective_limit(m, declared), m.draining);
+END $$;
+
+-- Give a permit back (SemaphoreModel.release): [released]. Idempotent: a second
+-- release, an unknown or reclaimed holder, or a stale token releases nothing. Without a
+-- token (by id) it also drops the holder's place in line.
+CREATE FUNCTION @F@.release(
+  ns text, nm text, h text, tok bigint, declared integer, shadow_ text
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  waiting integer;
+  hold @T@.holders;
+  released boolean;
+  left_ boolean := false;
+BEGIN
+  m := @F@.open(ns, nm, NULL, now_ms, false);
+  IF m.id IS NULL THEN
+    RETURN jsonb_build_array(false);
+  END IF;
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  SELECT count(*) INTO waiting FROM @T@.waiters WHERE semaphore = m.id;
+  SELECT * INTO hold FROM @T@.holders WHERE semaphore = m.id AND holder = h;
+  released := FOUND AND (tok IS NULL OR hold.token = tok OR hold.token = 0);
+  IF released THEN
+    DELETE FROM @T@.holders WHERE semaphore = m.id AND holder = h;
+    -- The moving average of hold times, as the model stores it (order.stored: a float
+    -- rounded half to even, which round(float8) does).
+    m.hold_ms := CASE WHEN m.hold_ms IS NULL THEN now_ms - hold.acquired_ms
+      ELSE round(0.8::float8 * m.hold_ms + 0.2::float8 * (now_ms - hold.acquired_ms))::bigint
+    END;
+    m.released := m.released + hold.permits;
+  END IF;
+  IF tok IS NULL THEN
+    DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
+    IF waiting > 0 THEN
+      DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+      left_ := FOUND;
+    END IF;
+  END IF;
+  IF (released OR r.gone + r.lapsed > 0 OR left_) AND waiting > 0 THEN
+    m.fence := @F@.after_free(m, declared, shadow_, now_us);
+  END IF;
+  PERFORM @F@.save(m, now_ms, NULL);
+  RETURN jsonb_build_array(released);
+END $$;
+
+-- Compare-and-extend (SemaphoreModel.renew): each holder still live with its token
+-- (NULL: any) gets a lease of ``lease_ms`` from now; the others are lost.
+-- [lease end ms, [holders lost]].
+CREATE FUNCTION @F@.renew(ns text, nm text, hs text[], toks bigint[], lease_ms bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  lost text[] := '{}';
+BEGIN
+  m := @F@.open(ns, nm, NULL, now_ms, false);
+  IF m.id IS NULL THEN
+    RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(hs));
+  END IF;
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  FOR i IN 1 .. coalesce(cardinality(hs), 0) LOOP
+    UPDATE @T@.holders SET expires_ms = now_ms + lease_ms
+      WHERE semaphore = m.id AND holder = hs[i]
+        AND (toks[i] IS NULL OR token = toks[i] OR token = 0);
+    IF NOT FOUND THEN
+      lost := lost || hs[i];
+    END IF;
+  END LOOP;
+  IF r.gone + r.lapsed > 0 THEN
+    m.fence := @F@.after_free(m, NULL, NULL, now_us);
+  END IF;
+  PERFORM @F@.save(m, now_ms, NULL);
+  RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(lost));
+END $$;
+
+-- A runtime setting (SemaphoreModel.set_override, set_draining): [previous value or
+-- NULL]; then run-out leases are reclaimed and what follows freed capacity happens
+-- (a raised limit or an ended drain admits at once).
+CREATE FUNCTION @F@.configure(ns text, nm text, field text, value text, idle bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  previous text;
+BEGIN
+  m := @F@.open(ns, nm, idle, now_ms, true);
+  IF field = 'override' THEN
+    previous := m.override::text;
+    m.override := nullif(value, '')::integer;
+  ELSIF field = 'draining' THEN
+    previous := CASE WHEN m.draining THEN '1' END;
+    m.draining := value = '1';
+  ELSE
+    RAISE EXCEPTION 'unknown setting %', field USING ERRCODE = '22023';
+  END IF;
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  m.fence := @F@.after_free(m, NULL, NULL, now_us);
+  PERFORM @F@.save(m, now_ms, idle);
+  RETURN jsonb_build_array(previous);
+END $$;
+
+-- What an operator sees (reading.status); it changes nothing, so it reclaims nothing:
+-- entries whose lease ran out are left out. At most ``most`` holders and waiters are
+-- listed (the counts are of all).
+-- [now ms, recorded limit, override, effective limit, draining, permits held, waiters,
+--  [[holder, token, acquired ms, expires ms, info, permits]...] by lease end,
+--  [[waiter, ticket, since ms, expires ms, info, state]...] in line order,
+--  sent count, [[holder, sent ms]...] sent without a place, shadow codes].
+CREATE FUNCTION @F@.status(
+  ns text, nm text, declared integer, sent_horizon_ms bigint, most integer
+) RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  now_ms bigint := @F@.now_us() / 1000;
+  m @T@.semaphores;
+  horizon bigint := now_ms - sent_horizon_ms;
+BEGIN
+  SELECT * INTO m FROM @T@.semaphores WHERE namespace = ns AND name = nm;
+  IF NOT FOUND OR now_ms - m.used_ms > m.idle_ms THEN
+    RETURN jsonb_build_array(now_ms, NULL, NULL, coalesce(declared, 0), false, 0, 0,
+      '[]'::jsonb, '[]'::jsonb, 0, '[]'::jsonb, '');
+  END IF;
+  RETURN jsonb_build_array(
+    now_ms, m.recorded_limit, m.override, @F@.effective_limit(m, declared), m.draining,
+    (SELECT coalesce(sum(permits), 0) FROM @T@.holders
+      WHERE semaphore = m.id AND expires_ms > now_ms),
+    (SELECT count(*) FROM @T@.waiters WHERE semaphore = m.id AND expires_ms > now_ms),
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(holder, token, acquired_ms, expires_ms,
+       info, permits) ORDER BY expires_ms, holder), '[]')
+     FROM (SELECT * FROM @T@.holders WHERE semaphore = m.id AND expires_ms > now_ms
+           ORDER BY expires_ms, holder LIMIT most) x),
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(holder, ticket, since_ms, expires_ms,
+       info, CASE WHEN in_place_ms IS NOT NULL THEN 'w' ELSE '' END)
+       ORDER BY ticket, holder), '[]')
+     FROM (SELECT * FROM @T@.waiters WHERE semaphore = m.id AND expires_ms > now_ms
+           ORDER BY ticket, holder LIMIT most) x),
+    (SELECT count(*) FROM @T@.sent WHERE semaphore = m.id AND sent_ms >= horizon),
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(s.holder, s.sent_ms)
+       ORDER BY s.sent_ms, s.holder), '[]')
+     FROM (SELECT * FROM @T@.sent s WHERE s.semaphore = m.id AND s.sent_ms >= horizon
+           AND NOT EXISTS (SELECT 1 FROM @T@.waiters w WHERE w.semaphore = m.id
+                           AND w.holder = s.holder AND w.expires_ms > now_ms)
+           ORDER BY s.sent_ms, s.holder LIMIT most) s),
+    m.recorded_shadow);
+END $$;

@@ -1,0 +1,78 @@
+-- The semaphores' tables (schema @T@), shared by every version of the functions.
+-- A semaphore is one row of `semaphores` (what the Redis store keeps in its meta
+-- hash); its holders and waiters are rows of their own, one per holder id, so a
+-- second release of the same holder finds nothing to delete. Every operation locks
+-- its semaphore's row first (SELECT ... FOR UPDATE): admission is serialised per
+-- semaphore, never across semaphores.
+-- Holder ids and names are compared byte by byte (COLLATE "C"), as Redis orders them.
+
+CREATE SCHEMA IF NOT EXISTS @T@;
+
+CREATE TABLE IF NOT EXISTS @T@.semaphores (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  namespace text COLLATE "C" NOT NULL,
+  name text COLLATE "C" NOT NULL,
+  family text NOT NULL DEFAULT '',
+  recorded_limit integer,
+  override integer,
+  draining boolean NOT NULL DEFAULT false,
+  -- The last fencing token and the last ticket (each max(last + 1, now µs)).
+  fence bigint,
+  ticket bigint,
+  recorded_shadow text NOT NULL DEFAULT '',
+  -- Permits released or reclaimed so far; the moving average of hold times (ms).
+  released bigint NOT NULL DEFAULT 0,
+  hold_ms bigint,
+  -- Counters for the metrics.
+  expired bigint NOT NULL DEFAULT 0,
+  lost_noted bigint NOT NULL DEFAULT 0,
+  -- When it was last used (ms) and how long it may stay idle: past that, the next
+  -- call finds it empty, as Redis lets a semaphore's keys expire.
+  used_ms bigint NOT NULL,
+  idle_ms bigint NOT NULL,
+  UNIQUE (namespace, name)
+);
+
+CREATE TABLE IF NOT EXISTS @T@.holders (
+  semaphore bigint NOT NULL REFERENCES @T@.semaphores ON DELETE CASCADE,
+  holder text COLLATE "C" NOT NULL,
+  token bigint NOT NULL,
+  acquired_ms bigint NOT NULL,
+  expires_ms bigint NOT NULL,
+  permits integer NOT NULL,
+  info text NOT NULL DEFAULT '',
+  PRIMARY KEY (semaphore, holder)
+);
+CREATE INDEX IF NOT EXISTS holders_by_expiry ON @T@.holders (semaphore, expires_ms);
+
+CREATE TABLE IF NOT EXISTS @T@.waiters (
+  semaphore bigint NOT NULL REFERENCES @T@.semaphores ON DELETE CASCADE,
+  holder text COLLATE "C" NOT NULL,
+  ticket bigint NOT NULL,
+  expires_ms bigint NOT NULL,
+  since_ms bigint NOT NULL,
+  info text NOT NULL DEFAULT '',
+  -- Its ask's text ('' the default) and the permits and rate grants it asks for.
+  ask text NOT NULL DEFAULT '',
+  permits integer NOT NULL DEFAULT 1,
+  grants integer NOT NULL DEFAULT 1,
+  -- Waiting in place for a permit of this lease (ms); NULL: it asks again itself.
+  in_place_ms bigint,
+  PRIMARY KEY (semaphore, holder)
+);
+CREATE INDEX IF NOT EXISTS waiters_in_line ON @T@.waiters (semaphore, ticket, holder);
+CREATE INDEX IF NOT EXISTS waiters_by_expiry ON @T@.waiters (semaphore, expires_ms);
+
+-- Tasks published with a place that have not reached a worker yet.
+CREATE TABLE IF NOT EXISTS @T@.sent (
+  semaphore bigint NOT NULL REFERENCES @T@.semaphores ON DELETE CASCADE,
+  holder text COLLATE "C" NOT NULL,
+  sent_ms bigint NOT NULL,
+  PRIMARY KEY (semaphore, holder)
+);
+
+-- The versions of the functions installed (one schema each), for the CLI.
+CREATE TABLE IF NOT EXISTS @T@.versions (
+  functions text PRIMARY KEY,
+  installed_at timestamptz NOT NULL DEFAULT now()
+);

@@ -1,0 +1,35 @@
+"""What a semaphore may ask of the PostgreSQL store today, and the error for the rest.
+
+The store does the semantics of the reference model for: limits, FIFO tickets,
+priority, weights, leases on the database's clock, fencing tokens, waiting in place
+(LISTEN/NOTIFY), places taken at publish, drain and the runtime override, status. The
+rest is refused by name, before anything is written, so a semaphore never runs with
+half its settings: `NotOnThisStore`, which the conformance suite reports as a skip.
+"""
+
+from __future__ import annotations
+
+from celery_semaphore.core.errors import NotOnThisStore
+from celery_semaphore.core.model.order import Asked
+from celery_semaphore.core.protocol import SemaphoreSpec
+
+INSTEAD = "keep this semaphore on Redis (a redis:// URL) for now"
+
+
+def check(spec: SemaphoreSpec, ask: Asked | None = None) -> None:
+    """Raise `NotOnThisStore` if ``spec`` (or ``ask``) needs what is not done here."""
+    what = None
+    if spec.rate is not None:
+        what = "a rate (rate=)"
+    elif spec.shadow:
+        what = "a shadow limit (shadow=)"
+    elif spec.fair_weights is not None or (ask is not None and ask.fair_key is not None):
+        what = "fair share (fair_key=, fair_weights=)"
+    elif spec.dispatch is not None:
+        what = "parking and hand-over (on_handover=)"
+    if what is not None:
+        raise NotOnThisStore("PostgreSQL", what, INSTEAD)
+
+
+def refuse(what: str) -> NotOnThisStore:
+    return NotOnThisStore("PostgreSQL", what, INSTEAD)
