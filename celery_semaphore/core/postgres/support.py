@@ -1,7 +1,7 @@
 """What a semaphore may ask of the PostgreSQL store today, and the error for the rest.
 
-The store does the semantics of the reference model for: limits, FIFO tickets,
-priority, weights, leases on the database's clock, fencing tokens, waiting in place
+The store does the semantics of the reference model for: limits, rates (GCRA),
+FIFO tickets, priority, weights, leases on the database's clock, fencing tokens, waiting in place
 (LISTEN/NOTIFY), places taken at publish, drain and the runtime override, status. The
 rest is refused by name, before anything is written, so a semaphore never runs with
 half its settings: `NotOnThisStore`, which the conformance suite reports as a skip.
@@ -19,9 +19,7 @@ INSTEAD = "keep this semaphore on Redis (a redis:// URL) for now"
 def check(spec: SemaphoreSpec, ask: Asked | None = None) -> None:
     """Raise `NotOnThisStore` if ``spec`` (or ``ask``) needs what is not done here."""
     what = None
-    if spec.rate is not None:
-        what = "a rate (rate=)"
-    elif spec.shadow:
+    if spec.shadow:
         what = "a shadow limit (shadow=)"
     elif spec.fair_weights is not None or (ask is not None and ask.fair_key is not None):
         what = "fair share (fair_key=, fair_weights=)"

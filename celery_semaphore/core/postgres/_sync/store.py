@@ -67,12 +67,20 @@ def _call(function: str, arguments: int) -> str:
     return f"SELECT {FUNCTIONS}.{function}({', '.join(['%s'] * arguments)})"
 
 
-ACQUIRE = _call("acquire", 16)
-ENQUEUE = _call("enqueue", 13)
-RELEASE = _call("release", 6)
+ACQUIRE = _call("acquire", 18)
+ENQUEUE = _call("enqueue", 15)
+RELEASE = _call("release", 7)
 RENEW = _call("renew", 5)
-CONFIGURE = _call("configure", 5)
-STATUS = _call("status", 5)
+CONFIGURE = _call("configure", 7)
+STATUS = _call("status", 7)
+
+
+def rate_of(spec: SemaphoreSpec) -> tuple[int | None, int | None]:
+    """The semaphore's rate as the functions take it: (interval µs, burst), or NULLs."""
+    rate = spec.rate
+    return (None, None) if rate is None else (rate.interval_us, rate.burst)
+
+
 NOTE_LOST = (
     "UPDATE celery_semaphore.semaphores SET lost_noted = lost_noted + %s "
     "WHERE namespace = %s AND name = %s"
@@ -145,6 +153,7 @@ class PostgresStore:
             spec.namespace, spec.name, request.holder, spec.limit, request.lease_ms,
             request.wait_ms, request.ticket, request.info, spec.idle_ms, request.in_place,
             spec.family, spec.shadow_codes, ask.text, ask.permits, ask.grants, ask.priority,
+            *rate_of(spec),
         ))  # fmt: skip
         result, now_ms, hold_ms = replies.acquired(reply)
         if isinstance(result, Granted):
@@ -176,7 +185,7 @@ class PostgresStore:
         reply = self._one(ENQUEUE, (
             spec.namespace, spec.name, request.holder, spec.limit, request.wait_ms,
             request.info, spec.idle_ms, spec.shadow_codes, ask.text, ask.permits,
-            ask.grants, ask.priority, spec.sent_horizon_ms,
+            ask.grants, ask.priority, spec.sent_horizon_ms, *rate_of(spec),
         ))  # fmt: skip
         return enqueued_place(replies.enqueued(reply)), False, []
 
@@ -187,7 +196,7 @@ class PostgresStore:
         support.check(spec)
         reply = self._one(RELEASE, (
             spec.namespace, spec.name, request.holder, request.token, spec.limit,
-            spec.shadow_codes,
+            spec.shadow_codes, request.unused,
         ))  # fmt: skip
         return bool(reply[0]), []
 
@@ -204,17 +213,18 @@ class PostgresStore:
     def configure(
         self, spec: SemaphoreSpec, request: Configure
     ) -> tuple[str | None, list[Handover]]:
-        if request.field not in ("override", "draining"):
-            raise support.refuse("a rate set at run time (set_rate(), pause_rate())")
-        reply = self._one(
-            CONFIGURE, (spec.namespace, spec.name, request.field, request.value, spec.idle_ms)
-        )
+        support.check(spec)
+        reply = self._one(CONFIGURE, (
+            spec.namespace, spec.name, request.field, request.value, spec.idle_ms,
+            *rate_of(spec),
+        ))  # fmt: skip
         return reply[0], []
 
     def status(self, spec: SemaphoreSpec) -> SemaphoreStatus:
-        reply = self._one(
-            STATUS, (spec.namespace, spec.name, spec.limit, spec.sent_horizon_ms, STATUS_MOST)
-        )
+        reply = self._one(STATUS, (
+            spec.namespace, spec.name, spec.limit, spec.sent_horizon_ms, STATUS_MOST,
+            *rate_of(spec),
+        ))  # fmt: skip
         return semaphore_status(spec.name, replies.status(reply))
 
     def learn_epoch(self, spec: SemaphoreSpec) -> None:

@@ -6,8 +6,11 @@
 -- The rules are the reference model's (celery_semaphore/core/model/); each function
 -- names the model method it follows, and the conformance suite (tests/conformance/)
 -- drives this store and the model side by side, reply by reply. Not here yet (the
--- store refuses them by name, core/postgres/support.py): rates, shadow limits, fair
--- keys, parking and hand-over, several semaphores in one step.
+-- store refuses them by name, core/postgres/support.py): shadow limits, fair keys,
+-- parking and hand-over, several semaphores in one step.
+--
+-- A caller's rate comes as (interval µs, burst), NULLs for none; ``declares`` false:
+-- the caller declares nothing (the model's NOTHING), so the recorded rate counts.
 --
 -- Replies are jsonb arrays, read by core/postgres/replies.py.
 
@@ -38,6 +41,62 @@ $$;
 
 CREATE FUNCTION @F@.permits_held(sem bigint) RETURNS integer LANGUAGE sql STABLE AS $$
   SELECT coalesce(sum(permits), 0)::integer FROM @T@.holders WHERE semaphore = sem
+$$;
+
+-- The rate in force (SemaphoreModel.effective_rate): the override if set, else the
+-- caller's if it declares one, else the recorded one. NULLs: no rate.
+CREATE FUNCTION @F@.effective_rate(
+  m @T@.semaphores, declares boolean, di bigint, db integer,
+  OUT interval_us bigint, OUT burst integer
+) LANGUAGE sql IMMUTABLE AS $$
+  SELECT
+    CASE WHEN m.override_interval_us IS NOT NULL THEN m.override_interval_us
+         WHEN declares THEN di ELSE m.rate_interval_us END,
+    CASE WHEN m.override_interval_us IS NOT NULL THEN m.override_burst
+         WHEN declares THEN db ELSE m.rate_burst END
+$$;
+
+-- GCRA's theoretical arrival time as the next grant sees it (rate.rate_tat): an older
+-- one than half an interval ago means the rate was idle, and it starts from now.
+CREATE FUNCTION @F@.rate_tat(tat bigint, interval_us bigint, now_us bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN coalesce(tat, 0) < now_us - interval_us / 2 THEN now_us
+              ELSE coalesce(tat, 0) END
+$$;
+
+-- The grants the rate in force allows now (NULL: no rate, unbounded), and µs from now
+-- until the first one after those (rate.rate_room): none while a pause lasts.
+CREATE FUNCTION @F@.room(
+  m @T@.semaphores, declares boolean, di bigint, db integer, now_us bigint,
+  OUT grants bigint, OUT next_us bigint
+) LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  r record;
+  start bigint;
+  pause_us bigint := coalesce(m.rate_pause_ms, 0) * 1000 - now_us;
+BEGIN
+  SELECT * INTO r FROM @F@.effective_rate(m, declares, di, db);
+  next_us := 0;
+  IF r.interval_us IS NULL THEN
+    RETURN;
+  END IF;
+  IF pause_us > 0 THEN
+    grants := 0;
+    next_us := pause_us;
+    RETURN;
+  END IF;
+  start := @F@.rate_tat(m.tat, r.interval_us, now_us);
+  grants := greatest(0, floor((now_us + r.burst * r.interval_us - start)::numeric
+                              / r.interval_us));
+  next_us := start + (grants - r.burst + 1) * r.interval_us - now_us;
+END $$;
+
+-- µs from now until the rate allows a grant to a waiter whose grants and those ahead
+-- add up to ``position`` (Room.slot_in).
+CREATE FUNCTION @F@.slot_in(grants bigint, next_us bigint, interval_us bigint, position_ bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN grants IS NULL OR position_ <= grants THEN 0
+              ELSE next_us + (position_ - grants - 1) * interval_us END
 $$;
 
 -- The semaphore's row, locked for this transaction; made if it is not there. One idle
@@ -73,7 +132,10 @@ LANGUAGE sql AS $$
   UPDATE @T@.semaphores SET
     family = m.family, recorded_limit = m.recorded_limit, override = m.override,
     draining = m.draining, fence = m.fence, ticket = m.ticket,
-    recorded_shadow = m.recorded_shadow, released = m.released, hold_ms = m.hold_ms,
+    recorded_shadow = m.recorded_shadow, rate_interval_us = m.rate_interval_us,
+    rate_burst = m.rate_burst, override_interval_us = m.override_interval_us,
+    override_burst = m.override_burst, tat = m.tat, rate_pause_ms = m.rate_pause_ms,
+    released = m.released, hold_ms = m.hold_ms,
     expired = m.expired, lost_noted = m.lost_noted,
     used_ms = now_ms, idle_ms = greatest(coalesce(idle, m.idle_ms), 0)
   WHERE id = m.id
@@ -94,24 +156,34 @@ BEGIN
 END $$;
 
 -- Free permits go straight to the waiters in place at the head of the line, in order,
--- each told on the channel (after_free.grant_in_place). Returns the new fence.
-CREATE FUNCTION @F@.grant_in_place(m @T@.semaphores, declared integer, now_us bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+-- each told on the channel, up to the first that is not waiting in place or needs more
+-- permits or rate grants than are left (after_free.grant_in_place). Returns the row.
+CREATE FUNCTION @F@.grant_in_place(
+  m @T@.semaphores, declared integer, declares boolean, di bigint, db integer, now_us bigint
+) RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
 DECLARE
   now_ms bigint := now_us / 1000;
   free integer;
+  room bigint;
+  spent bigint := 0;
+  told boolean := false;
+  r record;
   w record;
   fence bigint := m.fence;
 BEGIN
   IF m.draining THEN
-    RETURN fence;
+    RETURN m;
   END IF;
   free := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
+  SELECT grants INTO room FROM @F@.room(m, declares, di, db, now_us);
   FOR w IN
-    SELECT holder, permits, in_place_ms, since_ms, info FROM @T@.waiters
+    SELECT holder, permits, grants, in_place_ms, since_ms, info FROM @T@.waiters
     WHERE semaphore = m.id ORDER BY ticket, holder
   LOOP
-    EXIT WHEN w.permits > free OR w.in_place_ms IS NULL;
+    EXIT WHEN w.permits > free OR w.grants > room OR w.in_place_ms IS NULL;
+    told := true;
+    room := room - w.grants;
+    spent := spent + w.grants;
     fence := @F@.seq_after(fence, now_us);
     DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = w.holder;
     INSERT INTO @T@.holders AS x (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
@@ -123,19 +195,28 @@ BEGIN
     PERFORM pg_notify(@F@.channel(m.namespace, m.name), concat_ws('|', 'g', w.holder,
       fence, now_ms + w.in_place_ms, now_ms - w.since_ms));
   END LOOP;
-  RETURN fence;
+  m.fence := fence;
+  SELECT * INTO r FROM @F@.effective_rate(m, declares, di, db);
+  IF told AND r.interval_us IS NOT NULL THEN
+    m.tat := @F@.rate_tat(m.tat, r.interval_us, now_us) + spent * r.interval_us;
+  END IF;
+  RETURN m;
 END $$;
 
 -- Tells the blocked waiters that permits are free, with the highest ticket that may be
 -- admitted now ('inf': any), so those further back sleep on (after_free.wake).
 -- ``codes``: the shadow limits (NULL: the recorded ones).
-CREATE FUNCTION @F@.wake(m @T@.semaphores, declared integer, codes text, now_us bigint)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION @F@.wake(
+  m @T@.semaphores, declared integer, codes text, declares boolean, di bigint, db integer,
+  now_us bigint
+) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
   free_permits integer;  -- NULL: no limit binds
+  room bigint;  -- NULL: no rate binds
+  j bigint := 0;
   line_length integer;
   free integer;
-  listed integer := 0;
+  listed integer;
   n integer := 0;
   k integer := 0;
   last bigint;
@@ -145,23 +226,28 @@ BEGIN
   IF m.draining OR line_length = 0 THEN
     RETURN;
   END IF;
-  IF position('l' IN coalesce(codes, m.recorded_shadow)) = 0 THEN
+  codes := coalesce(codes, m.recorded_shadow);
+  IF position('l' IN codes) = 0 THEN
     free_permits := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
-    free := least(free_permits, line_length + 1);
-  ELSE
-    free := least(line_length + 1, 1000);
+  END IF;
+  IF position('r' IN codes) = 0 THEN
+    SELECT grants INTO room FROM @F@.room(m, declares, di, db, now_us);
+  END IF;
+  free := least(free_permits, room, line_length + 1);  -- least() passes over NULLs
+  IF free_permits IS NULL THEN
+    free := least(free, 1000);
   END IF;
   IF free <= 0 THEN
     RETURN;
   END IF;
   FOR w IN
-    SELECT ticket, permits FROM @T@.waiters WHERE semaphore = m.id
+    SELECT ticket, permits, grants FROM @T@.waiters WHERE semaphore = m.id
     ORDER BY ticket, holder LIMIT free
   LOOP
-    listed := listed + 1;
-    EXIT WHEN free_permits IS NOT NULL AND k + w.permits > free_permits;
+    EXIT WHEN k + w.permits > free_permits OR j + w.grants > room;
     n := n + 1;
     k := k + w.permits;
+    j := j + w.grants;
     last := w.ticket;
   END LOOP;
   listed := least(free, line_length);
@@ -173,24 +259,28 @@ BEGIN
 END $$;
 
 -- What follows freed capacity (SemaphoreModel.after_free): the waiters in place granted,
--- the others woken. Returns the new fence.
-CREATE FUNCTION @F@.after_free(m @T@.semaphores, declared integer, codes text, now_us bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+-- the others woken. Returns the row.
+CREATE FUNCTION @F@.after_free(
+  m @T@.semaphores, declared integer, codes text, declares boolean, di bigint, db integer,
+  now_us bigint
+) RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
 BEGIN
-  m.fence := @F@.grant_in_place(m, declared, now_us);
-  PERFORM @F@.wake(m, declared, codes, now_us);
-  RETURN m.fence;
+  m := @F@.grant_in_place(m, declared, declares, di, db, now_us);
+  PERFORM @F@.wake(m, declared, codes, declares, di, db, now_us);
+  RETURN m;
 END $$;
 
 -- Take a permit, or take or keep a place in line; never blocks (SemaphoreModel.attempt,
 -- open_gate, judge, grant, refuse, finish_gate).
 -- Granted: [1, token, expires ms, now ms, waited ms, shadow codes, shadow late ms].
 -- Refused: [0, ticket (0: not queued), position, permits held, effective limit,
--- draining, earliest lease end ms (0: none), now ms, average hold ms (0: none)].
+-- draining, earliest lease end ms (0: none), now ms, average hold ms (0: none), µs
+-- until the rate's slot (NULL: no rate), end of a RateLimited pause ms (0: none)].
 CREATE FUNCTION @F@.acquire(
   ns text, nm text, h text, declared integer, lease_ms bigint, waiter_ms bigint,
   presented bigint, info_ text, idle bigint, in_place boolean, family_ text,
-  shadow_ text, ask_ text, want_k integer, want_j integer, priority integer
+  shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
+  rate_i bigint, rate_b integer
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -207,6 +297,9 @@ DECLARE
   count_ integer;
   free integer;
   need_k integer;
+  need_j integer;
+  room record;
+  rate record;
   token bigint;
   waited bigint := 0;
   earliest bigint;
@@ -219,6 +312,8 @@ BEGIN
   m.expired := m.expired + r.gone;
   m.recorded_limit := declared;
   m.recorded_shadow := shadow_;
+  m.rate_interval_us := rate_i;
+  m.rate_burst := rate_b;
   IF family_ <> '' THEN
     m.family := family_;
   END IF;
@@ -233,22 +328,30 @@ BEGIN
     place := presented;
   END IF;
   weigh_at := coalesce(place, @F@.seq_after(m.ticket, now_us) - priority * 1099511627776);
-  -- judge: FIFO with weights; the weights ahead are summed only while so many could fit.
+  -- judge: FIFO with weights; the weights ahead are summed only while so many could
+  -- fit; the permits and the rate's grants must both fit.
   SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < weigh_at;
   count_ := @F@.permits_held(m.id);
   free := CASE WHEN m.draining THEN 0 ELSE @F@.effective_limit(m, declared) - count_ END;
+  SELECT * INTO room FROM @F@.room(m, true, rate_i, rate_b, now_us);
+  SELECT * INTO rate FROM @F@.effective_rate(m, true, rate_i, rate_b);
   need_k := ahead;
-  IF ahead > 0 AND ahead < greatest(free, 0) THEN
-    SELECT sum(permits) INTO need_k FROM @T@.waiters
+  need_j := ahead;
+  IF ahead > 0 AND ahead < greatest(free, coalesce(room.grants, 0)) THEN
+    SELECT sum(permits), sum(grants) INTO need_k, need_j FROM @T@.waiters
       WHERE semaphore = m.id AND ticket < weigh_at;
   END IF;
   need_k := need_k + want_k;
-  IF held OR need_k <= free THEN
+  need_j := need_j + want_j;
+  IF held OR (need_k <= free AND (room.grants IS NULL OR need_j <= room.grants)) THEN
     token := @F@.seq_after(m.fence, now_us);
     m.fence := token;
     IF in_line THEN
       waited := now_ms - w.since_ms;
       DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+    END IF;
+    IF NOT held AND rate.interval_us IS NOT NULL THEN
+      m.tat := @F@.rate_tat(m.tat, rate.interval_us, now_us) + want_j * rate.interval_us;
     END IF;
     INSERT INTO @T@.holders (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
       VALUES (m.id, h, token, CASE WHEN held THEN hold.acquired_ms ELSE now_ms END,
@@ -276,10 +379,14 @@ BEGIN
     END IF;
     SELECT min(expires_ms) INTO earliest FROM @T@.holders WHERE semaphore = m.id;
     result := jsonb_build_array(0, place, ahead + 1, count_, @F@.effective_limit(m, declared),
-      m.draining, coalesce(earliest, 0), now_ms, coalesce(m.hold_ms, 0));
+      m.draining, coalesce(earliest, 0), now_ms, coalesce(m.hold_ms, 0),
+      CASE WHEN rate.interval_us IS NOT NULL
+        THEN @F@.slot_in(room.grants, room.next_us, rate.interval_us, need_j) END,
+      CASE WHEN rate.interval_us IS NOT NULL AND coalesce(m.rate_pause_ms, 0) > now_ms
+        THEN m.rate_pause_ms ELSE 0 END);
   END IF;
   IF r.gone + r.lapsed > 0 THEN
-    m.fence := @F@.after_free(m, declared, shadow_, now_us);
+    m := @F@.after_free(m, declared, shadow_, true, rate_i, rate_b, now_us);
   END IF;
   PERFORM @F@.save(m, now_ms, idle);
   RETURN result;
@@ -287,11 +394,11 @@ END $$;
 
 -- Take a place in line without asking for a permit (places.take_place), counted as
 -- sent until its holder first asks: [ticket, position, permits held, effective limit,
--- draining].
+-- draining, µs until the rate's slot (NULL: no rate)].
 CREATE FUNCTION @F@.enqueue(
   ns text, nm text, h text, declared integer, waiter_ms bigint, info_ text, idle bigint,
   shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
-  sent_horizon_ms bigint
+  sent_horizon_ms bigint, rate_i bigint, rate_b integer
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -301,6 +408,10 @@ DECLARE
   w @T@.waiters;
   is_new boolean;
   ahead integer;
+  grants_ahead bigint;
+  room record;
+  rate record;
+  slot bigint;
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
   r := @F@.reclaim(m.id, now_ms);
@@ -313,7 +424,7 @@ BEGIN
     END IF;
   END IF;
   IF r.gone + r.lapsed > 0 THEN
-    m.fence := @F@.after_free(m, declared, shadow_, now_us);
+    m := @F@.after_free(m, declared, shadow_, true, rate_i, rate_b, now_us);
   END IF;
   SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
   is_new := NOT FOUND;
@@ -329,7 +440,13 @@ BEGIN
       grants = want_j
       WHERE semaphore = m.id AND holder = h;
   END IF;
-  SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < w.ticket;
+  SELECT count(*), coalesce(sum(grants), 0) INTO ahead, grants_ahead FROM @T@.waiters
+    WHERE semaphore = m.id AND ticket < w.ticket;
+  SELECT * INTO rate FROM @F@.effective_rate(m, true, rate_i, rate_b);
+  IF rate.interval_us IS NOT NULL THEN
+    SELECT * INTO room FROM @F@.room(m, true, rate_i, rate_b, now_us);
+    slot := @F@.slot_in(room.grants, room.next_us, rate.interval_us, grants_ahead + want_j);
+  END IF;
   IF is_new THEN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND sent_ms <= now_ms - sent_horizon_ms;
     INSERT INTO @T@.sent (semaphore, holder, sent_ms) VALUES (m.id, h, now_ms)
@@ -337,14 +454,15 @@ BEGIN
   END IF;
   PERFORM @F@.save(m, now_ms, idle);
   RETURN jsonb_build_array(w.ticket, ahead + 1, @F@.permits_held(m.id),
-    @F@.effective_limit(m, declared), m.draining);
+    @F@.effective_limit(m, declared), m.draining, slot);
 END $$;
 
 -- Give a permit back (SemaphoreModel.release): [released]. Idempotent: a second
 -- release, an unknown or reclaimed holder, or a stale token releases nothing. Without a
--- token (by id) it also drops the holder's place in line.
+-- token (by id) it also drops the holder's place in line. ``unused``: the rate's grants
+-- to give back with a permit whose task never started.
 CREATE FUNCTION @F@.release(
-  ns text, nm text, h text, tok bigint, declared integer, shadow_ text
+  ns text, nm text, h text, tok bigint, declared integer, shadow_ text, unused integer
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -355,6 +473,7 @@ DECLARE
   hold @T@.holders;
   released boolean;
   left_ boolean := false;
+  rate record;
 BEGIN
   m := @F@.open(ns, nm, NULL, now_ms, false);
   IF m.id IS NULL THEN
@@ -374,6 +493,10 @@ BEGIN
       ELSE round(0.8::float8 * m.hold_ms + 0.2::float8 * (now_ms - hold.acquired_ms))::bigint
     END;
     m.released := m.released + hold.permits;
+    SELECT * INTO rate FROM @F@.effective_rate(m, false, NULL, NULL);
+    IF unused > 0 AND rate.interval_us IS NOT NULL AND m.tat IS NOT NULL THEN
+      m.tat := m.tat - unused * rate.interval_us;
+    END IF;
   END IF;
   IF tok IS NULL THEN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
@@ -383,7 +506,7 @@ BEGIN
     END IF;
   END IF;
   IF (released OR r.gone + r.lapsed > 0 OR left_) AND waiting > 0 THEN
-    m.fence := @F@.after_free(m, declared, shadow_, now_us);
+    m := @F@.after_free(m, declared, shadow_, false, NULL, NULL, now_us);
   END IF;
   PERFORM @F@.save(m, now_ms, NULL);
   RETURN jsonb_build_array(released);
@@ -417,22 +540,28 @@ BEGIN
     END IF;
   END LOOP;
   IF r.gone + r.lapsed > 0 THEN
-    m.fence := @F@.after_free(m, NULL, NULL, now_us);
+    m := @F@.after_free(m, NULL, NULL, false, NULL, NULL, now_us);
   END IF;
   PERFORM @F@.save(m, now_ms, NULL);
   RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(lost));
 END $$;
 
--- A runtime setting (SemaphoreModel.set_override, set_draining): [previous value or
--- NULL]; then run-out leases are reclaimed and what follows freed capacity happens
--- (a raised limit or an ended drain admits at once).
-CREATE FUNCTION @F@.configure(ns text, nm text, field text, value text, idle bigint)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+-- A runtime setting (SemaphoreModel.set_override, set_draining, set_rate_override,
+-- pause_rate): [previous value or NULL]; then run-out leases are reclaimed and what
+-- follows freed capacity happens (a raised limit or an ended drain admits at once).
+-- ``value``: the override ('' clears), '1' or '' (draining), "<interval µs>|<burst>" or
+-- '' (the rate override), ms (a pause: without a rate in force nothing happens).
+-- ``rate_i``, ``rate_b``: the caller's rate (NULLs: it declares none).
+CREATE FUNCTION @F@.configure(
+  ns text, nm text, field text, value text, idle bigint, rate_i bigint, rate_b integer
+) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
   now_ms bigint := now_us / 1000;
+  declares boolean := rate_i IS NOT NULL;
   m @T@.semaphores;
   r record;
+  rate record;
   previous text;
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
@@ -442,37 +571,57 @@ BEGIN
   ELSIF field = 'draining' THEN
     previous := CASE WHEN m.draining THEN '1' END;
     m.draining := value = '1';
+  ELSIF field = 'rate_override' THEN
+    previous := m.override_interval_us || '|' || m.override_burst;
+    m.override_interval_us := nullif(split_part(value, '|', 1), '')::bigint;
+    m.override_burst := nullif(split_part(value, '|', 2), '')::integer;
+  ELSIF field = 'rate_pause' THEN
+    SELECT * INTO rate FROM @F@.effective_rate(m, declares, rate_i, rate_b);
+    IF rate.interval_us IS NULL THEN
+      PERFORM @F@.save(m, now_ms, idle);
+      RETURN jsonb_build_array(NULL);
+    END IF;
+    m.rate_pause_ms := greatest(now_ms + value::bigint, coalesce(m.rate_pause_ms, 0));
   ELSE
     RAISE EXCEPTION 'unknown setting %', field USING ERRCODE = '22023';
   END IF;
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
   m.expired := m.expired + r.gone;
-  m.fence := @F@.after_free(m, NULL, NULL, now_us);
+  m := @F@.after_free(m, NULL, NULL, declares, rate_i, rate_b, now_us);
   PERFORM @F@.save(m, now_ms, idle);
   RETURN jsonb_build_array(previous);
 END $$;
 
 -- What an operator sees (reading.status); it changes nothing, so it reclaims nothing:
 -- entries whose lease ran out are left out. At most ``most`` holders and waiters are
--- listed (the counts are of all).
+-- listed (the counts are of all). A semaphore not there reads as a new one would.
 -- [now ms, recorded limit, override, effective limit, draining, permits held, waiters,
 --  [[holder, token, acquired ms, expires ms, info, permits]...] by lease end,
 --  [[waiter, ticket, since ms, expires ms, info, state]...] in line order,
---  sent count, [[holder, sent ms]...] sent without a place, shadow codes].
+--  sent count, [[holder, sent ms]...] sent without a place, shadow codes,
+--  the rate in force [interval µs, burst] or NULL, the rate override (the same),
+--  the rate's room, the next start ms, the end of a RateLimited pause ms (0: none)].
 CREATE FUNCTION @F@.status(
-  ns text, nm text, declared integer, sent_horizon_ms bigint, most integer
+  ns text, nm text, declared integer, sent_horizon_ms bigint, most integer,
+  rate_i bigint, rate_b integer
 ) RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
-  now_ms bigint := @F@.now_us() / 1000;
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
   m @T@.semaphores;
   horizon bigint := now_ms - sent_horizon_ms;
+  rate record;
+  room record;
 BEGIN
   SELECT * INTO m FROM @T@.semaphores WHERE namespace = ns AND name = nm;
   IF NOT FOUND OR now_ms - m.used_ms > m.idle_ms THEN
-    RETURN jsonb_build_array(now_ms, NULL, NULL, coalesce(declared, 0), false, 0, 0,
-      '[]'::jsonb, '[]'::jsonb, 0, '[]'::jsonb, '');
+    m := NULL;
+    m.draining := false;
+    m.recorded_shadow := '';
   END IF;
+  SELECT * INTO rate FROM @F@.effective_rate(m, rate_i IS NOT NULL, rate_i, rate_b);
+  SELECT * INTO room FROM @F@.room(m, rate_i IS NOT NULL, rate_i, rate_b, now_us);
   RETURN jsonb_build_array(
     now_ms, m.recorded_limit, m.override, @F@.effective_limit(m, declared), m.draining,
     (SELECT coalesce(sum(permits), 0) FROM @T@.holders
@@ -494,5 +643,13 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM @T@.waiters w WHERE w.semaphore = m.id
                            AND w.holder = s.holder AND w.expires_ms > now_ms)
            ORDER BY s.sent_ms, s.holder LIMIT most) s),
-    m.recorded_shadow);
+    m.recorded_shadow,
+    CASE WHEN rate.interval_us IS NOT NULL
+      THEN jsonb_build_array(rate.interval_us, rate.burst) END,
+    CASE WHEN m.override_interval_us IS NOT NULL
+      THEN jsonb_build_array(m.override_interval_us, m.override_burst) END,
+    CASE WHEN rate.interval_us IS NULL THEN 0 ELSE room.grants END,
+    CASE WHEN rate.interval_us IS NULL THEN 0
+      ELSE now_ms + ceil(room.next_us / 1000.0)::bigint END,
+    CASE WHEN coalesce(m.rate_pause_ms, 0) > now_ms THEN m.rate_pause_ms ELSE 0 END);
 END $$;

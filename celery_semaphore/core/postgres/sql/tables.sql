@@ -20,6 +20,15 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   fence bigint,
   ticket bigint,
   recorded_shadow text NOT NULL DEFAULT '',
+  -- The rate the last acquirer declared and the operator's override (an interval in
+  -- µs and a burst; NULL: none), GCRA's theoretical arrival time (µs), and until when
+  -- a RateLimited pause lasts (ms).
+  rate_interval_us bigint,
+  rate_burst integer,
+  override_interval_us bigint,
+  override_burst integer,
+  tat bigint,
+  rate_pause_ms bigint,
   -- Permits released or reclaimed so far; the moving average of hold times (ms).
   released bigint NOT NULL DEFAULT 0,
   hold_ms bigint,
