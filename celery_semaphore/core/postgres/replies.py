@@ -37,7 +37,7 @@ def enqueued(reply: list[Any]) -> Enqueued:
 def status(reply: list[Any]) -> Status:
     (now_ms, recorded, override, effective, draining, held, waiting, holders, waiters,
      sent_count, sent_without_place, shadow, rate, rate_override, room, next_start_ms,
-     paused_until_ms) = reply  # fmt: skip
+     paused_until_ms, shadow_limit, shadow_rate, shadow_wait_ms, shadow_peak) = reply  # fmt: skip
     return Status(
         now_ms=now_ms,
         recorded_limit=recorded,
@@ -62,5 +62,9 @@ def status(reply: list[Any]) -> Status:
         rate_paused_until_ms=paused_until_ms,
         fair_keys_waiting=0,
         fair_grants=0,
+        shadow_limit_refusals=shadow_limit,
+        shadow_rate_refusals=shadow_rate,
+        shadow_wait_ms=shadow_wait_ms,
+        shadow_peak=shadow_peak,
         recorded_shadow=shadow,
     )

@@ -1,6 +1,7 @@
 """What a semaphore may ask of the PostgreSQL store today, and the error for the rest.
 
-The store does the semantics of the reference model for: limits, rates (GCRA),
+The store does the semantics of the reference model for: limits, rates (GCRA), shadow
+limits,
 FIFO tickets, priority, weights, leases on the database's clock, fencing tokens, waiting in place
 (LISTEN/NOTIFY), places taken at publish, drain and the runtime override, status. The
 rest is refused by name, before anything is written, so a semaphore never runs with
@@ -19,9 +20,7 @@ INSTEAD = "keep this semaphore on Redis (a redis:// URL) for now"
 def check(spec: SemaphoreSpec, ask: Asked | None = None) -> None:
     """Raise `NotOnThisStore` if ``spec`` (or ``ask``) needs what is not done here."""
     what = None
-    if spec.shadow:
-        what = "a shadow limit (shadow=)"
-    elif spec.fair_weights is not None or (ask is not None and ask.fair_key is not None):
+    if spec.fair_weights is not None or (ask is not None and ask.fair_key is not None):
         what = "fair share (fair_key=, fair_weights=)"
     elif spec.dispatch is not None:
         what = "parking and hand-over (on_handover=)"

@@ -6,8 +6,8 @@
 -- The rules are the reference model's (celery_semaphore/core/model/); each function
 -- names the model method it follows, and the conformance suite (tests/conformance/)
 -- drives this store and the model side by side, reply by reply. Not here yet (the
--- store refuses them by name, core/postgres/support.py): shadow limits, fair keys,
--- parking and hand-over, several semaphores in one step.
+-- store refuses them by name, core/postgres/support.py): fair keys, parking and
+-- hand-over, several semaphores in one step.
 --
 -- A caller's rate comes as (interval µs, burst), NULLs for none; ``declares`` false:
 -- the caller declares nothing (the model's NOTHING), so the recorded rate counts.
@@ -137,6 +137,9 @@ LANGUAGE sql AS $$
     override_burst = m.override_burst, tat = m.tat, rate_pause_ms = m.rate_pause_ms,
     released = m.released, hold_ms = m.hold_ms,
     expired = m.expired, lost_noted = m.lost_noted,
+    shadow_limit_refusals = m.shadow_limit_refusals,
+    shadow_rate_refusals = m.shadow_rate_refusals, shadow_wait_ms = m.shadow_wait_ms,
+    shadow_peak = m.shadow_peak,
     used_ms = now_ms, idle_ms = greatest(coalesce(idle, m.idle_ms), 0)
   WHERE id = m.id
 $$;
@@ -300,6 +303,10 @@ DECLARE
   need_j integer;
   room record;
   rate record;
+  by_limit boolean;
+  by_rate boolean;
+  would text := '';
+  late_ms bigint := 0;
   token bigint;
   waited bigint := 0;
   earliest bigint;
@@ -343,7 +350,20 @@ BEGIN
   END IF;
   need_k := need_k + want_k;
   need_j := need_j + want_j;
-  IF held OR (need_k <= free AND (room.grants IS NULL OR need_j <= room.grants)) THEN
+  by_limit := need_k <= free;
+  by_rate := room.grants IS NULL OR need_j <= room.grants;
+  -- A shadow limit that would refuse admits, and says so (not while draining).
+  IF NOT held AND NOT m.draining THEN
+    IF NOT by_limit AND position('l' IN shadow_) > 0 THEN
+      by_limit := true;
+      would := 'l';
+    END IF;
+    IF NOT by_rate AND position('r' IN shadow_) > 0 THEN
+      by_rate := true;
+      would := would || 'r';
+    END IF;
+  END IF;
+  IF held OR (by_limit AND by_rate) THEN
     token := @F@.seq_after(m.fence, now_us);
     m.fence := token;
     IF in_line THEN
@@ -359,7 +379,17 @@ BEGIN
       ON CONFLICT (semaphore, holder) DO UPDATE SET
         token = excluded.token, acquired_ms = excluded.acquired_ms,
         expires_ms = excluded.expires_ms, permits = excluded.permits, info = excluded.info;
-    result := jsonb_build_array(1, token, now_ms + lease_ms, now_ms, waited, '', 0);
+    IF position('l' IN would) > 0 THEN
+      m.shadow_limit_refusals := m.shadow_limit_refusals + 1;
+      m.shadow_peak := greatest(m.shadow_peak, count_ + want_k);
+    END IF;
+    IF position('r' IN would) > 0 AND rate.interval_us IS NOT NULL THEN
+      late_ms := ceil(@F@.slot_in(room.grants, room.next_us, rate.interval_us, need_j)
+                      / 1000.0)::bigint;
+      m.shadow_rate_refusals := m.shadow_rate_refusals + 1;
+      m.shadow_wait_ms := m.shadow_wait_ms + late_ms;
+    END IF;
+    result := jsonb_build_array(1, token, now_ms + lease_ms, now_ms, waited, would, late_ms);
   ELSE
     IF waiter_ms > 0 AND place IS NULL THEN
       m.ticket := @F@.seq_after(m.ticket, now_us);
@@ -601,7 +631,8 @@ END $$;
 --  [[waiter, ticket, since ms, expires ms, info, state]...] in line order,
 --  sent count, [[holder, sent ms]...] sent without a place, shadow codes,
 --  the rate in force [interval µs, burst] or NULL, the rate override (the same),
---  the rate's room, the next start ms, the end of a RateLimited pause ms (0: none)].
+--  the rate's room, the next start ms, the end of a RateLimited pause ms (0: none),
+--  shadow limit refusals, shadow rate refusals, shadow wait ms, shadow peak].
 CREATE FUNCTION @F@.status(
   ns text, nm text, declared integer, sent_horizon_ms bigint, most integer,
   rate_i bigint, rate_b integer
@@ -651,5 +682,7 @@ BEGIN
     CASE WHEN rate.interval_us IS NULL THEN 0 ELSE room.grants END,
     CASE WHEN rate.interval_us IS NULL THEN 0
       ELSE now_ms + ceil(room.next_us / 1000.0)::bigint END,
-    CASE WHEN coalesce(m.rate_pause_ms, 0) > now_ms THEN m.rate_pause_ms ELSE 0 END);
+    CASE WHEN coalesce(m.rate_pause_ms, 0) > now_ms THEN m.rate_pause_ms ELSE 0 END,
+    coalesce(m.shadow_limit_refusals, 0), coalesce(m.shadow_rate_refusals, 0),
+    coalesce(m.shadow_wait_ms, 0), coalesce(m.shadow_peak, 0));
 END $$;

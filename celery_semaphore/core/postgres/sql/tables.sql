@@ -32,8 +32,13 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   -- Permits released or reclaimed so far; the moving average of hold times (ms).
   released bigint NOT NULL DEFAULT 0,
   hold_ms bigint,
-  -- Counters for the metrics.
+  -- Counters for the metrics; the grants a shadow limit would have refused, how late
+  -- the shadow rate's slots were (ms, in all), the most permits held over a shadow limit.
   expired bigint NOT NULL DEFAULT 0,
+  shadow_limit_refusals bigint NOT NULL DEFAULT 0,
+  shadow_rate_refusals bigint NOT NULL DEFAULT 0,
+  shadow_wait_ms bigint NOT NULL DEFAULT 0,
+  shadow_peak bigint NOT NULL DEFAULT 0,
   lost_noted bigint NOT NULL DEFAULT 0,
   -- When it was last used (ms) and how long it may stay idle: past that, the next
   -- call finds it empty, as Redis lets a semaphore's keys expire.
