@@ -102,7 +102,7 @@ class PostgresStore:
     name = "postgres"
     #: What the store refuses today (`celery_semaphore.core.postgres.support`): the
     #: state machine does not draw it.
-    not_yet = frozenset({"fair", "parking"})
+    not_yet = frozenset({"parking"})
 
     def __init__(self, url: str) -> None:
         import psycopg

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from conformance_driver import Pair
+from conformance_driver import LONG, Pair
 
 from celery_semaphore import Permit, Place, RateLimit
 
@@ -154,6 +154,26 @@ def test_fair_keys_take_turns(pair: MakePair) -> None:
     assert order.index("b1") < order.index("s2") and order.index("b2") < order.index("s2")
     p.release("x")
     assert isinstance(p.attempt(order[0], fair_key=keys[order[0]]), Permit)
+    p.check()
+
+
+def test_a_fair_key_whose_waiters_lapsed_leaves_the_rotation(pair: MakePair) -> None:
+    """A reclaim counts lapsed waiters out of their keys: a key with none left is
+    dropped, and starts afresh (a new tie, its tail from the head) when it comes back."""
+    p = pair(1, lease=LONG, waiter_lease=0.3, fair_weights={"big": 2})
+    p.attempt("a", fair_key="small")
+    p.attempt("s1", fair_key="small")
+    p.attempt("b1", fair_key="big")
+    p.check()
+    assert p.sem.status().fair_keys_waiting == 2
+    time.sleep(0.6)
+    p.attempt("s2", fair_key="small")  # reclaims s1 and b1
+    p.check()
+    assert p.sem.status().fair_keys_waiting == 1, "big's only waiter lapsed"
+    p.attempt("b2", fair_key="big")
+    p.check()
+    p.release("a")
+    assert isinstance(p.attempt("s2", fair_key="small"), Permit)
     p.check()
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_semaphore.core.model.order import asked_from_text
 from celery_semaphore.core.model.rate import Rate
 from celery_semaphore.core.model.replies import (
     Enqueued,
+    FairKeyRow,
     Granted,
     HolderRow,
     Refused,
@@ -37,7 +39,8 @@ def enqueued(reply: list[Any]) -> Enqueued:
 def status(reply: list[Any]) -> Status:
     (now_ms, recorded, override, effective, draining, held, waiting, holders, waiters,
      sent_count, sent_without_place, shadow, rate, rate_override, room, next_start_ms,
-     paused_until_ms, shadow_limit, shadow_rate, shadow_wait_ms, shadow_peak) = reply  # fmt: skip
+     paused_until_ms, shadow_limit, shadow_rate, shadow_wait_ms, shadow_peak, keys,
+     fair_grants, fair_keys) = reply  # fmt: skip
     return Status(
         now_ms=now_ms,
         recorded_limit=recorded,
@@ -48,8 +51,16 @@ def status(reply: list[Any]) -> Status:
         waiter_count=waiting,
         holders=[HolderRow(*row) for row in holders],
         waiters=[
-            WaiterRow(holder, ticket, since, expires, info, None, state)
-            for holder, ticket, since, expires, info, state in waiters
+            WaiterRow(
+                holder,
+                ticket,
+                since,
+                expires,
+                info,
+                None if ask is None else asked_from_text(ask),
+                state,
+            )  # fmt: skip
+            for holder, ticket, since, expires, info, state, ask in waiters
         ],
         parked_count=0,
         handed_over_count=0,
@@ -60,8 +71,9 @@ def status(reply: list[Any]) -> Status:
         rate_room=room,
         next_start_ms=next_start_ms,
         rate_paused_until_ms=paused_until_ms,
-        fair_keys_waiting=0,
-        fair_grants=0,
+        fair_keys_waiting=keys,
+        fair_grants=fair_grants,
+        fair_keys=[FairKeyRow(*row) for row in fair_keys],
         shadow_limit_refusals=shadow_limit,
         shadow_rate_refusals=shadow_rate,
         shadow_wait_ms=shadow_wait_ms,

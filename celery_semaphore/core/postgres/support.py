@@ -20,9 +20,7 @@ INSTEAD = "keep this semaphore on Redis (a redis:// URL) for now"
 def check(spec: SemaphoreSpec, ask: Asked | None = None) -> None:
     """Raise `NotOnThisStore` if ``spec`` (or ``ask``) needs what is not done here."""
     what = None
-    if spec.fair_weights is not None or (ask is not None and ask.fair_key is not None):
-        what = "fair share (fair_key=, fair_weights=)"
-    elif spec.dispatch is not None:
+    if spec.dispatch is not None:
         what = "parking and hand-over (on_handover=)"
     if what is not None:
         raise NotOnThisStore("PostgreSQL", what, INSTEAD)

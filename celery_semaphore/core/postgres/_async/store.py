@@ -28,7 +28,7 @@ from celery_semaphore.core.postgres.connection import (
     translate,
 )
 from celery_semaphore.core.postgres.schema import FUNCTIONS, install_async
-from celery_semaphore.core.protocol import STATUS_MOST, SemaphoreSpec
+from celery_semaphore.core.protocol import FAIR_TOP, STATUS_MOST, SemaphoreSpec
 from celery_semaphore.core.readings import enqueued_place, grant_of, place_of, semaphore_status
 from celery_semaphore.core.redis import wake_messages
 from celery_semaphore.core.requests import (
@@ -65,12 +65,12 @@ def _call(function: str, arguments: int) -> str:
     return f"SELECT {FUNCTIONS}.{function}({', '.join(['%s'] * arguments)})"
 
 
-ACQUIRE = _call("acquire", 18)
-ENQUEUE = _call("enqueue", 15)
+ACQUIRE = _call("acquire", 20)
+ENQUEUE = _call("enqueue", 17)
 RELEASE = _call("release", 7)
 RENEW = _call("renew", 5)
 CONFIGURE = _call("configure", 7)
-STATUS = _call("status", 7)
+STATUS = _call("status", 8)
 
 
 def rate_of(spec: SemaphoreSpec) -> tuple[int | None, int | None]:
@@ -151,7 +151,7 @@ class AsyncPostgresStore:
             spec.namespace, spec.name, request.holder, spec.limit, request.lease_ms,
             request.wait_ms, request.ticket, request.info, spec.idle_ms, request.in_place,
             spec.family, spec.shadow_codes, ask.text, ask.permits, ask.grants, ask.priority,
-            *rate_of(spec),
+            *rate_of(spec), ask.fair_key, ask.fair_weight,
         ))  # fmt: skip
         result, now_ms, hold_ms = replies.acquired(reply)
         if isinstance(result, Granted):
@@ -185,7 +185,8 @@ class AsyncPostgresStore:
         reply = await self._one(ENQUEUE, (
             spec.namespace, spec.name, request.holder, spec.limit, request.wait_ms,
             request.info, spec.idle_ms, spec.shadow_codes, ask.text, ask.permits,
-            ask.grants, ask.priority, spec.sent_horizon_ms, *rate_of(spec),
+            ask.grants, ask.priority, spec.sent_horizon_ms, *rate_of(spec), ask.fair_key,
+            ask.fair_weight,
         ))  # fmt: skip
         return enqueued_place(replies.enqueued(reply)), False, []
 
@@ -225,7 +226,7 @@ class AsyncPostgresStore:
     async def status(self, spec: SemaphoreSpec) -> SemaphoreStatus:
         reply = await self._one(STATUS, (
             spec.namespace, spec.name, spec.limit, spec.sent_horizon_ms, STATUS_MOST,
-            *rate_of(spec),
+            *rate_of(spec), FAIR_TOP,
         ))  # fmt: skip
         return semaphore_status(spec.name, replies.status(reply))
 

@@ -6,8 +6,8 @@
 -- The rules are the reference model's (celery_semaphore/core/model/); each function
 -- names the model method it follows, and the conformance suite (tests/conformance/)
 -- drives this store and the model side by side, reply by reply. Not here yet (the
--- store refuses them by name, core/postgres/support.py): fair keys, parking and
--- hand-over, several semaphores in one step.
+-- store refuses them by name, core/postgres/support.py): parking and hand-over,
+-- several semaphores in one step.
 --
 -- A caller's rate comes as (interval µs, burst), NULLs for none; ``declares`` false:
 -- the caller declares nothing (the model's NOTHING), so the recorded rate counts.
@@ -139,23 +139,184 @@ LANGUAGE sql AS $$
     expired = m.expired, lost_noted = m.lost_noted,
     shadow_limit_refusals = m.shadow_limit_refusals,
     shadow_rate_refusals = m.shadow_rate_refusals, shadow_wait_ms = m.shadow_wait_ms,
-    shadow_peak = m.shadow_peak,
+    shadow_peak = m.shadow_peak, fair_clock = m.fair_clock, fair_low = m.fair_low,
+    fair_grants = m.fair_grants, fair_minute = m.fair_minute,
+    fair_grants_before = m.fair_grants_before,
     used_ms = now_ms, idle_ms = greatest(coalesce(idle, m.idle_ms), 0)
   WHERE id = m.id
 $$;
+
+-- Fair share (model/order.py, SemaphoreModel.count_fair, put_fair, count_fair_grant) ----
+
+-- ``delta`` more (or fewer) waiters of fair key ``k``: a record whose waiters are gone
+-- is dropped (the key starts afresh when it comes back); a new one counts a join.
+CREATE FUNCTION @F@.count_fair(sem bigint, k text, delta integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  f @T@.fair_keys;
+BEGIN
+  SELECT * INTO f FROM @T@.fair_keys WHERE semaphore = sem AND key = k;
+  IF NOT FOUND THEN
+    IF delta > 0 THEN
+      INSERT INTO @T@.fair_keys (semaphore, key, waiting) VALUES (sem, k, delta);
+      UPDATE @T@.semaphores SET fair_joins = fair_joins + 1 WHERE id = sem;
+    END IF;
+  ELSIF f.waiting + delta <= 0 THEN
+    DELETE FROM @T@.fair_keys WHERE semaphore = sem AND key = k;
+  ELSE
+    UPDATE @T@.fair_keys SET waiting = f.waiting + delta WHERE semaphore = sem AND key = k;
+  END IF;
+END $$;
+
+-- A waiter's ask changed from ``old_ask`` (its key ``old_key``) to ``new_ask``: its
+-- keys' counts follow (SemaphoreModel.weigh_waiter, unweigh; NULL asks: not in line).
+CREATE FUNCTION @F@.weigh(sem bigint, old_ask text, old_key text, new_ask text, new_key text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  IF coalesce(old_ask, '') = coalesce(new_ask, '') THEN
+    RETURN;
+  END IF;
+  IF old_key IS NOT NULL THEN
+    PERFORM @F@.count_fair(sem, old_key, -1);
+  END IF;
+  IF new_key IS NOT NULL THEN
+    PERFORM @F@.count_fair(sem, new_key, 1);
+  END IF;
+END $$;
+
+-- Grants of this minute and the minute before (order.recent).
+CREATE FUNCTION @F@.recent(grants bigint, minute bigint, before bigint, now_ms bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN minute = now_ms / 60000 THEN grants + before
+              WHEN minute = now_ms / 60000 - 1 THEN grants ELSE 0 END
+$$;
+
+-- A grant to a waiter of fair key ``k`` is counted per minute, in its key's record
+-- (while it has one) and for all keys (SemaphoreModel.count_fair_grant).
+CREATE FUNCTION @F@.count_fair_grant(m @T@.semaphores, k text, now_ms bigint)
+RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
+DECLARE
+  f @T@.fair_keys;
+  cur bigint := now_ms / 60000;
+BEGIN
+  IF k IS NULL THEN
+    RETURN m;
+  END IF;
+  SELECT * INTO f FROM @T@.fair_keys WHERE semaphore = m.id AND key = k;
+  IF NOT FOUND THEN
+    RETURN m;
+  END IF;
+  IF f.minute <> cur THEN
+    f.grants_before := CASE WHEN f.minute = cur - 1 THEN f.grants ELSE 0 END;
+    f.grants := 0;
+    f.minute := cur;
+  END IF;
+  IF f.waiting <= 0 THEN
+    DELETE FROM @T@.fair_keys WHERE semaphore = m.id AND key = k;
+  ELSE
+    UPDATE @T@.fair_keys SET grants = f.grants + 1, minute = f.minute,
+      grants_before = f.grants_before WHERE semaphore = m.id AND key = k;
+  END IF;
+  IF m.fair_minute <> cur THEN
+    m.fair_grants_before := CASE WHEN m.fair_minute = cur - 1 THEN m.fair_grants ELSE 0 END;
+    m.fair_grants := 0;
+    m.fair_minute := cur;
+  END IF;
+  m.fair_grants := m.fair_grants + 1;
+  RETURN m;
+END $$;
+
+-- Where a new ticket for an ask goes, without taking it (SemaphoreModel.place): the
+-- next in time (``seq``), moved by priority; with a fair key, start-time fair queuing
+-- (order.place_fair, fair_head): the key's record as it would be once taken.
+CREATE FUNCTION @F@.place(
+  m @T@.semaphores, priority integer, k text, weight integer, now_us bigint,
+  OUT ticket bigint, OUT seq bigint, OUT head bigint, OUT low integer,
+  OUT existed boolean, OUT tail bigint, OUT urgent_tail bigint, OUT tie integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+  anchor bigint;
+  start bigint;
+  turn float8;
+  f @T@.fair_keys;
+BEGIN
+  seq := @F@.seq_after(m.ticket, now_us);
+  IF k IS NULL THEN
+    ticket := seq - priority * 1099511627776;
+    RETURN;
+  END IF;
+  -- The head as the fair keys see it: the lowest ticket within half a priority step.
+  anchor := greatest(seq, coalesce(m.fair_clock, 0));
+  SELECT w.ticket INTO head FROM @T@.waiters w
+    WHERE w.semaphore = m.id
+      AND w.ticket BETWEEN anchor - 549755813888 AND anchor + 549755813888
+    ORDER BY w.ticket, w.holder LIMIT 1;
+  head := coalesce(head, seq);
+  SELECT * INTO f FROM @T@.fair_keys WHERE semaphore = m.id AND key = k;
+  existed := FOUND;
+  IF NOT existed THEN
+    f.tail := 0;
+    f.urgent_tail := 0;
+    SELECT (fair_joins + 1) % 1024 INTO f.tie FROM @T@.semaphores WHERE id = m.id;
+  END IF;
+  tie := f.tie;
+  low := least(0, coalesce(m.fair_low, 0), priority);
+  turn := 1048576::float8 / weight;
+  IF priority > low THEN
+    start := greatest(head, f.urgent_tail);
+    urgent_tail := round(start + turn)::bigint;
+    tail := round(greatest(head, f.tail) + turn)::bigint;
+  ELSE
+    start := greatest(head, f.tail);
+    tail := round(start + turn)::bigint;
+    urgent_tail := f.urgent_tail;
+  END IF;
+  ticket := start + f.tie;
+END $$;
+
+-- Takes the ticket `place` found (SemaphoreModel.new_ticket): the ticket sequence moves
+-- on; with a fair key so do its record (kept though it has no waiter yet: the new one
+-- is counted when it stands in line) and the fair clock.
+CREATE FUNCTION @F@.take_ticket(
+  m @T@.semaphores, k text, seq bigint, head bigint, low integer, existed boolean,
+  tail bigint, urgent_tail bigint, tie integer
+) RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
+BEGIN
+  m.ticket := seq;
+  IF k IS NOT NULL THEN
+    INSERT INTO @T@.fair_keys AS f (semaphore, key, tail, urgent_tail, tie)
+      VALUES (m.id, k, tail, urgent_tail, tie)
+      ON CONFLICT (semaphore, key) DO UPDATE SET tail = excluded.tail,
+        urgent_tail = excluded.urgent_tail;
+    IF NOT existed THEN
+      UPDATE @T@.semaphores SET fair_joins = fair_joins + 1 WHERE id = m.id;
+    END IF;
+    m.fair_clock := head;
+    m.fair_low := low;
+  END IF;
+  RETURN m;
+END $$;
 
 -- Drops the holders and waiters whose leases ran out (SemaphoreModel.reclaim): how
 -- many holders went and the permits they held, how many waiters.
 CREATE FUNCTION @F@.reclaim(
   sem bigint, now_ms bigint, OUT gone integer, OUT freed bigint, OUT lapsed integer
 ) LANGUAGE plpgsql AS $$
+DECLARE
+  k record;
 BEGIN
   WITH d AS (
     DELETE FROM @T@.holders WHERE semaphore = sem AND expires_ms <= now_ms RETURNING permits
   ) SELECT count(*), coalesce(sum(permits), 0) INTO gone, freed FROM d;
-  WITH d AS (
-    DELETE FROM @T@.waiters WHERE semaphore = sem AND expires_ms <= now_ms RETURNING 1
-  ) SELECT count(*) INTO lapsed FROM d;
+  lapsed := 0;
+  FOR k IN
+    DELETE FROM @T@.waiters WHERE semaphore = sem AND expires_ms <= now_ms RETURNING fair_key
+  LOOP
+    lapsed := lapsed + 1;
+    IF k.fair_key IS NOT NULL THEN
+      PERFORM @F@.count_fair(sem, k.fair_key, -1);
+    END IF;
+  END LOOP;
 END $$;
 
 -- Free permits go straight to the waiters in place at the head of the line, in order,
@@ -180,7 +341,7 @@ BEGIN
   free := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
   SELECT grants INTO room FROM @F@.room(m, declares, di, db, now_us);
   FOR w IN
-    SELECT holder, permits, grants, in_place_ms, since_ms, info FROM @T@.waiters
+    SELECT holder, permits, grants, in_place_ms, since_ms, info, fair_key FROM @T@.waiters
     WHERE semaphore = m.id ORDER BY ticket, holder
   LOOP
     EXIT WHEN w.permits > free OR w.grants > room OR w.in_place_ms IS NULL;
@@ -188,7 +349,11 @@ BEGIN
     room := room - w.grants;
     spent := spent + w.grants;
     fence := @F@.seq_after(fence, now_us);
+    m := @F@.count_fair_grant(m, w.fair_key, now_ms);
     DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = w.holder;
+    IF w.fair_key IS NOT NULL THEN
+      PERFORM @F@.count_fair(m.id, w.fair_key, -1);
+    END IF;
     INSERT INTO @T@.holders AS x (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
       VALUES (m.id, w.holder, fence, now_ms, now_ms + w.in_place_ms, w.permits, w.info)
       ON CONFLICT (semaphore, holder) DO UPDATE SET
@@ -283,7 +448,7 @@ CREATE FUNCTION @F@.acquire(
   ns text, nm text, h text, declared integer, lease_ms bigint, waiter_ms bigint,
   presented bigint, info_ text, idle bigint, in_place boolean, family_ text,
   shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
-  rate_i bigint, rate_b integer
+  rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -295,6 +460,7 @@ DECLARE
   w @T@.waiters;
   in_line boolean;
   place bigint;
+  p record;
   weigh_at bigint;
   ahead integer;
   count_ integer;
@@ -334,7 +500,9 @@ BEGIN
   IF presented IS NOT NULL AND (place IS NULL OR presented < place) THEN
     place := presented;
   END IF;
-  weigh_at := coalesce(place, @F@.seq_after(m.ticket, now_us) - priority * 1099511627776);
+  -- A new contender is weighed where its new ticket would go.
+  SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
+  weigh_at := coalesce(place, p.ticket);
   -- judge: FIFO with weights; the weights ahead are summed only while so many could
   -- fit; the permits and the rate's grants must both fit.
   SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < weigh_at;
@@ -367,8 +535,10 @@ BEGIN
     token := @F@.seq_after(m.fence, now_us);
     m.fence := token;
     IF in_line THEN
+      m := @F@.count_fair_grant(m, w.fair_key, now_ms);
       waited := now_ms - w.since_ms;
       DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+      PERFORM @F@.weigh(m.id, w.ask, w.fair_key, NULL, NULL);
     END IF;
     IF NOT held AND rate.interval_us IS NOT NULL THEN
       m.tat := @F@.rate_tat(m.tat, rate.interval_us, now_us) + want_j * rate.interval_us;
@@ -392,18 +562,21 @@ BEGIN
     result := jsonb_build_array(1, token, now_ms + lease_ms, now_ms, waited, would, late_ms);
   ELSE
     IF waiter_ms > 0 AND place IS NULL THEN
-      m.ticket := @F@.seq_after(m.ticket, now_us);
-      place := m.ticket - priority * 1099511627776;
+      SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
+      m := @F@.take_ticket(m, fair_key_, p.seq, p.head, p.low, p.existed, p.tail,
+                           p.urgent_tail, p.tie);
+      place := p.ticket;
     END IF;
     IF waiter_ms > 0 AND place IS NOT NULL THEN
+      PERFORM @F@.weigh(m.id, CASE WHEN in_line THEN w.ask END, w.fair_key, ask_, fair_key_);
       INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info,
-                                    ask, permits, grants, in_place_ms)
+                                    ask, permits, grants, fair_key, in_place_ms)
         VALUES (m.id, h, place, now_ms + waiter_ms, now_ms, info_, ask_, want_k, want_j,
-                CASE WHEN in_place THEN lease_ms END)
+                fair_key_, CASE WHEN in_place THEN lease_ms END)
         ON CONFLICT (semaphore, holder) DO UPDATE SET
           ticket = excluded.ticket, expires_ms = excluded.expires_ms, info = excluded.info,
           ask = excluded.ask, permits = excluded.permits, grants = excluded.grants,
-          in_place_ms = excluded.in_place_ms;
+          fair_key = excluded.fair_key, in_place_ms = excluded.in_place_ms;
     ELSE
       place := 0;
     END IF;
@@ -428,7 +601,7 @@ END $$;
 CREATE FUNCTION @F@.enqueue(
   ns text, nm text, h text, declared integer, waiter_ms bigint, info_ text, idle bigint,
   shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
-  sent_horizon_ms bigint, rate_i bigint, rate_b integer
+  sent_horizon_ms bigint, rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -442,6 +615,7 @@ DECLARE
   room record;
   rate record;
   slot bigint;
+  p record;
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
   r := @F@.reclaim(m.id, now_ms);
@@ -459,15 +633,19 @@ BEGIN
   SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
   is_new := NOT FOUND;
   IF is_new THEN
-    m.ticket := @F@.seq_after(m.ticket, now_us);
+    SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
+    m := @F@.take_ticket(m, fair_key_, p.seq, p.head, p.low, p.existed, p.tail,
+                         p.urgent_tail, p.tie);
     INSERT INTO @T@.waiters (semaphore, holder, ticket, expires_ms, since_ms, info, ask,
-                             permits, grants)
-      VALUES (m.id, h, m.ticket - priority * 1099511627776, now_ms + waiter_ms, now_ms,
-              info_, ask_, want_k, want_j)
+                             permits, grants, fair_key)
+      VALUES (m.id, h, p.ticket, now_ms + waiter_ms, now_ms, info_, ask_, want_k, want_j,
+              fair_key_)
       RETURNING * INTO w;
+    PERFORM @F@.weigh(m.id, NULL, NULL, ask_, fair_key_);
   ELSE
+    PERFORM @F@.weigh(m.id, w.ask, w.fair_key, ask_, fair_key_);
     UPDATE @T@.waiters SET expires_ms = now_ms + waiter_ms, ask = ask_, permits = want_k,
-      grants = want_j
+      grants = want_j, fair_key = fair_key_
       WHERE semaphore = m.id AND holder = h;
   END IF;
   SELECT count(*), coalesce(sum(grants), 0) INTO ahead, grants_ahead FROM @T@.waiters
@@ -503,6 +681,7 @@ DECLARE
   hold @T@.holders;
   released boolean;
   left_ boolean := false;
+  gone_key text;
   rate record;
 BEGIN
   m := @F@.open(ns, nm, NULL, now_ms, false);
@@ -531,8 +710,12 @@ BEGIN
   IF tok IS NULL THEN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
     IF waiting > 0 THEN
-      DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+      DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h
+        RETURNING fair_key INTO gone_key;
       left_ := FOUND;
+      IF gone_key IS NOT NULL THEN
+        PERFORM @F@.count_fair(m.id, gone_key, -1);
+      END IF;
     END IF;
   END IF;
   IF (released OR r.gone + r.lapsed > 0 OR left_) AND waiting > 0 THEN
@@ -632,10 +815,13 @@ END $$;
 --  sent count, [[holder, sent ms]...] sent without a place, shadow codes,
 --  the rate in force [interval µs, burst] or NULL, the rate override (the same),
 --  the rate's room, the next start ms, the end of a RateLimited pause ms (0: none),
---  shadow limit refusals, shadow rate refusals, shadow wait ms, shadow peak].
+--  shadow limit refusals, shadow rate refusals, shadow wait ms, shadow peak,
+--  fair keys with waiters, fair grants (this minute and the one before), the busiest
+--  ``fair_top`` keys [[key, waiting, grants]...]]. A waiter's row ends with its ask's
+--  text while any fair key has waiters (else NULL).
 CREATE FUNCTION @F@.status(
   ns text, nm text, declared integer, sent_horizon_ms bigint, most integer,
-  rate_i bigint, rate_b integer
+  rate_i bigint, rate_b integer, fair_top integer
 ) RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -644,6 +830,7 @@ DECLARE
   horizon bigint := now_ms - sent_horizon_ms;
   rate record;
   room record;
+  keys integer;
 BEGIN
   SELECT * INTO m FROM @T@.semaphores WHERE namespace = ns AND name = nm;
   IF NOT FOUND OR now_ms - m.used_ms > m.idle_ms THEN
@@ -653,6 +840,7 @@ BEGIN
   END IF;
   SELECT * INTO rate FROM @F@.effective_rate(m, rate_i IS NOT NULL, rate_i, rate_b);
   SELECT * INTO room FROM @F@.room(m, rate_i IS NOT NULL, rate_i, rate_b, now_us);
+  SELECT count(*) INTO keys FROM @T@.fair_keys WHERE semaphore = m.id;
   RETURN jsonb_build_array(
     now_ms, m.recorded_limit, m.override, @F@.effective_limit(m, declared), m.draining,
     (SELECT coalesce(sum(permits), 0) FROM @T@.holders
@@ -663,7 +851,8 @@ BEGIN
      FROM (SELECT * FROM @T@.holders WHERE semaphore = m.id AND expires_ms > now_ms
            ORDER BY expires_ms, holder LIMIT most) x),
     (SELECT coalesce(jsonb_agg(jsonb_build_array(holder, ticket, since_ms, expires_ms,
-       info, CASE WHEN in_place_ms IS NOT NULL THEN 'w' ELSE '' END)
+       info, CASE WHEN in_place_ms IS NOT NULL THEN 'w' ELSE '' END,
+       CASE WHEN keys > 0 THEN ask END)
        ORDER BY ticket, holder), '[]')
      FROM (SELECT * FROM @T@.waiters WHERE semaphore = m.id AND expires_ms > now_ms
            ORDER BY ticket, holder LIMIT most) x),
@@ -684,5 +873,13 @@ BEGIN
       ELSE now_ms + ceil(room.next_us / 1000.0)::bigint END,
     CASE WHEN coalesce(m.rate_pause_ms, 0) > now_ms THEN m.rate_pause_ms ELSE 0 END,
     coalesce(m.shadow_limit_refusals, 0), coalesce(m.shadow_rate_refusals, 0),
-    coalesce(m.shadow_wait_ms, 0), coalesce(m.shadow_peak, 0));
+    coalesce(m.shadow_wait_ms, 0), coalesce(m.shadow_peak, 0),
+    keys,
+    CASE WHEN keys > 0
+      THEN @F@.recent(m.fair_grants, m.fair_minute, m.fair_grants_before, now_ms) ELSE 0 END,
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(key, waiting, grants)
+       ORDER BY waiting DESC, grants DESC, key), '[]')
+     FROM (SELECT key, waiting, @F@.recent(grants, minute, grants_before, now_ms) AS grants
+           FROM @T@.fair_keys WHERE semaphore = m.id
+           ORDER BY waiting DESC, grants DESC, key LIMIT fair_top) x));
 END $$;

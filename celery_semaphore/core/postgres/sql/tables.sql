@@ -29,6 +29,15 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   override_burst integer,
   tat bigint,
   rate_pause_ms bigint,
+  -- Fair share: the head the last fair ticket started from, how many keys joined the
+  -- rotation (their ties), the least urgent priority seen, the fair grants this minute
+  -- and the minute before (for status). fair_joins is written by count_fair() only.
+  fair_clock bigint,
+  fair_joins bigint NOT NULL DEFAULT 0,
+  fair_low integer,
+  fair_grants integer NOT NULL DEFAULT 0,
+  fair_minute bigint NOT NULL DEFAULT 0,
+  fair_grants_before integer NOT NULL DEFAULT 0,
   -- Permits released or reclaimed so far; the moving average of hold times (ms).
   released bigint NOT NULL DEFAULT 0,
   hold_ms bigint,
@@ -70,12 +79,30 @@ CREATE TABLE IF NOT EXISTS @T@.waiters (
   ask text NOT NULL DEFAULT '',
   permits integer NOT NULL DEFAULT 1,
   grants integer NOT NULL DEFAULT 1,
+  -- Its fair key, if its ask has one (counted in fair_keys by a trigger of the functions).
+  fair_key text COLLATE "C",
   -- Waiting in place for a permit of this lease (ms); NULL: it asks again itself.
   in_place_ms bigint,
   PRIMARY KEY (semaphore, holder)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_line ON @T@.waiters (semaphore, ticket, holder);
 CREATE INDEX IF NOT EXISTS waiters_by_expiry ON @T@.waiters (semaphore, expires_ms);
+
+-- A fair key's record while it has waiters (model.order.FairKey): where its next
+-- waiter starts, and its next urgent one; its waiters; its grants this minute and the
+-- one before; its tie (the order in which keys joined the rotation).
+CREATE TABLE IF NOT EXISTS @T@.fair_keys (
+  semaphore bigint NOT NULL REFERENCES @T@.semaphores ON DELETE CASCADE,
+  key text COLLATE "C" NOT NULL,
+  tail bigint NOT NULL DEFAULT 0,
+  urgent_tail bigint NOT NULL DEFAULT 0,
+  waiting integer NOT NULL DEFAULT 0,
+  grants integer NOT NULL DEFAULT 0,
+  minute bigint NOT NULL DEFAULT 0,
+  grants_before integer NOT NULL DEFAULT 0,
+  tie integer NOT NULL DEFAULT 0,
+  PRIMARY KEY (semaphore, key)
+);
 
 -- Tasks published with a place that have not reached a worker yet.
 CREATE TABLE IF NOT EXISTS @T@.sent (
