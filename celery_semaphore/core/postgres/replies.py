@@ -59,7 +59,7 @@ def status(reply: list[Any]) -> Status:
                 info,
                 None if ask is None else asked_from_text(ask),
                 state,
-            )  # fmt: skip
+            )
             for holder, ticket, since, expires, info, state, ask in waiters
         ],
         parked_count=0,
