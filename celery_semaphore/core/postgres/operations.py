@@ -23,23 +23,25 @@ from celery_semaphore.core.results import Persistence, SemaphoreCounts
 
 #: The database's clock in ms, as the functions read it (``now_us()``).
 NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-#: A semaphore still there: used within its idle time.
-LIVE = "m.namespace = %s AND now.ms - m.used_ms <= m.idle_ms"
+#: A semaphore of the namespace still there: used within its idle time.
+LIVE_IN = "m.namespace = %s AND now.ms - m.used_ms <= m.idle_ms"
 SEMAPHORES = f"{TABLES}.semaphores m, (SELECT {NOW_MS} AS ms) now"
 SENT_HORIZON_MS = int(SENT_HORIZON * 1000)
 
-NAMES = f"SELECT coalesce(jsonb_agg(m.name ORDER BY m.name), '[]') FROM {SEMAPHORES} WHERE {LIVE}"
+NAMES = (
+    f"SELECT coalesce(jsonb_agg(m.name ORDER BY m.name), '[]') FROM {SEMAPHORES} WHERE {LIVE_IN}"
+)
 RECORDED_LIMIT = (
     f"SELECT jsonb_build_array(m.recorded_limit, m.override) FROM {SEMAPHORES} "
-    f"WHERE {LIVE} AND m.name = %s"
+    f"WHERE {LIVE_IN} AND m.name = %s"
 )
 RECORDED_RATE = (
     f"SELECT jsonb_build_array(m.rate_interval_us, m.rate_burst) FROM {SEMAPHORES} "
-    f"WHERE {LIVE} AND m.name = %s"
+    f"WHERE {LIVE_IN} AND m.name = %s"
 )
 FAMILIES = (
     f"SELECT coalesce(jsonb_object_agg(m.name, m.family), '{{}}') FROM {SEMAPHORES} "
-    f"WHERE {LIVE} AND m.name = ANY(%s::text[])"
+    f"WHERE {LIVE_IN} AND m.name = ANY(%s::text[])"
 )
 #: [now ms, [[name, recorded limit, override, draining, family, expired, lost noted,
 #: permits held, waiters, sent, rate interval µs, burst, paused until ms]...]]: tasks
@@ -59,7 +61,7 @@ SELECT jsonb_build_array(now.ms, coalesce(jsonb_agg(jsonb_build_array(
 )) FILTER (WHERE m.id IS NOT NULL), '[]'))
 FROM (SELECT {NOW_MS} AS ms) now
 LEFT JOIN {TABLES}.semaphores m
-  ON m.namespace = %s AND now.ms - m.used_ms <= m.idle_ms AND m.name = ANY(%s::text[])
+  ON {LIVE_IN} AND m.name = ANY(%s::text[])
   AND m.recorded_limit IS NOT NULL
 GROUP BY now.ms
 """

@@ -1,11 +1,11 @@
 """What a semaphore may ask of the PostgreSQL store today, and the error for the rest.
 
 The store does the semantics of the reference model for: limits, rates (GCRA), shadow
-limits,
-FIFO tickets, priority, weights, leases on the database's clock, fencing tokens, waiting in place
-(LISTEN/NOTIFY), places taken at publish, drain and the runtime override, status. The
-rest is refused by name, before anything is written, so a semaphore never runs with
-half its settings: `NotOnThisStore`, which the conformance suite reports as a skip.
+limits, fair share, FIFO tickets, priority, weights, several semaphores in one step,
+leases on the database's clock, fencing tokens, waiting in place (LISTEN/NOTIFY),
+places taken at publish, drain and the runtime override, status. The rest (parking
+and hand-over) is refused by name when the semaphore is made, so a semaphore never runs
+with half its settings: `NotOnThisStore`, which the conformance suite reports as a skip.
 """
 
 from __future__ import annotations

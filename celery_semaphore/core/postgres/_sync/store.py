@@ -68,6 +68,7 @@ def _call(function: str, arguments: int) -> str:
 
 
 ACQUIRE = _call("acquire", 20)
+ACQUIRE_ALL = _call("acquire_all", 20)
 ENQUEUE = _call("enqueue", 17)
 RELEASE = _call("release", 7)
 RENEW = _call("renew", 5)
@@ -163,10 +164,51 @@ class PostgresStore:
     def acquire_all(
         self, specs: Sequence[SemaphoreSpec], request: AcquireAll
     ) -> tuple[list[Grant] | Places, list[list[Handover]]]:
-        raise support.refuse("several semaphores in one step (SemaphoreSet)")
+        for spec, ask in zip(specs, request.asks, strict=True):
+            support.check(spec, ask)
+        if request.came_by is not None:
+            raise support.refuse("a handed-over copy (handover=)")
+        asks, rates = request.asks, [rate_of(spec) for spec in specs]
+        reply = self._one(ACQUIRE_ALL, (
+            specs[0].namespace, [spec.name for spec in specs], request.holder,
+            request.ticket, request.hold_ms, request.info, [spec.limit for spec in specs],
+            list(request.lease_ms), list(request.wait_ms), [spec.idle_ms for spec in specs],
+            [spec.family for spec in specs], [spec.shadow_codes for spec in specs],
+            [ask.text for ask in asks], [ask.permits for ask in asks],
+            [ask.grants for ask in asks], [ask.priority for ask in asks],
+            [interval for interval, _ in rates], [burst for _, burst in rates],
+            [ask.fair_key for ask in asks], [ask.fair_weight for ask in asks],
+        ))  # fmt: skip
+        none: list[list[Handover]] = [[] for _ in specs]
+        if reply[0] == 1:
+            return [grant_of(replies.acquired(row)[0]) for row in reply[1]], none  # type: ignore[arg-type]
+        _, ticket, refused_by, rows = reply
+        places = []
+        for row in rows:
+            refused, now_ms, hold_ms = replies.acquired(row)
+            places.append(place_of(refused, now_ms, hold_ms=hold_ms))  # type: ignore[arg-type]
+        return Places(ticket, tuple(places), tuple(refused_by)), none
 
     def joint_problem(self, members: Sequence[tuple[Any, SemaphoreSpec]]) -> str | None:
-        return str(support.refuse("several semaphores in one step (SemaphoreSet)"))
+        """Why these semaphores cannot be taken in one call here, or None: they must be
+        in this database, in one namespace, with distinct names."""
+        first = members[0][1]
+        for store, spec in members[1:]:
+            if getattr(store, "target", None) != self.target:
+                return (
+                    f"semaphores must share one store (one PostgreSQL URL): {first.name!r} "
+                    f"is on {self.url}, {spec.name!r} on {store.url}"
+                )
+            if spec.namespace != first.namespace:
+                return (
+                    f"semaphores must share one namespace: {first.name!r} is in "
+                    f"{first.namespace!r}, {spec.name!r} in {spec.namespace!r}"
+                )
+        names = [spec.name for _, spec in members]
+        if len(set(names)) < len(names):
+            twice = sorted({name for name in names if names.count(name) > 1})
+            return f"semaphores must have distinct names; given twice: {', '.join(twice)}"
+        return None
 
     def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
         raise support.refuse("parking (park())")

@@ -6,8 +6,7 @@
 -- The rules are the reference model's (celery_semaphore/core/model/); each function
 -- names the model method it follows, and the conformance suite (tests/conformance/)
 -- drives this store and the model side by side, reply by reply. Not here yet (the
--- store refuses them by name, core/postgres/support.py): parking and hand-over,
--- several semaphores in one step.
+-- store refuses them by name, core/postgres/support.py): parking and hand-over.
 --
 -- A caller's rate comes as (interval µs, burst), NULLs for none; ``declares`` false:
 -- the caller declares nothing (the model's NOTHING), so the recorded rate counts.
@@ -438,47 +437,32 @@ BEGIN
   RETURN m;
 END $$;
 
--- Take a permit, or take or keep a place in line; never blocks (SemaphoreModel.attempt,
--- open_gate, judge, grant, refuse, finish_gate).
--- Granted: [1, token, expires ms, now ms, waited ms, shadow codes, shadow late ms].
--- Refused: [0, ticket (0: not queued), position, permits held, effective limit,
--- draining, earliest lease end ms (0: none), now ms, average hold ms (0: none), µs
--- until the rate's slot (NULL: no rate), end of a RateLimited pause ms (0: none)].
-CREATE FUNCTION @F@.acquire(
-  ns text, nm text, h text, declared integer, lease_ms bigint, waiter_ms bigint,
-  presented bigint, info_ text, idle bigint, in_place boolean, family_ text,
-  shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
-  rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer
-) RETURNS jsonb LANGUAGE plpgsql AS $$
+-- One semaphore's part in one acquire (the model's `Gate`: admit.lua's ``s``): the
+-- contender, what was reclaimed, its live permit, its place in line, the ticket it is
+-- weighed at, then the judgement (`judge`) and whether it left the line.
+CREATE TYPE @F@.gate AS (
+  holder text, reclaimed integer, held boolean, hold_permits integer, hold_acquired bigint,
+  in_line boolean, w_since bigint, w_ask text, w_key text, ticket bigint,
+  ahead integer, count_ integer, need_k integer, need_j integer, would text,
+  admitted boolean, room_grants bigint, room_next bigint, rate_interval bigint,
+  left_ boolean
+);
+-- A semaphore's row and its gate after a step, and the step's reply (if it has one).
+CREATE TYPE @F@.gated AS (m @T@.semaphores, g @F@.gate, reply jsonb);
+
+-- The start of an acquire (SemaphoreModel.open_gate): its task has reached a worker
+-- (no longer sent); run-out leases are reclaimed; the caller's limit, rate and shadow
+-- limits are recorded; its place is its own, or the ticket it presents if earlier.
+CREATE FUNCTION @F@.open_gate(
+  m @T@.semaphores, h text, presented bigint, declared integer, shadow_ text,
+  family_ text, rate_i bigint, rate_b integer, now_ms bigint
+) RETURNS @F@.gated LANGUAGE plpgsql AS $$
 DECLARE
-  now_us bigint := @F@.now_us();
-  now_ms bigint := now_us / 1000;
-  m @T@.semaphores;
+  g @F@.gate;
   r record;
   hold @T@.holders;
-  held boolean;
   w @T@.waiters;
-  in_line boolean;
-  place bigint;
-  p record;
-  weigh_at bigint;
-  ahead integer;
-  count_ integer;
-  free integer;
-  need_k integer;
-  need_j integer;
-  room record;
-  rate record;
-  by_limit boolean;
-  by_rate boolean;
-  would text := '';
-  late_ms bigint := 0;
-  token bigint;
-  waited bigint := 0;
-  earliest bigint;
-  result jsonb;
 BEGIN
-  m := @F@.open(ns, nm, idle, now_ms, true);
   DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
@@ -490,109 +474,331 @@ BEGIN
   IF family_ <> '' THEN
     m.family := family_;
   END IF;
+  g.holder := h;
+  g.reclaimed := r.gone + r.lapsed;
+  g.left_ := false;
   SELECT * INTO hold FROM @T@.holders WHERE semaphore = m.id AND holder = h;
-  held := FOUND;
+  g.held := FOUND;
+  g.hold_permits := hold.permits;
+  g.hold_acquired := hold.acquired_ms;
   SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
-  in_line := FOUND;
-  IF in_line THEN
-    place := w.ticket;
+  g.in_line := FOUND;
+  g.w_since := w.since_ms;
+  g.w_ask := w.ask;
+  g.w_key := w.fair_key;
+  g.ticket := w.ticket;
+  IF presented IS NOT NULL AND (g.ticket IS NULL OR presented < g.ticket) THEN
+    g.ticket := presented;
   END IF;
-  IF presented IS NOT NULL AND (place IS NULL OR presented < place) THEN
-    place := presented;
-  END IF;
-  -- A new contender is weighed where its new ticket would go.
-  SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
-  weigh_at := coalesce(place, p.ticket);
-  -- judge: FIFO with weights; the weights ahead are summed only while so many could
-  -- fit; the permits and the rate's grants must both fit.
-  SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < weigh_at;
-  count_ := @F@.permits_held(m.id);
-  free := CASE WHEN m.draining THEN 0 ELSE @F@.effective_limit(m, declared) - count_ END;
+  RETURN ROW(m, g, NULL)::@F@.gated;
+END $$;
+
+-- Whether the semaphore admits the contender weighed at ``weigh_at`` (SemaphoreModel.judge):
+-- a live holder always; else FIFO with weights (the weights ahead summed only while so
+-- many could fit), the permits and the rate's grants must both fit; nobody new while
+-- draining. A shadow limit that would refuse admits, and says so.
+CREATE FUNCTION @F@.judge(
+  m @T@.semaphores, g @F@.gate, weigh_at bigint, declared integer, shadow_ text,
+  want_k integer, want_j integer, rate_i bigint, rate_b integer, now_us bigint
+) RETURNS @F@.gate LANGUAGE plpgsql AS $$
+DECLARE
+  free integer;
+  room record;
+  rate record;
+  by_limit boolean;
+  by_rate boolean;
+BEGIN
+  SELECT count(*) INTO g.ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < weigh_at;
+  g.count_ := @F@.permits_held(m.id);
+  free := CASE WHEN m.draining THEN 0 ELSE @F@.effective_limit(m, declared) - g.count_ END;
   SELECT * INTO room FROM @F@.room(m, true, rate_i, rate_b, now_us);
   SELECT * INTO rate FROM @F@.effective_rate(m, true, rate_i, rate_b);
-  need_k := ahead;
-  need_j := ahead;
-  IF ahead > 0 AND ahead < greatest(free, coalesce(room.grants, 0)) THEN
-    SELECT sum(permits), sum(grants) INTO need_k, need_j FROM @T@.waiters
+  g.room_grants := room.grants;
+  g.room_next := room.next_us;
+  g.rate_interval := rate.interval_us;
+  g.need_k := g.ahead;
+  g.need_j := g.ahead;
+  IF g.ahead > 0 AND g.ahead < greatest(free, coalesce(room.grants, 0)) THEN
+    SELECT sum(permits), sum(grants) INTO g.need_k, g.need_j FROM @T@.waiters
       WHERE semaphore = m.id AND ticket < weigh_at;
   END IF;
-  need_k := need_k + want_k;
-  need_j := need_j + want_j;
-  by_limit := need_k <= free;
-  by_rate := room.grants IS NULL OR need_j <= room.grants;
-  -- A shadow limit that would refuse admits, and says so (not while draining).
-  IF NOT held AND NOT m.draining THEN
+  g.need_k := g.need_k + want_k;
+  g.need_j := g.need_j + want_j;
+  by_limit := g.need_k <= free;
+  by_rate := room.grants IS NULL OR g.need_j <= room.grants;
+  g.would := '';
+  IF NOT g.held AND NOT m.draining THEN
     IF NOT by_limit AND position('l' IN shadow_) > 0 THEN
       by_limit := true;
-      would := 'l';
+      g.would := 'l';
     END IF;
     IF NOT by_rate AND position('r' IN shadow_) > 0 THEN
       by_rate := true;
-      would := would || 'r';
+      g.would := g.would || 'r';
     END IF;
   END IF;
-  IF held OR (by_limit AND by_rate) THEN
-    token := @F@.seq_after(m.fence, now_us);
-    m.fence := token;
-    IF in_line THEN
-      m := @F@.count_fair_grant(m, w.fair_key, now_ms);
-      waited := now_ms - w.since_ms;
-      DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
-      PERFORM @F@.weigh(m.id, w.ask, w.fair_key, NULL, NULL);
-    END IF;
-    IF NOT held AND rate.interval_us IS NOT NULL THEN
-      m.tat := @F@.rate_tat(m.tat, rate.interval_us, now_us) + want_j * rate.interval_us;
-    END IF;
-    INSERT INTO @T@.holders (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
-      VALUES (m.id, h, token, CASE WHEN held THEN hold.acquired_ms ELSE now_ms END,
-              now_ms + lease_ms, CASE WHEN held THEN hold.permits ELSE want_k END, info_)
+  g.admitted := g.held OR (by_limit AND by_rate);
+  RETURN g;
+END $$;
+
+-- Grants the permit (SemaphoreModel.grant): a new fencing token every time, even to a
+-- live holder asking again (same permits, same first grant, no rate spent); a waiter
+-- leaves the line; the rate's schedule moves on by the grants it asked for.
+-- Reply: [1, token, expires ms, now ms, waited ms, shadow codes, shadow late ms].
+CREATE FUNCTION @F@.grant(
+  m @T@.semaphores, g @F@.gate, lease_ms bigint, info_ text, want_k integer,
+  want_j integer, now_us bigint
+) RETURNS @F@.gated LANGUAGE plpgsql AS $$
+DECLARE
+  now_ms bigint := now_us / 1000;
+  token bigint := @F@.seq_after(m.fence, now_us);
+  waited bigint := 0;
+  late_ms bigint := 0;
+BEGIN
+  m.fence := token;
+  IF g.in_line THEN
+    m := @F@.count_fair_grant(m, g.w_key, now_ms);
+    waited := now_ms - g.w_since;
+    DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = g.holder;
+    PERFORM @F@.weigh(m.id, g.w_ask, g.w_key, NULL, NULL);
+  END IF;
+  IF NOT g.held AND g.rate_interval IS NOT NULL THEN
+    m.tat := @F@.rate_tat(m.tat, g.rate_interval, now_us) + want_j * g.rate_interval;
+  END IF;
+  INSERT INTO @T@.holders (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
+    VALUES (m.id, g.holder, token, CASE WHEN g.held THEN g.hold_acquired ELSE now_ms END,
+            now_ms + lease_ms, CASE WHEN g.held THEN g.hold_permits ELSE want_k END, info_)
+    ON CONFLICT (semaphore, holder) DO UPDATE SET
+      token = excluded.token, acquired_ms = excluded.acquired_ms,
+      expires_ms = excluded.expires_ms, permits = excluded.permits, info = excluded.info;
+  IF position('l' IN g.would) > 0 THEN
+    m.shadow_limit_refusals := m.shadow_limit_refusals + 1;
+    m.shadow_peak := greatest(m.shadow_peak, g.count_ + coalesce(g.hold_permits, want_k));
+  END IF;
+  IF position('r' IN g.would) > 0 AND g.rate_interval IS NOT NULL THEN
+    late_ms := ceil(@F@.slot_in(g.room_grants, g.room_next, g.rate_interval, g.need_j)
+                    / 1000.0)::bigint;
+    m.shadow_rate_refusals := m.shadow_rate_refusals + 1;
+    m.shadow_wait_ms := m.shadow_wait_ms + late_ms;
+  END IF;
+  RETURN ROW(m, g, jsonb_build_array(1, token, now_ms + lease_ms, now_ms, waited, g.would,
+                                    late_ms))::@F@.gated;
+END $$;
+
+-- Not granted (SemaphoreModel.refuse): queueing (``waiter_ms`` > 0), it stands in line
+-- at ``place``, waiting in place for a permit of ``in_place_ms`` if given.
+-- Reply: [0, ticket (0: not queued), position, permits held, effective limit,
+-- draining, earliest lease end ms (0: none), now ms, average hold ms (0: none), µs
+-- until the rate's slot (NULL: no rate), end of a RateLimited pause ms (0: none)].
+CREATE FUNCTION @F@.refuse(
+  m @T@.semaphores, g @F@.gate, place bigint, waiter_ms bigint, in_place_ms bigint,
+  info_ text, ask_ text, want_k integer, want_j integer, fair_key_ text, declared integer,
+  now_us bigint
+) RETURNS @F@.gated LANGUAGE plpgsql AS $$
+DECLARE
+  now_ms bigint := now_us / 1000;
+  earliest bigint;
+BEGIN
+  IF waiter_ms > 0 AND place IS NOT NULL THEN
+    PERFORM @F@.weigh(m.id, CASE WHEN g.in_line THEN g.w_ask END, g.w_key, ask_, fair_key_);
+    INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info,
+                                  ask, permits, grants, fair_key, in_place_ms)
+      VALUES (m.id, g.holder, place, now_ms + waiter_ms, now_ms, info_, ask_, want_k,
+              want_j, fair_key_, in_place_ms)
       ON CONFLICT (semaphore, holder) DO UPDATE SET
-        token = excluded.token, acquired_ms = excluded.acquired_ms,
-        expires_ms = excluded.expires_ms, permits = excluded.permits, info = excluded.info;
-    IF position('l' IN would) > 0 THEN
-      m.shadow_limit_refusals := m.shadow_limit_refusals + 1;
-      m.shadow_peak := greatest(m.shadow_peak, count_ + want_k);
-    END IF;
-    IF position('r' IN would) > 0 AND rate.interval_us IS NOT NULL THEN
-      late_ms := ceil(@F@.slot_in(room.grants, room.next_us, rate.interval_us, need_j)
-                      / 1000.0)::bigint;
-      m.shadow_rate_refusals := m.shadow_rate_refusals + 1;
-      m.shadow_wait_ms := m.shadow_wait_ms + late_ms;
-    END IF;
-    result := jsonb_build_array(1, token, now_ms + lease_ms, now_ms, waited, would, late_ms);
+        ticket = excluded.ticket, expires_ms = excluded.expires_ms, info = excluded.info,
+        ask = excluded.ask, permits = excluded.permits, grants = excluded.grants,
+        fair_key = excluded.fair_key, in_place_ms = excluded.in_place_ms;
   ELSE
+    place := 0;
+  END IF;
+  SELECT min(expires_ms) INTO earliest FROM @T@.holders WHERE semaphore = m.id;
+  RETURN ROW(m, g, jsonb_build_array(0, place, g.ahead + 1, g.count_,
+    @F@.effective_limit(m, declared), m.draining, coalesce(earliest, 0), now_ms,
+    coalesce(m.hold_ms, 0),
+    CASE WHEN g.rate_interval IS NOT NULL
+      THEN @F@.slot_in(g.room_grants, g.room_next, g.rate_interval, g.need_j) END,
+    CASE WHEN g.rate_interval IS NOT NULL AND coalesce(m.rate_pause_ms, 0) > now_ms
+      THEN m.rate_pause_ms ELSE 0 END))::@F@.gated;
+END $$;
+
+-- Takes the contender out of this line (SemaphoreModel.leave_gate: a set's semaphore
+-- that would admit it while another refuses).
+CREATE FUNCTION @F@.leave_gate(m @T@.semaphores, g @F@.gate) RETURNS @F@.gate
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF g.in_line THEN
+    DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = g.holder;
+    PERFORM @F@.weigh(m.id, g.w_ask, g.w_key, NULL, NULL);
+    g.left_ := true;
+  END IF;
+  RETURN g;
+END $$;
+
+-- The end of an acquire (SemaphoreModel.finish_gate): what follows freed capacity, if it
+-- reclaimed anything or left a line.
+CREATE FUNCTION @F@.finish_gate(
+  m @T@.semaphores, g @F@.gate, declared integer, shadow_ text, rate_i bigint,
+  rate_b integer, now_us bigint
+) RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
+BEGIN
+  IF g.reclaimed > 0 OR g.left_ THEN
+    m := @F@.after_free(m, declared, shadow_, true, rate_i, rate_b, now_us);
+  END IF;
+  RETURN m;
+END $$;
+
+-- Take a permit, or take or keep a place in line; never blocks (SemaphoreModel.attempt).
+-- A new contender is weighed where its new ticket would go, and takes it only if
+-- refused while queueing. The reply: grant()'s or refuse()'s.
+CREATE FUNCTION @F@.acquire(
+  ns text, nm text, h text, declared integer, lease_ms bigint, waiter_ms bigint,
+  presented bigint, info_ text, idle bigint, in_place boolean, family_ text,
+  shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
+  rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  g @F@.gate;
+  x @F@.gated;
+  p record;
+  place bigint;
+BEGIN
+  m := @F@.open(ns, nm, idle, now_ms, true);
+  x := @F@.open_gate(m, h, presented, declared, shadow_, family_, rate_i, rate_b, now_ms);
+  m := x.m;
+  g := x.g;
+  SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
+  g := @F@.judge(m, g, coalesce(g.ticket, p.ticket), declared, shadow_, want_k, want_j,
+                 rate_i, rate_b, now_us);
+  IF g.admitted THEN
+    x := @F@.grant(m, g, lease_ms, info_, want_k, want_j, now_us);
+  ELSE
+    place := g.ticket;
     IF waiter_ms > 0 AND place IS NULL THEN
-      SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
       m := @F@.take_ticket(m, fair_key_, p.seq, p.head, p.low, p.existed, p.tail,
                            p.urgent_tail, p.tie);
       place := p.ticket;
     END IF;
-    IF waiter_ms > 0 AND place IS NOT NULL THEN
-      PERFORM @F@.weigh(m.id, CASE WHEN in_line THEN w.ask END, w.fair_key, ask_, fair_key_);
-      INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info,
-                                    ask, permits, grants, fair_key, in_place_ms)
-        VALUES (m.id, h, place, now_ms + waiter_ms, now_ms, info_, ask_, want_k, want_j,
-                fair_key_, CASE WHEN in_place THEN lease_ms END)
-        ON CONFLICT (semaphore, holder) DO UPDATE SET
-          ticket = excluded.ticket, expires_ms = excluded.expires_ms, info = excluded.info,
-          ask = excluded.ask, permits = excluded.permits, grants = excluded.grants,
-          fair_key = excluded.fair_key, in_place_ms = excluded.in_place_ms;
-    ELSE
-      place := 0;
-    END IF;
-    SELECT min(expires_ms) INTO earliest FROM @T@.holders WHERE semaphore = m.id;
-    result := jsonb_build_array(0, place, ahead + 1, count_, @F@.effective_limit(m, declared),
-      m.draining, coalesce(earliest, 0), now_ms, coalesce(m.hold_ms, 0),
-      CASE WHEN rate.interval_us IS NOT NULL
-        THEN @F@.slot_in(room.grants, room.next_us, rate.interval_us, need_j) END,
-      CASE WHEN rate.interval_us IS NOT NULL AND coalesce(m.rate_pause_ms, 0) > now_ms
-        THEN m.rate_pause_ms ELSE 0 END);
+    x := @F@.refuse(m, g, place, waiter_ms, CASE WHEN in_place THEN lease_ms END, info_,
+                    ask_, want_k, want_j, fair_key_, declared, now_us);
   END IF;
-  IF r.gone + r.lapsed > 0 THEN
-    m := @F@.after_free(m, declared, shadow_, true, rate_i, rate_b, now_us);
-  END IF;
+  m := @F@.finish_gate(x.m, g, declared, shadow_, rate_i, rate_b, now_us);
   PERFORM @F@.save(m, now_ms, idle);
-  RETURN result;
+  RETURN x.reply;
+END $$;
+
+-- A permit of every semaphore of ``names`` at once, or none (model.joint.acquire_all):
+-- each weighed as a lone attempt weighs it; all grant, or none does. Refused, it stands
+-- in line with ONE ticket in every semaphore that refused it, and, for ``hold_ms``,
+-- in those that would have admitted it. The rows are locked in name order first, so
+-- two sets sharing semaphores never wait for each other in a circle.
+-- [1, [grant()'s reply per semaphore]] or [0, ticket, [indexes (0-based) that
+-- refused], [refuse()'s reply per semaphore]].
+CREATE FUNCTION @F@.acquire_all(
+  ns text, names text[], h text, presented bigint, hold_ms bigint, info_ text,
+  declared integer[], lease_ms bigint[], waiter_ms bigint[], idle bigint[],
+  families text[], shadows text[], asks text[], want_k integer[], want_j integer[],
+  priorities integer[], rate_i bigint[], rate_b integer[], fair_keys text[],
+  fair_weights integer[]
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  n integer := cardinality(names);
+  ms @T@.semaphores[];
+  gs @F@.gate[];
+  m @T@.semaphores;
+  g @F@.gate;
+  x @F@.gated;
+  p record;
+  fair integer;
+  taken bigint;
+  seq bigint := 0;
+  placed bigint;
+  admitted boolean := true;
+  lease bigint;
+  rows jsonb := '[]';
+  refused_by jsonb := '[]';
+  k integer;
+BEGIN
+  FOR k IN SELECT u.i FROM unnest(names) WITH ORDINALITY AS u(name, i) ORDER BY u.name LOOP
+    PERFORM @F@.open(ns, names[k], idle[k], now_ms, true);
+  END LOOP;
+  FOR i IN 1 .. n LOOP
+    m := @F@.open(ns, names[i], idle[i], now_ms, true);
+    x := @F@.open_gate(m, h, presented, declared[i], shadows[i], families[i], rate_i[i],
+                       rate_b[i], now_ms);
+    ms[i] := x.m;
+    gs[i] := x.g;
+    IF fair IS NULL AND fair_keys[i] IS NOT NULL THEN
+      fair := i;
+    END IF;
+    seq := greatest(seq, @F@.seq_after((x.m).ticket, now_us));
+  END LOOP;
+  -- The one ticket (model.joint.one_ticket): the fair semaphore's place, else the
+  -- smallest of its places and the one presented.
+  IF fair IS NOT NULL THEN
+    taken := (gs[fair]).ticket;
+  ELSE
+    SELECT min((gate).ticket) INTO taken FROM unnest(gs) AS gate;
+  END IF;
+  placed := taken;
+  IF placed IS NULL AND fair IS NOT NULL THEN
+    SELECT * INTO p FROM @F@.place(ms[fair], priorities[fair], fair_keys[fair],
+                                   fair_weights[fair], now_us);
+    placed := p.ticket;
+  ELSIF placed IS NULL THEN
+    placed := seq - priorities[1] * 1099511627776;
+  END IF;
+  FOR i IN 1 .. n LOOP
+    gs[i] := @F@.judge(ms[i], gs[i], placed, declared[i], shadows[i], want_k[i], want_j[i],
+                       rate_i[i], rate_b[i], now_us);
+    admitted := admitted AND (gs[i]).admitted;
+  END LOOP;
+  IF NOT admitted AND taken IS NULL AND EXISTS (SELECT 1 FROM unnest(waiter_ms) w WHERE w > 0)
+  THEN
+    FOR i IN 1 .. n LOOP
+      m := ms[i];
+      IF i = fair THEN
+        SELECT * INTO p FROM @F@.place(m, priorities[i], fair_keys[i], fair_weights[i], now_us);
+        m := @F@.take_ticket(m, fair_keys[i], p.seq, p.head, p.low, p.existed, p.tail,
+                             p.urgent_tail, p.tie);
+      ELSE
+        m.ticket := seq;
+      END IF;
+      ms[i] := m;
+    END LOOP;
+    taken := placed;
+  END IF;
+  FOR i IN 1 .. n LOOP
+    m := ms[i];
+    g := gs[i];
+    IF admitted THEN
+      x := @F@.grant(m, g, lease_ms[i], info_, want_k[i], want_j[i], now_us);
+    ELSE
+      lease := waiter_ms[i];
+      IF g.admitted THEN
+        lease := CASE WHEN waiter_ms[i] > 0 AND NOT g.held THEN hold_ms ELSE 0 END;
+        IF lease = 0 THEN
+          g := @F@.leave_gate(m, g);
+        END IF;
+      ELSE
+        refused_by := refused_by || to_jsonb(i - 1);
+      END IF;
+      x := @F@.refuse(m, g, taken, lease, NULL, info_, asks[i], want_k[i], want_j[i],
+                      fair_keys[i], declared[i], now_us);
+    END IF;
+    rows := rows || jsonb_build_array(x.reply);
+    m := @F@.finish_gate(x.m, g, declared[i], shadows[i], rate_i[i], rate_b[i], now_us);
+    PERFORM @F@.save(m, now_ms, idle[i]);
+  END LOOP;
+  IF admitted THEN
+    RETURN jsonb_build_array(1, rows);
+  END IF;
+  RETURN jsonb_build_array(0, coalesce(taken, 0), refused_by, rows);
 END $$;
 
 -- Take a place in line without asking for a permit (places.take_place), counted as
