@@ -1,9 +1,14 @@
 """Settings: every ``semaphore_*`` Celery setting, read once per app into a typed object.
 
-- ``semaphore_redis_url``: where the semaphores live. Default: the broker URL
-  if it is Redis; with any other broker it must be set (workers refuse to start,
-  and limited tasks to be published or run, without it: `check_shared_redis()`).
-- ``semaphore_namespace`` (``"celery_semaphore"``): key prefix in Redis.
+- ``semaphore_url``: where the semaphores live: a Redis URL (``redis://``,
+  ``rediss://``, ``unix://``), ``postgresql://...`` (`celery_semaphore.core.postgres`)
+  or ``memory://`` (one process, for tests). Default: the broker URL if it is Redis;
+  with any other broker it must be set (workers refuse to start, and limited tasks
+  to be published or run, without it: `check_shared_redis()`).
+- ``semaphore_redis_url``: its older name, read the same way; if both are set they
+  must be the same URL (`store_url()`).
+- ``semaphore_namespace`` (``"celery_semaphore"``): key prefix in Redis (a column
+  of the semaphores' table on PostgreSQL).
 - ``semaphore_lease_timeout`` (60 s): lease of a permit; the worker renews it.
 - ``semaphore_heartbeat_interval`` (lease / 4): how often the worker renews.
 - ``semaphore_backoff_base`` (0.5 s) and ``semaphore_backoff_max`` (60 s):
@@ -47,7 +52,7 @@
   key function's family as its own series, instead of one series per family.
 
 A `LimitedTask` takes the same names as decorator
-options to override them per task (all but the app-wide Redis URL, namespace,
+options to override them per task (all but the app-wide store URL, namespace,
 queue limits and rates, events and per-key metrics), next to its own limits
 (``semaphore``, ``limit``, ``rate`` or ``limits``: `celery_semaphore.limits`).
 """
@@ -62,6 +67,7 @@ from typing import Any
 
 from .core import validation
 from .core.rates import RateLimit, parse_rate
+from .core.urls import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +77,9 @@ PREFIX = "semaphore_"
 APP_WIDE = frozenset(
     {"redis_url", "namespace", "queue_limits", "queue_rates", "send_events", "metrics_per_key"}
 )
+#: The settings that name the store, without the prefix: the neutral name, then the
+#: older one (read into `SemaphoreConfig.redis_url`).
+URL_SETTINGS = ("url", "redis_url")
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: A few hand-overs through the broker: how far ahead of its turn a parked task is
 #: handed over, and the longest wait in place in a worker whose other pool
@@ -95,6 +104,7 @@ class SemaphoreConfig:
     """The ``semaphore_*`` settings of an app (or of one task: the app's with the
     task's options), validated: each field is a setting without its prefix."""
 
+    #: The store's URL: ``semaphore_url`` or ``semaphore_redis_url`` (`store_url()`).
     redis_url: str = "redis://localhost:6379/0"
     namespace: str = "celery_semaphore"
     lease_timeout: float = 60.0
@@ -221,25 +231,58 @@ def without_retired(settings: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in settings.items() if name not in RETIRED}
 
 
+def spelled(app: Any, setting: str) -> str:
+    """Setting ``semaphore_<setting>`` as ``app`` spells its settings: under a settings
+    namespace (Django's ``config_from_object(..., namespace="CELERY")``),
+    ``CELERY_SEMAPHORE_<SETTING>``."""
+    name = PREFIX + setting
+    namespace = getattr(app, "namespace", None)
+    if isinstance(namespace, str) and namespace:
+        return f"{namespace}_{name.upper()}"
+    return name
+
+
+def store_url(app: Any) -> Any:
+    """The store URL ``app`` sets: ``semaphore_url``, else ``semaphore_redis_url``
+    (None: neither). ValueError if both are set to different URLs, naming both (the
+    passwords masked): either could be the one meant."""
+    url, redis_url = (app.conf.get(PREFIX + setting) for setting in URL_SETTINGS)
+    if url is not None and redis_url is not None and url != redis_url:
+        neutral, older = (spelled(app, setting) for setting in URL_SETTINGS)
+        raise ValueError(
+            f"Celery settings {neutral} ({_shown(url)}) and {older} ({_shown(redis_url)}) "
+            f"name different stores: set only {neutral} ({older} is its older name)"
+        )
+    return url if url is not None else redis_url
+
+
+def url_setting(app: Any) -> str:
+    """The name of the setting ``app``'s store URL comes from, as the app spells it:
+    ``semaphore_url`` if set, else ``semaphore_redis_url`` (set, or not: the default)."""
+    return spelled(app, "url" if app.conf.get(PREFIX + "url") is not None else "redis_url")
+
+
+def _shown(url: Any) -> str:
+    return repr(mask_url(url)) if isinstance(url, str) else repr(url)
+
+
 def check_shared_redis(app: Any) -> None:
     """The rule, for workers (at start) and publishers (at a limited task's first
     publish, through `task_config()`): a broker that is not a Redis URL and no
-    ``semaphore_redis_url`` would make each machine count on its own
-    ``redis://localhost:6379/0`` (whatever Redis happens to listen there): a
+    ``semaphore_url`` (nor ``semaphore_redis_url``) would make each machine count on
+    its own ``redis://localhost:6379/0`` (whatever Redis happens to listen there): a
     per-machine cap that looks cluster-wide. ValueError: say so, and what to set."""
-    if app.conf.get(PREFIX + "redis_url") is not None or _is_redis_url(app.conf.broker_url):
+    if store_url(app) is not None or _is_redis_url(app.conf.broker_url):
         return
     broker = app.conf.broker_url or ""
     scheme = broker.split("://", 1)[0] + "://" if "://" in str(broker) else repr(broker)
-    setting = PREFIX + "redis_url"
-    namespace = getattr(app, "namespace", None)
-    if isinstance(namespace, str) and namespace:  # Django: CELERY_SEMAPHORE_REDIS_URL
-        setting = f"{namespace}_{setting.upper()}"
+    setting, neutral = spelled(app, "redis_url"), spelled(app, "url")
     raise ValueError(
         f"Celery setting {setting} is not set and the broker ({scheme}) is not a "
         f"Redis URL the semaphores can share: each worker and publisher would use "
-        f"{DEFAULT_REDIS_URL} on its own machine, a per-machine cap. Set {setting} to the "
-        "Redis every worker and publisher reaches (for example redis://redis.internal:6379/0)"
+        f"{DEFAULT_REDIS_URL} on its own machine, a per-machine cap. Set {neutral} (or "
+        f"{setting}) to the store every worker and publisher reaches (for example "
+        "redis://redis.internal:6379/0 or postgresql://user:password@db.internal/app)"
     )
 
 
@@ -248,9 +291,10 @@ def _is_redis_url(broker: Any) -> bool:
 
 
 def default_redis_url(app: Any) -> str:
-    """``semaphore_redis_url`` when it is not set: the broker's URL if it is Redis (the
-    first of a ``;``-separated list), else `DEFAULT_REDIS_URL`, which only a process
-    that touches no limited task may use (`check_shared_redis()`)."""
+    """The store URL when neither ``semaphore_url`` nor ``semaphore_redis_url`` is set:
+    the broker's URL if it is Redis (the first of a ``;``-separated list), else
+    `DEFAULT_REDIS_URL`, which only a process that touches no limited task may use
+    (`check_shared_redis()`)."""
     broker = app.conf.broker_url
     return broker.split(";")[0] if _is_redis_url(broker) else DEFAULT_REDIS_URL
 
@@ -288,7 +332,7 @@ def _check_names(app: Any) -> None:
     """A misspelt setting would otherwise be ignored without a word: ``semaphore_*``
     keys, and under a settings namespace (Django's ``config_from_object(...,
     namespace="CELERY")``) ``CELERY_SEMAPHORE_*`` ones too."""
-    names = [PREFIX + f.name for f in fields(SemaphoreConfig)]
+    names = [PREFIX + "url", *(PREFIX + f.name for f in fields(SemaphoreConfig))]
     spellings = [(PREFIX, names)]
     namespace = getattr(app, "namespace", None)
     if isinstance(namespace, str) and namespace:
@@ -338,7 +382,8 @@ def get_config(app: Any) -> SemaphoreConfig:
             value = app.conf.get(PREFIX + f.name)
             if value is not None:
                 values[f.name] = value
-        values.setdefault("redis_url", default_redis_url(app))
+        url = store_url(app)
+        values["redis_url"] = default_redis_url(app) if url is None else url
         try:
             config = SemaphoreConfig(**without_retired(values))
         except (TypeError, ValueError) as error:

@@ -8,7 +8,8 @@ stderr and exit status 1, and a bad value is worded one way for every argument.
 The modules, one concern each:
 
 - `celery_semaphore.cli.show`: the commands that look (``status``, ``holders``,
-  ``waiters``); `celery_semaphore.cli.steer`: those that change a semaphore.
+  ``waiters``); `celery_semaphore.cli.steer`: those that change a semaphore;
+  `celery_semaphore.cli.migrate`: installing the PostgreSQL store's SQL (``migrate``).
 - `celery_semaphore.cli.operator`: `Operator`, the app's semaphores as the
   commands see them (in Redis and declared by the app, by name or family); it
   reads and steers them only through `celery_semaphore.core`.
@@ -27,6 +28,7 @@ from celery.bin.worker import worker as celery_worker_command
 from celery_semaphore.worker.bootstep import add_worker_options
 
 from .errors import SemaphoreGroup
+from .migrate import migrate
 from .operator import Operator
 from .show import holders, status, waiters
 from .steer import drain, release, reset_limit, reset_rate, resume, set_limit, set_rate
@@ -43,11 +45,13 @@ add_worker_options(celery_worker_command)
     commands=[
         *(status, holders, waiters),
         *(set_limit, reset_limit, set_rate, reset_rate, drain, resume, release),
+        migrate,
     ],
 )
 @click.pass_context
 def semaphore(ctx: click.Context) -> None:
-    """See and steer celery-semaphore's semaphores.
+    """See and steer celery-semaphore's semaphores (and install the PostgreSQL
+    store's SQL: migrate).
 
     NAME is a semaphore's name as its tasks declare it (semaphore=...), or
     queue:<queue> for a queue cap; status, holders and waiters also take a

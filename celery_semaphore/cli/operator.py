@@ -16,6 +16,7 @@ from celery_semaphore.config import get_config
 from celery_semaphore.core import Semaphore
 from celery_semaphore.core.errors import UnknownSemaphore
 from celery_semaphore.core.operations import open_semaphore, operated_store
+from celery_semaphore.core.postgres.connection import is_postgres_url
 from celery_semaphore.core.protocol import PAUSE_MARGIN
 from celery_semaphore.core.rates import RateLimit
 from celery_semaphore.durability import Where
@@ -46,6 +47,8 @@ class Operator:
         self.queue_rates = dict(config.queue_rates)
         self.store = operated_store(config.redis_url)
         self.url = self.store.url
+        #: Where the semaphores live, in messages.
+        self.kind = "PostgreSQL" if is_postgres_url(config.redis_url) else "Redis"
         # A command that notices a loss of Redis's data pauses admissions as the
         # app's workers would (see celery_semaphore.core.redis.epochs).
         self.pause_after_loss = config.renew_every + PAUSE_MARGIN
@@ -200,10 +203,10 @@ class Operator:
         hint = (
             f"did you mean {' or '.join(repr(c) for c in close)}?"
             if close
-            else f"`{self.prog} status` lists those in Redis; check semaphore_namespace"
+            else f"`{self.prog} status` lists those in {self.kind}; check semaphore_namespace"
         )
         return (
-            f"no semaphore named {name!r} in Redis (namespace {self.namespace!r}; never "
+            f"no semaphore named {name!r} in {self.kind} (namespace {self.namespace!r}; never "
             f"used, or expired while idle), nor declared by this app; {hint}"
         )
 

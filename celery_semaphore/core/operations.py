@@ -1,8 +1,9 @@
 """What the Celery side, the CLI and the metrics ask of a store beyond one semaphore's
 operations: `OperatedStore`, a synchronous `Store` with an operators' side. The Redis
-store has it (`celery_semaphore.core.redis.operations`), and the memory store
-(`celery_semaphore.core.memory.operations`: an app's tests with no server, its worker in
-a thread of the test process). `operated_store()` makes one from a URL.
+store has it (`celery_semaphore.core.redis.operations`), the PostgreSQL store
+(`celery_semaphore.core.postgres.operations`: nothing parked there yet), and the memory
+store (`celery_semaphore.core.memory.operations`: an app's tests with no server, its
+worker in a thread of the test process). `operated_store()` makes one from a URL.
 """
 
 from __future__ import annotations
@@ -107,19 +108,30 @@ def operated_store(
 ) -> OperatedStore:
     """The store ``where`` names (a URL, a redis-py client, or an operated store), with
     its operators' side. A store made from a URL owns its client (`close()` closes it);
-    ``url``: what a client passed in was made from. ``quick_timeout`` (with a URL): a
-    client that gives up within that many seconds, for callers that must never stall
-    (publishing)."""
+    ``url``: what a client passed in was made from. ``quick_timeout`` (with a Redis
+    URL): a client that gives up within that many seconds, for callers that must never
+    stall (publishing); a PostgreSQL store connects as its URL says (libpq's
+    ``connect_timeout``)."""
     from celery_semaphore.core.memory._sync.store import MemoryStore  # noqa: PLC0415
+    from celery_semaphore.core.postgres._sync.store import PostgresStore  # noqa: PLC0415
+    from celery_semaphore.core.postgres.connection import is_postgres_url  # noqa: PLC0415
+    from celery_semaphore.core.postgres.operations import PostgresOperatedStore  # noqa: PLC0415
     from celery_semaphore.core.redis._sync.store import RedisStore  # noqa: PLC0415
     from celery_semaphore.core.redis.connection import connect_quick  # noqa: PLC0415
     from celery_semaphore.core.redis.server import UNREACHABLE  # noqa: PLC0415
     from celery_semaphore.core.stores import MEMORY  # noqa: PLC0415
 
-    if isinstance(where, RedisStore | MemoryStore):
+    if isinstance(where, RedisStore | MemoryStore | PostgresOperatedStore):
         return where
+    if isinstance(where, PostgresStore):
+        raise TypeError(
+            f"{where!r} has no operators' side: pass its URL, or a PostgresOperatedStore "
+            "(celery_semaphore.core.postgres.operations)"
+        )
     if isinstance(where, str) and where.startswith(MEMORY):
         return MemoryStore(where)
+    if is_postgres_url(where):
+        return PostgresOperatedStore(where)
     try:
         if isinstance(where, str) and quick_timeout is not None:
             return RedisStore(connect_quick(where, quick_timeout), where, owns_client=True)

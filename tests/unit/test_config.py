@@ -145,7 +145,7 @@ def test_a_misspelt_setting_is_an_error_with_a_suggestion(
     with pytest.raises(ValueError, match=f"^unknown Celery setting {setting}; ") as info:
         get_config(app)
     assert f"did you mean {suggestion}? " in str(info.value)
-    assert "known: semaphore_redis_url, semaphore_namespace," in str(info.value)
+    assert "known: semaphore_url, semaphore_redis_url, semaphore_namespace," in str(info.value)
 
 
 def test_an_unknown_setting_without_a_close_match_lists_the_known_ones(make_app: MakeApp) -> None:
@@ -412,7 +412,9 @@ def test_a_missing_redis_url_is_named_as_the_app_spells_its_settings() -> None:
         check_shared_redis(plain)
     django = Celery("django", set_as_current=False)
     django.config_from_object({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, namespace="CELERY")
-    with pytest.raises(ValueError, match=r"Set CELERY_SEMAPHORE_REDIS_URL to the Redis"):
+    with pytest.raises(
+        ValueError, match=r"Set CELERY_SEMAPHORE_URL \(or CELERY_SEMAPHORE_REDIS_URL\) to the store"
+    ):
         check_shared_redis(django)
     django.config_from_object(
         {"CELERY_BROKER_URL": "amqp://", "CELERY_SEMAPHORE_REDIS_URL": "redis://r:6379/0"},

@@ -5,5 +5,6 @@ LISTEN/NOTIFY. Needs psycopg 3 (``pip install celery-semaphore[postgres]``).
 - ``sql/``: the tables and the functions; `schema`: their version, installing them;
 - `connection`: URLs, connecting, errors; `support`: what is not done here yet;
 - `replies`: the functions' replies read as the model's; ``_async/store.py`` (the
-  source of ``_sync/store.py``): the `Store` itself.
+  source of ``_sync/store.py``): the `Store` itself; `operations`: its operators' side
+  (the CLI, the metrics).
 """
