@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .core.errors import SemaphoreConnectionError
+from .core.postgres.connection import is_postgres_url
 from .core.results import Persistence
 from .core.urls import mask_url
 
@@ -99,6 +100,13 @@ def is_the_brokers_server(app: Any, redis_url: str) -> bool:
     return server is not None and bool(urls) and all(server_of(url) == server for url in urls)
 
 
+def store_parks(url: str) -> bool:
+    """Whether the store at ``url`` keeps parked tasks' places: not the PostgreSQL
+    store yet (`celery_semaphore.core.postgres.support`), where waiting tasks wait in
+    place or as countdown retries."""
+    return not is_postgres_url(url)
+
+
 class ParkingSafety:
     """What a process knows of the Redis its app's tasks would park in: each URL's
     persistence (re-read every ``recheck`` s) and the URLs already warned about.
@@ -136,7 +144,9 @@ class ParkingSafety:
     def in_broker(self, app: Any, config: SemaphoreConfig) -> bool:
         """Whether tasks with settings ``config`` park in the broker's parking queues:
         on RabbitMQ, and on a Redis broker that is not ``config.redis_url``'s server
-        (asks nothing of either server)."""
+        (asks nothing of either server); never with a store that does not park."""
+        if not store_parks(config.redis_url):
+            return False
         driver = self.broker_driver(app)
         return driver == "amqp" or (
             driver == "redis" and not self._is_the_brokers(app, config.redis_url)
@@ -147,7 +157,10 @@ class ParkingSafety:
         Redis broker that is not ``config.redis_url``'s server), in
         ``config.redis_url`` (its server is the broker's, or ``store``'s
         ``persistence()`` says it keeps every write), or nowhere
-        (None: it waits as a countdown retry; logs the WARNING once per URL)."""
+        (None: it waits as a countdown retry; logs the WARNING once per URL, except
+        for a store that does not park: PostgreSQL, for now)."""
+        if not store_parks(config.redis_url):
+            return None
         if self.in_broker(app, config):
             return Where.BROKER
         if self._is_the_brokers(app, config.redis_url):
