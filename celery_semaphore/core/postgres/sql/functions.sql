@@ -101,6 +101,9 @@ $$;
 -- The semaphore's row, locked for this transaction; made if it is not there. One idle
 -- past its idle time is dropped and made afresh (Backend.forget_idle: as Redis lets
 -- the keys of an unused semaphore expire). ``create`` false: NULL when there is none.
+-- Making one also drops up to 20 others idle past their time that nobody is using
+-- (SKIP LOCKED: a semaphore in use is never waited for), so names used once (a key
+-- function's) do not pile up.
 CREATE FUNCTION @F@.open(ns text, nm text, idle bigint, now_ms bigint, create_ boolean)
 RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
 DECLARE
@@ -120,6 +123,9 @@ BEGIN
       ON CONFLICT (namespace, name) DO NOTHING
       RETURNING * INTO m;
     IF FOUND THEN
+      DELETE FROM @T@.semaphores WHERE id IN (
+        SELECT id FROM @T@.semaphores WHERE used_ms + idle_ms < now_ms
+        LIMIT 20 FOR UPDATE SKIP LOCKED);
       RETURN m;
     END IF;
   END LOOP;

@@ -56,6 +56,9 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   UNIQUE (namespace, name)
 );
 
+-- When each semaphore goes idle: a new semaphore's first call drops a few that did.
+CREATE INDEX IF NOT EXISTS semaphores_by_idle_end ON @T@.semaphores ((used_ms + idle_ms));
+
 CREATE TABLE IF NOT EXISTS @T@.holders (
   semaphore bigint NOT NULL REFERENCES @T@.semaphores ON DELETE CASCADE,
   holder text COLLATE "C" NOT NULL,
