@@ -38,22 +38,31 @@ LANGUAGE sql IMMUTABLE AS $$
   SELECT coalesce(m.override, declared, m.recorded_limit, 0)
 $$;
 
-CREATE FUNCTION @F@.permits_held(sem bigint) RETURNS integer LANGUAGE sql STABLE AS $$
-  SELECT coalesce(sum(permits), 0)::integer FROM @T@.holders WHERE semaphore = sem
-$$;
+-- (Functions that read tables or write are PL/pgSQL, which keeps their plans for the
+-- session; a SQL-language function that cannot be inlined is planned at every call.)
+CREATE FUNCTION @F@.permits_held(sem bigint) RETURNS integer LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN (SELECT coalesce(sum(permits), 0)::integer FROM @T@.holders WHERE semaphore = sem);
+END $$;
 
 -- The rate in force (SemaphoreModel.effective_rate): the override if set, else the
 -- caller's if it declares one, else the recorded one. NULLs: no rate.
 CREATE FUNCTION @F@.effective_rate(
   m @T@.semaphores, declares boolean, di bigint, db integer,
   OUT interval_us bigint, OUT burst integer
-) LANGUAGE sql IMMUTABLE AS $$
-  SELECT
-    CASE WHEN m.override_interval_us IS NOT NULL THEN m.override_interval_us
-         WHEN declares THEN di ELSE m.rate_interval_us END,
-    CASE WHEN m.override_interval_us IS NOT NULL THEN m.override_burst
-         WHEN declares THEN db ELSE m.rate_burst END
-$$;
+) LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF m.override_interval_us IS NOT NULL THEN
+    interval_us := m.override_interval_us;
+    burst := m.override_burst;
+  ELSIF declares THEN
+    interval_us := di;
+    burst := db;
+  ELSE
+    interval_us := m.rate_interval_us;
+    burst := m.rate_burst;
+  END IF;
+END $$;
 
 -- GCRA's theoretical arrival time as the next grant sees it (rate.rate_tat): an older
 -- one than half an interval ago means the rate was idle, and it starts from now.
@@ -131,9 +140,12 @@ BEGIN
   END LOOP;
 END $$;
 
--- Writes back what an operation changed in the semaphore's row; it was used now.
+-- Writes back what an operation changed in the semaphore's row; it was used now
+-- (used_ms moves at most once a second, or a quarter of the idle time if shorter, so
+-- most writes leave the idle index alone and stay HOT updates).
 CREATE FUNCTION @F@.save(m @T@.semaphores, now_ms bigint, idle bigint) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
   UPDATE @T@.semaphores SET
     family = m.family, recorded_limit = m.recorded_limit, override = m.override,
     draining = m.draining, fence = m.fence, ticket = m.ticket,
@@ -147,9 +159,11 @@ LANGUAGE sql AS $$
     shadow_peak = m.shadow_peak, fair_clock = m.fair_clock, fair_low = m.fair_low,
     fair_grants = m.fair_grants, fair_minute = m.fair_minute,
     fair_grants_before = m.fair_grants_before,
-    used_ms = now_ms, idle_ms = greatest(coalesce(idle, m.idle_ms), 0)
-  WHERE id = m.id
-$$;
+    used_ms = CASE WHEN now_ms - m.used_ms >= least(1000, m.idle_ms / 4) THEN now_ms
+                   ELSE m.used_ms END,
+    idle_ms = greatest(coalesce(idle, m.idle_ms), 0)
+  WHERE id = m.id;
+END $$;
 
 -- Fair share (model/order.py, SemaphoreModel.count_fair, put_fair, count_fair_grant) ----
 

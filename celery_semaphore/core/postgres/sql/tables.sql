@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   used_ms bigint NOT NULL,
   idle_ms bigint NOT NULL,
   UNIQUE (namespace, name)
-);
+) WITH (fillfactor = 50);  -- every call rewrites its row: room for HOT updates
 
 -- When each semaphore goes idle: a new semaphore's first call drops a few that did.
 CREATE INDEX IF NOT EXISTS semaphores_by_idle_end ON @T@.semaphores ((used_ms + idle_ms));
