@@ -3,17 +3,44 @@ masked), and what its errors become."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import unquote
 
 from celery_semaphore.core.errors import SemaphoreBackendError, SemaphoreConnectionError
 from celery_semaphore.core.urls import mask_url
 
 SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
 STORE = "PostgreSQL"
+#: The password in a URL's user-info as libpq reads it: up to the first "@" before any
+#: "/" ("?" and "#" are part of it, where `mask_url` stops).
+LIBPQ_PASSWORD = re.compile(r"^([a-z+]+://[^:@/]*:)([^@/]*)@", re.IGNORECASE)
+#: The same up to the last "@" before any "/", as a reader (and `mask_url`) sees it.
+PASSWORD_TO_LAST_AT = re.compile(r"^[a-z+]+://[^:@/]*:([^/]*)@", re.IGNORECASE)
+QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)", re.IGNORECASE)
 
 
 def is_postgres_url(where: Any) -> bool:
     return isinstance(where, str) and where.startswith(SCHEMES)
+
+
+def check_url(url: str) -> None:
+    """ValueError for a URL that libpq reads otherwise than it looks, and whose password
+    its errors would then show in part: libpq ends the user-info at the first "@" (the
+    rest of a password holding "@" becomes the host) and the host at the first "/" (a
+    password holding "/" becomes the port, and the rest the database)."""
+    rest = url.split("://", 1)[1]
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:
+        misread = "@" in authority.split("@", 1)[1].split("?", 1)[0]
+    else:
+        misread = "@" in rest.split("?", 1)[0]
+    if misread:
+        raise ValueError(
+            'a PostgreSQL URL must percent-encode "@" and "/" in its user name, password '
+            'and database name (urllib.parse.quote(password, safe="")): libpq would read '
+            "part of this one's password as the host, the port or the database"
+        )
 
 
 def conninfo(url: str) -> str:
@@ -49,7 +76,33 @@ def hint_for(error: BaseException) -> str | None:
 
 
 def connection_error(url: str, error: BaseException) -> SemaphoreConnectionError:
-    return SemaphoreConnectionError(url, _first_line(error), hint_for(error), STORE)
+    """The error for psycopg's ``error`` on ``url`` (as given or as shown): the URL's
+    password masked, and taken out of libpq's text, which echoes a URL it cannot parse
+    and a bad %-escape (``invalid percent-encoded token: "<password>"``)."""
+    cause = _hidden(_first_line(error), url)
+    return SemaphoreConnectionError(shown(url), cause, hint_for(error), STORE)
+
+
+def _passwords(url: str) -> set[str]:
+    """The password as written in ``url`` and decoded, whole and (if it holds "@") in
+    the parts libpq may take for a user, a password or a host."""
+    written = QUERY_PASSWORD.findall(url)
+    userinfo = PASSWORD_TO_LAST_AT.match(url)
+    if userinfo is not None:
+        written += [userinfo.group(1), *userinfo.group(1).split("@")]
+    return {form for secret in written for form in (secret, unquote(secret)) if form}
+
+
+def _hidden(text: str, url: str) -> str:
+    for password in sorted(_passwords(url), key=len, reverse=True):
+        text = text.replace(password, "***")
+    return text
+
+
+def _cause_to_show(error: BaseException, url: str) -> BaseException | None:
+    """``error`` to chain to ours, or None if its text shows the password (a traceback
+    prints the chained errors)."""
+    return error if _hidden(str(error), url) == str(error) else None
 
 
 def translate(error: BaseException, url: str) -> Exception:
@@ -67,7 +120,8 @@ def _first_line(error: BaseException) -> str:
 
 
 def shown(url: str) -> str:
-    return mask_url(url)
+    """``url`` with its password masked, where libpq or a reader sees it."""
+    return mask_url(LIBPQ_PASSWORD.sub(r"\1***@", url, count=1))
 
 
 def connect(url: str) -> Any:
@@ -77,7 +131,7 @@ def connect(url: str) -> Any:
     try:
         return psycopg.Connection.connect(conninfo(url), autocommit=True)
     except psycopg.Error as error:
-        raise connection_error(shown(url), error) from error
+        raise connection_error(url, error) from _cause_to_show(error, url)
 
 
 async def connect_async(url: str) -> Any:
@@ -86,4 +140,4 @@ async def connect_async(url: str) -> Any:
     try:
         return await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True)
     except psycopg.Error as error:
-        raise connection_error(shown(url), error) from error
+        raise connection_error(url, error) from _cause_to_show(error, url)

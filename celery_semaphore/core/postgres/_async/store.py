@@ -21,6 +21,7 @@ from celery_semaphore.core.errors import SemaphoreConnectionError
 from celery_semaphore.core.model.replies import Granted
 from celery_semaphore.core.postgres import replies, support
 from celery_semaphore.core.postgres.connection import (
+    check_url,
     connect_async,
     is_postgres_url,
     needs_psycopg,
@@ -96,6 +97,7 @@ class AsyncPostgresStore:
     def __init__(self, url: str) -> None:
         if not is_postgres_url(url):
             raise ValueError(f"a PostgreSQL URL starts with postgresql://, got {shown(url)!r}")
+        check_url(url)
         needs_psycopg()
         #: The URL as given (with its password: never shown; ``url`` is).
         self.target = url
@@ -117,6 +119,9 @@ class AsyncPostgresStore:
             connection = await connect_async(self.target)
             try:
                 await install_async(connection, self.url)
+            except needs_psycopg().Error as error:  # cut off, or a read-only standby
+                await connection.close()
+                raise translate(error, self.url) from error
             except BaseException:
                 await connection.close()
                 raise
@@ -212,7 +217,8 @@ class AsyncPostgresStore:
         raise support.refuse("parking (claim())")
 
     async def list_parked(self, spec: SemaphoreSpec) -> None:
-        raise support.refuse("parking (park())")
+        """Nothing to list: the call that would park (`park`, `enqueue`) refuses it,
+        by its own name."""
 
     async def enqueue(
         self, spec: SemaphoreSpec, request: Enqueue
@@ -309,7 +315,10 @@ class AsyncPostgresStore:
         return None
 
     async def unlisten(self, subscription: Any, *, keep: bool) -> None:
-        """Keep the connection for the next wait (after UNLISTEN), or close it."""
+        """Keep the connection for the next wait (after UNLISTEN), or close it. None:
+        `listen` failed (the database is away), nothing to close."""
+        if subscription is None:
+            return
         if keep and self._spare is None and not subscription.closed:
             try:
                 await subscription.execute("UNLISTEN *")

@@ -23,6 +23,7 @@ from celery_semaphore.core.errors import SemaphoreConnectionError
 from celery_semaphore.core.model.replies import Granted
 from celery_semaphore.core.postgres import replies, support
 from celery_semaphore.core.postgres.connection import (
+    check_url,
     connect,
     is_postgres_url,
     needs_psycopg,
@@ -98,6 +99,7 @@ class PostgresStore:
     def __init__(self, url: str) -> None:
         if not is_postgres_url(url):
             raise ValueError(f"a PostgreSQL URL starts with postgresql://, got {shown(url)!r}")
+        check_url(url)
         needs_psycopg()
         #: The URL as given (with its password: never shown; ``url`` is).
         self.target = url
@@ -119,6 +121,9 @@ class PostgresStore:
             connection = connect(self.target)
             try:
                 install(connection, self.url)
+            except needs_psycopg().Error as error:  # cut off, or a read-only standby
+                connection.close()
+                raise translate(error, self.url) from error
             except BaseException:
                 connection.close()
                 raise
@@ -214,7 +219,8 @@ class PostgresStore:
         raise support.refuse("parking (claim())")
 
     def list_parked(self, spec: SemaphoreSpec) -> None:
-        raise support.refuse("parking (park())")
+        """Nothing to list: the call that would park (`park`, `enqueue`) refuses it,
+        by its own name."""
 
     def enqueue(self, spec: SemaphoreSpec, request: Enqueue) -> tuple[Place, bool, list[Handover]]:
         ask = request.ask
@@ -307,7 +313,10 @@ class PostgresStore:
         return None
 
     def unlisten(self, subscription: Any, *, keep: bool) -> None:
-        """Keep the connection for the next wait (after UNLISTEN), or close it."""
+        """Keep the connection for the next wait (after UNLISTEN), or close it. None:
+        `listen` failed (the database is away), nothing to close."""
+        if subscription is None:
+            return
         if keep and self._spare is None and not subscription.closed:
             try:
                 subscription.execute("UNLISTEN *")
