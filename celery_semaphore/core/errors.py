@@ -100,16 +100,6 @@ class SemaphoreBackendError(SemaphoreError):
     """The store answered, but with an error the semaphore cannot work around."""
 
 
-class NotOnThisStore(SemaphoreBackendError, NotImplementedError):
-    """The semaphore asks for something its store does not do yet (PostgreSQL: see
-    ``celery_semaphore.core.postgres.support``)."""
-
-    def __init__(self, store: str, what: str, instead: str) -> None:
-        self.store = store
-        self.what = what
-        self._set(f"{what} is not supported on {store} yet: {instead}", store, what, instead)
-
-
 class SemaphoreKeyTypeError(SemaphoreBackendError):
     """A key the semaphore owns holds a value of the wrong Redis type."""
 

@@ -57,6 +57,9 @@ class Store(Protocol):
     def now_us(self) -> int:
         """The store's clock, in µs: the time its operations read."""
 
+    def close(self) -> None:
+        """Close its semaphores and connections (again: nothing)."""
+
 
 @dataclass
 class Bijection:

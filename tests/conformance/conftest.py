@@ -8,8 +8,6 @@ the replies' conversions). A new store (PostgreSQL) adds a parameter here that b
 its own `Store`; the tests do not change.
 
 The PostgreSQL store runs on a cluster of the session's own (``postgres_session_server``).
-What it does not do yet it refuses by name (`NotOnThisStore`): such a test is reported
-as skipped with that reason, so the list of what is missing is the skip list.
 """
 
 from __future__ import annotations
@@ -24,17 +22,7 @@ import redis
 from conformance_driver import Pair, Store
 
 from celery_semaphore import Semaphore
-from celery_semaphore.core.errors import NotOnThisStore
 from celery_semaphore.core.redis import functions, scripts
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
-    """A test that asks a store for what it does not do yet is skipped, with the reason."""
-    try:
-        return (yield)
-    except NotOnThisStore as error:
-        pytest.skip(str(error))
 
 
 class RedisStore:
@@ -100,9 +88,6 @@ class PostgresStore:
     clock_timestamp(), which the functions read."""
 
     name = "postgres"
-    #: What the store refuses today (`celery_semaphore.core.postgres.support`): the
-    #: state machine does not draw it.
-    not_yet = frozenset({"parking"})
 
     def __init__(self, url: str) -> None:
         import psycopg

@@ -35,7 +35,6 @@ from celery_semaphore import (
     SemaphoreConnectionError,
     SemaphoreError,
 )
-from celery_semaphore.core.errors import NotOnThisStore
 from celery_semaphore.core.postgres.schema import FUNCTIONS, TABLES, sql_text
 from devkit.postgres_servers import PostgresServer
 from devkit.processes import wait_until
@@ -329,35 +328,32 @@ def test_a_read_only_database_is_an_error_of_the_package(database: Database) -> 
     assert database.schemas() == set(), "nothing was written"
 
 
-REFUSED: list[tuple[str, Callable[[Semaphore], object], str]] = [
-    ("park", lambda sem: sem.park("h", "payload"), "park()"),
-    ("claim", lambda sem: sem.claim("task-id", Handover("h", 1, "payload")), "claim()"),
-    ("dispatch", lambda sem: sem.dispatch(), "dispatch()"),
-    (
-        "take_place_or_park",
-        lambda sem: sem.take_place_or_park("h", "payload", window=1.0),
-        "take_place_or_park()",
-    ),
-    ("handover", lambda sem: sem.attempt("h", handover=1), "handover="),
-]
-
-
-@pytest.mark.parametrize(
-    ("call", "named"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED]
-)
-def test_parking_is_refused_by_name_before_anything_is_written(
-    database: Database, call: Callable[[Semaphore], object], named: str
+@pytest.mark.chaos
+def test_a_parked_payload_outlives_a_crash_and_is_handed_over_after_it(
+    own_database: Database,
 ) -> None:
-    name = fresh_name()
-    sem = Semaphore(database.url, name, 1, on_handover=lambda handovers: None)
+    """What parks in PostgreSQL is as safe as its WAL: a crash right after park()
+    returned keeps the payload, and the release after the restart hands it over."""
+    server, name = own_database.server, fresh_name()
+    told: list[Handover] = []
+    sem = Semaphore(own_database.url, name, 1, on_handover=told.extend)
     try:
-        with pytest.raises(NotOnThisStore) as info:
-            call(sem)
-        message = one_line(info.value)
-        assert info.value.store == "PostgreSQL" and named in info.value.what
-        assert named in message and "on PostgreSQL" in message
-        assert "keep this semaphore on Redis (a redis:// URL)" in message
-        assert database.rows_of(name) == 0, "nothing was written"
+        permit = sem.acquire(timeout=5)
+        assert sem.park("parked-task", "the task's message").position == 1
+        server.crash()
+        server.start()
+        with pytest.raises(SemaphoreConnectionError):
+            sem.status()
+        status = sem.status()
+        assert status.parked_count == 1
+        assert [(w.holder, w.state) for w in status.waiters] == [("parked-task", "parked")]
+        assert permit.release()
+        (handover,) = told
+        assert (handover.holder, handover.payload) == ("parked-task", "the task's message")
+        granted = sem.attempt("parked-task", handover=handover.token)
+        assert isinstance(granted, Permit), granted
+        assert granted.release()
+        assert sem.status().parked_count == 0
     finally:
         sem.close()
 

@@ -165,7 +165,6 @@ class AsyncSemaphore:
             shadow=shadow,
             fair_weights=fair_weights,
         )
-        self.store.check(self._spec)
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
         self.restored = 0

@@ -51,11 +51,6 @@ class AsyncStore(Protocol):
     #: Where the store is, for messages (a password masked).
     url: str
 
-    def check(self, spec: SemaphoreSpec) -> None:
-        """Raise `NotOnThisStore` if this store cannot keep a semaphore of these settings
-        (a semaphore checks when it is made)."""
-        ...
-
     async def acquire(
         self, spec: SemaphoreSpec, request: Acquire
     ) -> tuple[Grant | Place, list[Handover]]:

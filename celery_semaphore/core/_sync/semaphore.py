@@ -166,7 +166,6 @@ class Semaphore:
             shadow=shadow,
             fair_weights=fair_weights,
         )
-        self.store.check(self._spec)
         self.on_handover = on_handover
         #: Permits this client's renewals wrote back after Redis lost its data.
         self.restored = 0

@@ -3,7 +3,7 @@ operation one call of a function in the database (one round trip), waiters woken
 LISTEN/NOTIFY. Needs psycopg 3 (``pip install celery-semaphore[postgres]``).
 
 - ``sql/``: the tables and the functions; `schema`: their version, installing them;
-- `connection`: URLs, connecting, errors; `support`: what is not done here yet;
+- `connection`: URLs, connecting, errors;
 - `replies`: the functions' replies read as the model's; ``_async/store.py`` (the
   source of ``_sync/store.py``): the `Store` itself; `operations`: its operators' side
   (the CLI, the metrics).

@@ -18,6 +18,7 @@ from celery_semaphore.core.model.replies import (
     Status,
     WaiterRow,
 )
+from celery_semaphore.core.results import Handover
 
 
 def acquired(reply: list[Any]) -> tuple[Granted | Refused, int, int]:
@@ -32,14 +33,22 @@ def acquired(reply: list[Any]) -> tuple[Granted | Refused, int, int]:
 
 
 def enqueued(reply: list[Any]) -> Enqueued:
-    ticket, position, holders, limit, draining, slot_us = reply
-    return Enqueued(ticket, position, holders, limit, draining, slot_us)
+    ticket, position, holders, limit, draining, slot_us, parked, _ = reply
+    return Enqueued(ticket, position, holders, limit, draining, slot_us, parked)
+
+
+def handovers(rows: list[Any]) -> list[Handover]:
+    """The handovers an operation made: [[holder, token, payload, delay ms]...]."""
+    return [
+        Handover(holder, token, payload, delay_ms / 1000)
+        for holder, token, payload, delay_ms in rows
+    ]
 
 
 def status(reply: list[Any]) -> Status:
     (now_ms, recorded, override, effective, draining, held, waiting, holders, waiters,
-     sent_count, sent_without_place, shadow, rate, rate_override, room, next_start_ms,
-     paused_until_ms, shadow_limit, shadow_rate, shadow_wait_ms, shadow_peak, keys,
+     parked, handed, sent_count, sent_without_place, shadow, rate, rate_override, room,
+     next_start_ms, paused_until_ms, shadow_limit, shadow_rate, shadow_wait_ms, shadow_peak, keys,
      fair_grants, fair_keys) = reply  # fmt: skip
     return Status(
         now_ms=now_ms,
@@ -62,8 +71,8 @@ def status(reply: list[Any]) -> Status:
             )
             for holder, ticket, since, expires, info, state, ask in waiters
         ],
-        parked_count=0,
-        handed_over_count=0,
+        parked_count=parked,
+        handed_over_count=handed,
         sent_count=sent_count,
         sent_without_place=[SentRow(holder, sent_ms) for holder, sent_ms in sent_without_place],
         rate=None if rate is None else Rate(*rate),

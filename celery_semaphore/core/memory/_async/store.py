@@ -61,9 +61,6 @@ class AsyncMemoryStore(AsyncMemoryOperations):
     def __repr__(self) -> str:
         return f"AsyncMemoryStore({self.url!r})"
 
-    def check(self, spec: SemaphoreSpec) -> None:
-        """Every setting works here."""
-
     async def acquire(
         self, spec: SemaphoreSpec, request: Acquire
     ) -> tuple[Grant | Place, list[Handover]]:

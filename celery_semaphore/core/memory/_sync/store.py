@@ -62,9 +62,6 @@ class MemoryStore(MemoryOperations):
     def __repr__(self) -> str:
         return f"MemoryStore({self.url!r})"
 
-    def check(self, spec: SemaphoreSpec) -> None:
-        """Every setting works here."""
-
     def acquire(
         self, spec: SemaphoreSpec, request: Acquire
     ) -> tuple[Grant | Place, list[Handover]]:

@@ -19,9 +19,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from celery_semaphore.core.errors import SemaphoreConnectionError
+from celery_semaphore.core.errors import SemaphoreConnectionError, StaleHandover
 from celery_semaphore.core.model.replies import Granted
-from celery_semaphore.core.postgres import replies, support
+from celery_semaphore.core.postgres import replies
 from celery_semaphore.core.postgres.connection import (
     check_url,
     connect,
@@ -68,12 +68,15 @@ def _call(function: str, arguments: int) -> str:
     return f"SELECT {FUNCTIONS}.{function}({', '.join(['%s'] * arguments)})"
 
 
-ACQUIRE = _call("acquire", 20)
-ACQUIRE_ALL = _call("acquire_all", 20)
-ENQUEUE = _call("enqueue", 17)
-RELEASE = _call("release", 7)
-RENEW = _call("renew", 5)
-CONFIGURE = _call("configure", 7)
+ACQUIRE = _call("acquire", 22)
+ACQUIRE_ALL = _call("acquire_all", 24)
+ENQUEUE = _call("enqueue", 23)
+PARK = _call("park", 16)
+CLAIM = _call("claim", 5)
+DISPATCH = _call("dispatch", 4)
+RELEASE = _call("release", 8)
+RENEW = _call("renew", 6)
+CONFIGURE = _call("configure", 8)
 STATUS = _call("status", 8)
 
 
@@ -81,6 +84,13 @@ def rate_of(spec: SemaphoreSpec) -> tuple[int | None, int | None]:
     """The semaphore's rate as the functions take it: (interval µs, burst), or NULLs."""
     rate = spec.rate
     return (None, None) if rate is None else (rate.interval_us, rate.burst)
+
+
+def cfg_of(spec: SemaphoreSpec) -> list[int] | None:
+    """The semaphore's `Dispatch` as the functions take it (``cfg``): [max_block ms,
+    deadline ms, lead ms], or None where this client publishes no handovers."""
+    cfg = spec.dispatch
+    return None if cfg is None else [cfg.max_block_ms, cfg.deadline_ms, cfg.lead_ms]
 
 
 NOTE_LOST = (
@@ -145,32 +155,30 @@ class PostgresStore:
             raise translate(error, self.url) from error
         return None if row is None else row[0]
 
-    def check(self, spec: SemaphoreSpec) -> None:
-        """Every setting works here; parking is refused when asked (`support`)."""
-
     def acquire(
         self, spec: SemaphoreSpec, request: Acquire
     ) -> tuple[Grant | Place, list[Handover]]:
         ask = request.ask
-        if request.handover is not None:
-            raise support.refuse("a handed-over copy (handover=)")
-        reply = self._one(ACQUIRE, (
+        row, handed = self._one(ACQUIRE, (
             spec.namespace, spec.name, request.holder, spec.limit, request.lease_ms,
             request.wait_ms, request.ticket, request.info, spec.idle_ms, request.in_place,
             spec.family, spec.shadow_codes, ask.text, ask.permits, ask.grants, ask.priority,
-            *rate_of(spec), ask.fair_key, ask.fair_weight,
+            *rate_of(spec), ask.fair_key, ask.fair_weight, request.handover, cfg_of(spec),
         ))  # fmt: skip
-        result, now_ms, hold_ms = replies.acquired(reply)
+        if row[0] == 2:
+            raise StaleHandover(spec.name, row[1])
+        result, now_ms, hold_ms = replies.acquired(row)
+        handovers = replies.handovers(handed)
         if isinstance(result, Granted):
-            return grant_of(result), []
-        return place_of(result, now_ms, hold_ms=hold_ms), []
+            return grant_of(result), handovers
+        return place_of(result, now_ms, hold_ms=hold_ms), handovers
 
     def acquire_all(
         self, specs: Sequence[SemaphoreSpec], request: AcquireAll
     ) -> tuple[list[Grant] | Places, list[list[Handover]]]:
-        if request.came_by is not None:
-            raise support.refuse("a handed-over copy (handover=)")
         asks, rates = request.asks, [rate_of(spec) for spec in specs]
+        came_by = request.came_by
+        cfgs = [spec.dispatch for spec in specs]
         reply = self._one(ACQUIRE_ALL, (
             specs[0].namespace, [spec.name for spec in specs], request.holder,
             request.ticket, request.hold_ms, request.info, [spec.limit for spec in specs],
@@ -180,16 +188,24 @@ class PostgresStore:
             [ask.grants for ask in asks], [ask.priority for ask in asks],
             [interval for interval, _ in rates], [burst for _, burst in rates],
             [ask.fair_key for ask in asks], [ask.fair_weight for ask in asks],
+            None if came_by is None else [came_by[0] + 1, came_by[1]],
+            [None if cfg is None else cfg.max_block_ms for cfg in cfgs],
+            [None if cfg is None else cfg.deadline_ms for cfg in cfgs],
+            [None if cfg is None else cfg.lead_ms for cfg in cfgs],
         ))  # fmt: skip
-        none: list[list[Handover]] = [[] for _ in specs]
+        if reply[0] == 2:
+            _, index, token = reply
+            raise StaleHandover(specs[index].name, token)
+        handovers = [replies.handovers(handed) for handed in reply[-1]]
         if reply[0] == 1:
-            return [grant_of(replies.acquired(row)[0]) for row in reply[1]], none  # type: ignore[arg-type]
-        _, ticket, refused_by, rows = reply
+            grants = [grant_of(replies.acquired(row)[0]) for row in reply[1]]  # type: ignore[arg-type]
+            return grants, handovers
+        _, ticket, refused_by, rows, _ = reply
         places = []
         for row in rows:
             refused, now_ms, hold_ms = replies.acquired(row)
             places.append(place_of(refused, now_ms, hold_ms=hold_ms))  # type: ignore[arg-type]
-        return Places(ticket, tuple(places), tuple(refused_by)), none
+        return Places(ticket, tuple(places), tuple(refused_by)), handovers
 
     def joint_problem(self, members: Sequence[tuple[Any, SemaphoreSpec]]) -> str | None:
         """Why these semaphores cannot be taken in one call here, or None: they must be
@@ -213,54 +229,72 @@ class PostgresStore:
         return None
 
     def park(self, spec: SemaphoreSpec, request: Park) -> tuple[Parked, list[Handover]]:
-        raise support.refuse("parking (park())")
+        ask = request.ask
+        ticket, position, handed = self._one(PARK, (
+            spec.namespace, spec.name, request.holder, request.ticket, request.payload,
+            request.park_ms, request.info, spec.idle_ms, request.due_ms,
+            None if ask is None else ask.text, None if ask is None else ask.permits,
+            None if ask is None else ask.grants, None if ask is None else ask.priority,
+            None if ask is None else ask.fair_key, None if ask is None else ask.fair_weight,
+            cfg_of(spec),
+        ))  # fmt: skip
+        return Parked(ticket, position), replies.handovers(handed)
 
     def claim(self, spec: SemaphoreSpec, request: Claim) -> Claimed:
-        raise support.refuse("parking (claim())")
+        reply = self._one(
+            CLAIM, (spec.namespace, spec.name, request.taken, request.handed, request.token)
+        )
+        return Claimed(reply)
 
     def list_parked(self, spec: SemaphoreSpec) -> None:
-        """Nothing to list: the call that would park (`park`, `enqueue`) refuses it,
-        by its own name."""
+        """Nothing to list: the workers find the semaphores with parked waiters with a
+        query of the ``parked`` table (`celery_semaphore.core.postgres.operations`)."""
 
     def enqueue(self, spec: SemaphoreSpec, request: Enqueue) -> tuple[Place, bool, list[Handover]]:
-        ask = request.ask
-        if request.far is not None:
-            raise support.refuse("parking a place whose turn is far (take_place_or_park())")
+        ask, far = request.ask, request.far
         reply = self._one(ENQUEUE, (
             spec.namespace, spec.name, request.holder, spec.limit, request.wait_ms,
             request.info, spec.idle_ms, spec.shadow_codes, ask.text, ask.permits,
             ask.grants, ask.priority, spec.sent_horizon_ms, *rate_of(spec), ask.fair_key,
-            ask.fair_weight,
+            ask.fair_weight, None if far is None else far.window_us,
+            None if far is None else far.head, None if far is None else far.tail,
+            None if far is None else far.park_ms, None if far is None else far.due_ms,
+            cfg_of(spec),
         ))  # fmt: skip
-        return enqueued_place(replies.enqueued(reply)), False, []
+        place = replies.enqueued(reply)
+        return enqueued_place(place), place.parked, replies.handovers(reply[-1])
 
     def dispatch(self, spec: SemaphoreSpec, drop: tuple[str, ...]) -> list[Handover]:
-        raise support.refuse("parking (dispatch())")
+        """Declares no limit: the heartbeat calls it on semaphores it knows by name."""
+        _, handed = self._one(DISPATCH, (spec.namespace, spec.name, list(drop), cfg_of(spec)))
+        return replies.handovers(handed)
 
     def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
-        reply = self._one(RELEASE, (
+        released, handed = self._one(RELEASE, (
             spec.namespace, spec.name, request.holder, request.token, spec.limit,
-            spec.shadow_codes, request.unused,
+            spec.shadow_codes, request.unused, cfg_of(spec),
         ))  # fmt: skip
-        return bool(reply[0]), []
+        return bool(released), replies.handovers(handed)
 
     def renew(
         self, spec: SemaphoreSpec, request: Renew
     ) -> tuple[float, set[str], list[Handover], int]:
         holders = [holder for holder, _, _ in request.held]
         tokens = [token for _, token, _ in request.held]
-        reply = self._one(RENEW, (spec.namespace, spec.name, holders, tokens, request.lease_ms))
-        expires_ms, lost = reply
-        return expires_ms / 1000, set(lost), [], 0
+        reply = self._one(
+            RENEW, (spec.namespace, spec.name, holders, tokens, request.lease_ms, cfg_of(spec))
+        )
+        expires_ms, lost, handed = reply
+        return expires_ms / 1000, set(lost), replies.handovers(handed), 0
 
     def configure(
         self, spec: SemaphoreSpec, request: Configure
     ) -> tuple[str | None, list[Handover]]:
-        reply = self._one(CONFIGURE, (
+        previous, handed = self._one(CONFIGURE, (
             spec.namespace, spec.name, request.field, request.value, spec.idle_ms,
-            *rate_of(spec),
+            *rate_of(spec), cfg_of(spec),
         ))  # fmt: skip
-        return reply[0], []
+        return previous, replies.handovers(handed)
 
     def status(self, spec: SemaphoreSpec) -> SemaphoreStatus:
         reply = self._one(STATUS, (

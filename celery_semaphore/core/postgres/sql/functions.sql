@@ -5,13 +5,15 @@
 --
 -- The rules are the reference model's (celery_semaphore/core/model/); each function
 -- names the model method it follows, and the conformance suite (tests/conformance/)
--- drives this store and the model side by side, reply by reply. Not here yet (the
--- store refuses them by name, core/postgres/support.py): parking and hand-over.
+-- drives this store and the model side by side, reply by reply.
 --
 -- A caller's rate comes as (interval µs, burst), NULLs for none; ``declares`` false:
--- the caller declares nothing (the model's NOTHING), so the recorded rate counts.
+-- the caller declares nothing (the model's NOTHING), so the recorded rate counts. A
+-- caller that publishes handovers passes its `Dispatch` as ``cfg``: ARRAY[max_block
+-- ms, deadline ms, lead ms] (NULL: it publishes none).
 --
--- Replies are jsonb arrays, read by core/postgres/replies.py.
+-- Replies are jsonb arrays, read by core/postgres/replies.py; the handovers an
+-- operation made are [[holder, token, payload, delay ms]...].
 
 CREATE SCHEMA IF NOT EXISTS @F@;
 
@@ -188,12 +190,16 @@ BEGIN
 END $$;
 
 -- A waiter's ask changed from ``old_ask`` (its key ``old_key``) to ``new_ask``: its
--- keys' counts follow (SemaphoreModel.weigh_waiter, unweigh; NULL asks: not in line).
+-- keys' counts follow, and a semaphore that ever had a weighted waiter says so
+-- (SemaphoreModel.weigh_waiter, unweigh; NULL asks: not in line).
 CREATE FUNCTION @F@.weigh(sem bigint, old_ask text, old_key text, new_ask text, new_key text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
   IF coalesce(old_ask, '') = coalesce(new_ask, '') THEN
     RETURN;
+  END IF;
+  IF coalesce(new_ask, '') <> '' THEN
+    UPDATE @T@.semaphores SET weighted = true WHERE id = sem AND NOT weighted;
   END IF;
   IF old_key IS NOT NULL THEN
     PERFORM @F@.count_fair(sem, old_key, -1);
@@ -316,8 +322,9 @@ BEGIN
   RETURN m;
 END $$;
 
--- Drops the holders and waiters whose leases ran out (SemaphoreModel.reclaim): how
--- many holders went and the permits they held, how many waiters.
+-- Drops the holders and waiters whose leases ran out, and the lapsed waiters' parked
+-- records (SemaphoreModel.reclaim): how many holders went and the permits they held,
+-- how many waiters.
 CREATE FUNCTION @F@.reclaim(
   sem bigint, now_ms bigint, OUT gone integer, OUT freed bigint, OUT lapsed integer
 ) LANGUAGE plpgsql AS $$
@@ -329,13 +336,233 @@ BEGIN
   ) SELECT count(*), coalesce(sum(permits), 0) INTO gone, freed FROM d;
   lapsed := 0;
   FOR k IN
-    DELETE FROM @T@.waiters WHERE semaphore = sem AND expires_ms <= now_ms RETURNING fair_key
+    DELETE FROM @T@.waiters WHERE semaphore = sem AND expires_ms <= now_ms
+      RETURNING holder, fair_key
   LOOP
     lapsed := lapsed + 1;
+    DELETE FROM @T@.parked WHERE semaphore = sem AND holder = k.holder;
     IF k.fair_key IS NOT NULL THEN
       PERFORM @F@.count_fair(sem, k.fair_key, -1);
     END IF;
   END LOOP;
+END $$;
+
+-- Parked records (model/parking.py: `Parking`; the table `parked`) -------------------
+
+-- How long a tombstone (d: arrived, x: served by another copy) is kept (TOMBSTONE_MS).
+CREATE FUNCTION @F@.tombstone_ms() RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT 3600000::bigint
+$$;
+
+-- It no longer waits in place (Parking.unmark_in_place): a mark made on a tombstone
+-- becomes that tombstone again (its token still tells a stale copy); any other goes.
+CREATE FUNCTION @F@.unmark_in_place(sem bigint, h text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM @T@.parked WHERE semaphore = sem AND holder = h AND state = 'w' AND token = 0;
+  IF NOT FOUND THEN
+    UPDATE @T@.parked SET state = 'd', mark = 0, payload = ''
+      WHERE semaphore = sem AND holder = h AND state = 'w';
+  END IF;
+END $$;
+
+-- Refused while it waits in place (Parking.mark_in_place): a release may grant it a
+-- permit of ``lease_ms`` directly. Only a waiter that asks itself is marked (no
+-- record, a tombstone d whose token it keeps, or a mark already).
+CREATE FUNCTION @F@.mark_in_place(sem bigint, h text, lease_ms bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO @T@.parked AS p (semaphore, holder, state, mark) VALUES (sem, h, 'w', lease_ms)
+    ON CONFLICT (semaphore, holder) DO UPDATE SET state = 'w', mark = excluded.mark,
+      payload = '' WHERE p.state IN ('d', 'w');
+END $$;
+
+-- ``h`` got a permit without presenting a handover token (Parking.served): a copy
+-- handed over and still on its way is stale from now (x, kept an hour to tell it so);
+-- a parked payload is not needed any more; a mark in place goes.
+CREATE FUNCTION @F@.served(sem bigint, h text, now_ms bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  was "char";
+BEGIN
+  SELECT state INTO was FROM @T@.parked WHERE semaphore = sem AND holder = h;
+  IF was = 'h' THEN
+    UPDATE @T@.parked SET state = 'x', mark = 0, payload = '',
+      due_ms = now_ms + @F@.tombstone_ms() WHERE semaphore = sem AND holder = h;
+  ELSIF was = 'p' THEN
+    DELETE FROM @T@.parked WHERE semaphore = sem AND holder = h;
+  ELSIF was = 'w' THEN
+    PERFORM @F@.unmark_in_place(sem, h);
+  END IF;
+END $$;
+
+-- A copy presenting handover token ``tok`` asks (Parking.arrive, parking.arrival):
+-- NULL to go on (the copy handed over last, whose record becomes a tombstone, or a
+-- redelivery, or no record), else the token of the copy handed over last (a stale
+-- copy: it changes nothing). While handed over, the first copy to arrive takes the
+-- place, whichever handover's it is.
+CREATE FUNCTION @F@.arrive(sem bigint, h text, tok bigint, now_ms bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  r @T@.parked;
+BEGIN
+  SELECT * INTO r FROM @T@.parked WHERE semaphore = sem AND holder = h;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF r.state = 'x' OR (r.token <> tok AND r.state <> 'h') THEN
+    RETURN r.token;
+  END IF;
+  IF r.token = tok AND r.state IN ('d', 'w') THEN
+    RETURN NULL;
+  END IF;
+  UPDATE @T@.parked SET token = tok, state = 'd', mark = 0, payload = '',
+    due_ms = now_ms + @F@.tombstone_ms() WHERE semaphore = sem AND holder = h;
+  RETURN NULL;
+END $$;
+
+-- It parks (Parking.leave_payload): token 0, marked with the permits released so far,
+-- due ``due_ms`` from now at the latest (0: only when its turn is near).
+CREATE FUNCTION @F@.leave_payload(
+  sem bigint, h text, payload_ text, released bigint, due_ms_ bigint, now_ms bigint
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO @T@.parked AS p (semaphore, holder, token, state, mark, payload, due_ms)
+    VALUES (sem, h, 0, 'p', released, payload_,
+            CASE WHEN due_ms_ > 0 THEN now_ms + due_ms_ END)
+    ON CONFLICT (semaphore, holder) DO UPDATE SET token = 0, state = 'p',
+      mark = excluded.mark, payload = excluded.payload, due_ms = excluded.due_ms;
+END $$;
+
+-- Hands ``h``'s payload over with token ``tok`` (Parking.hand_over), due again after
+-- the deadline if it does not arrive; ``mark``: handed over again, the token of the
+-- copy handed over before (it may only be late), else 0. The handover's reply row.
+CREATE FUNCTION @F@.hand_over(
+  sem bigint, h text, tok bigint, deadline bigint, delay_ms bigint, now_ms bigint,
+  mark_ bigint
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  payload_ text;
+BEGIN
+  UPDATE @T@.parked SET token = tok, state = 'h', mark = mark_,
+    due_ms = now_ms + delay_ms + deadline
+    WHERE semaphore = sem AND holder = h RETURNING payload INTO payload_;
+  RETURN jsonb_build_array(h, tok, payload_, delay_ms);
+END $$;
+
+-- The parked waiters now due, handed over (after_free.dispatch, parking.window): for a
+-- caller that publishes (``cfg``), among the first waiters of the line, a parked one
+-- whose permits and grants, with those ahead, fit in the free permits and the rate's
+-- room, or one parked before the latest release (the line moved); under a rate, the
+-- first one past the rate's window is handed over with a delay that brings it at its
+-- slot (at most the deadline ahead), and no one after it. Then those handed over that
+-- did not arrive by their deadline (again, with a new token), and parked ones whose
+-- due time came; a due record of one no longer in line (or an aged tombstone) is
+-- forgotten. Only the limits that bind count (``codes``; NULL: the recorded ones).
+-- The handovers, in the order made.
+CREATE FUNCTION @F@.dispatch_due(
+  m @T@.semaphores, cfg bigint[], declared integer, codes text, declares boolean,
+  di bigint, db integer, now_us bigint
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_ms bigint := now_us / 1000;
+  max_block bigint := cfg[1];
+  deadline bigint := cfg[2];
+  binding float8;
+  room_grants bigint;  -- NULL: unbounded (no rate binds)
+  room_next bigint := 0;
+  interval_us bigint;
+  room_left float8;
+  free float8 := 0;
+  near float8 := 0;
+  permits float8;
+  count_ float8;
+  rate_window float8;
+  paused_rate boolean;
+  k bigint := 0;
+  j bigint := 0;
+  slot_ms bigint;
+  progress boolean;
+  last bigint;
+  out_ jsonb := '[]';
+  w record;
+BEGIN
+  IF cfg IS NULL OR NOT EXISTS (SELECT 1 FROM @T@.parked WHERE semaphore = m.id) THEN
+    RETURN out_;
+  END IF;
+  SELECT handover INTO last FROM @T@.semaphores WHERE id = m.id;
+  codes := coalesce(codes, m.recorded_shadow);
+  binding := CASE WHEN position('l' IN codes) > 0 THEN 'Infinity'::float8
+                  ELSE @F@.effective_limit(m, declared) END;
+  IF position('r' IN codes) = 0 THEN
+    SELECT r.grants, r.next_us INTO room_grants, room_next
+      FROM @F@.room(m, declares, di, db, now_us) r;
+  END IF;
+  IF room_grants IS NOT NULL THEN
+    SELECT r.interval_us INTO interval_us FROM @F@.effective_rate(m, declares, di, db) r;
+  END IF;
+  room_left := coalesce(room_grants::float8, 'Infinity'::float8);
+  IF NOT m.draining THEN
+    free := greatest(0, binding - @F@.permits_held(m.id));
+    near := binding;
+  END IF;
+  IF coalesce(m.hold_ms, 0) > 0 AND binding < 'Infinity'::float8 THEN
+    near := least(near, floor(max_block * binding / m.hold_ms));
+  END IF;
+  permits := free;
+  free := least(free, room_left);
+  count_ := free + near;
+  rate_window := max_block;
+  IF interval_us IS NOT NULL THEN
+    rate_window := least(max_block, greatest(cfg[3], 3 * interval_us / 1000.0));
+    count_ := least(count_, room_left + floor(rate_window * 1000 / interval_us) + 2);
+  END IF;
+  count_ := least(count_, 1000);
+  paused_rate := interval_us IS NOT NULL AND coalesce(m.rate_pause_ms, 0) > now_ms;
+  FOR w IN
+    SELECT x.holder, x.permits, x.grants, p.state = 'p' AS parked, p.mark
+    FROM @T@.waiters x LEFT JOIN @T@.parked p
+      ON p.semaphore = x.semaphore AND p.holder = x.holder
+    WHERE x.semaphore = m.id ORDER BY x.ticket, x.holder LIMIT floor(count_)::bigint
+  LOOP
+    k := k + w.permits;
+    j := j + w.grants;
+    progress := coalesce(w.parked, false) AND w.mark < m.released;
+    slot_ms := 0;
+    IF interval_us IS NOT NULL THEN
+      slot_ms := ceil(@F@.slot_in(room_grants, room_next, interval_us, j) / 1000.0);
+    END IF;
+    IF slot_ms > rate_window OR paused_rate THEN
+      IF w.parked AND (k <= permits OR progress) AND slot_ms <= deadline THEN
+        last := @F@.seq_after(last, now_us);
+        out_ := out_ || jsonb_build_array(
+          @F@.hand_over(m.id, w.holder, last, deadline, slot_ms, now_ms, 0));
+      END IF;
+      EXIT;
+    END IF;
+    IF w.parked AND ((k <= permits AND j <= room_left) OR progress) THEN
+      last := @F@.seq_after(last, now_us);
+      out_ := out_ || jsonb_build_array(
+        @F@.hand_over(m.id, w.holder, last, deadline, 0, now_ms, 0));
+    END IF;
+  END LOOP;
+  FOR w IN
+    SELECT p.holder, p.state, p.token, x.holder IS NOT NULL AS in_line
+    FROM @T@.parked p LEFT JOIN @T@.waiters x
+      ON x.semaphore = p.semaphore AND x.holder = p.holder
+    WHERE p.semaphore = m.id AND p.due_ms <= now_ms ORDER BY p.due_ms, p.holder
+  LOOP
+    IF w.state IN ('h', 'p') AND w.in_line THEN
+      last := @F@.seq_after(last, now_us);
+      out_ := out_ || jsonb_build_array(@F@.hand_over(m.id, w.holder, last, deadline, 0,
+        now_ms, CASE WHEN w.state = 'h' THEN w.token ELSE 0 END));
+    ELSE
+      DELETE FROM @T@.parked WHERE semaphore = m.id AND holder = w.holder;
+    END IF;
+  END LOOP;
+  IF jsonb_array_length(out_) > 0 THEN
+    UPDATE @T@.semaphores SET handover = last WHERE id = m.id;
+  END IF;
+  RETURN out_;
 END $$;
 
 -- Free permits go straight to the waiters in place at the head of the line, in order,
@@ -360,8 +587,10 @@ BEGIN
   free := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
   SELECT grants INTO room FROM @F@.room(m, declares, di, db, now_us);
   FOR w IN
-    SELECT holder, permits, grants, in_place_ms, since_ms, info, fair_key FROM @T@.waiters
-    WHERE semaphore = m.id ORDER BY ticket, holder
+    SELECT x.holder, x.permits, x.grants, p.mark AS in_place_ms, x.since_ms, x.info, x.fair_key
+    FROM @T@.waiters x LEFT JOIN @T@.parked p
+      ON p.semaphore = x.semaphore AND p.holder = x.holder AND p.state = 'w'
+    WHERE x.semaphore = m.id ORDER BY x.ticket, x.holder
   LOOP
     EXIT WHEN w.permits > free OR w.grants > room OR w.in_place_ms IS NULL;
     told := true;
@@ -373,6 +602,7 @@ BEGIN
     IF w.fair_key IS NOT NULL THEN
       PERFORM @F@.count_fair(m.id, w.fair_key, -1);
     END IF;
+    PERFORM @F@.served(m.id, w.holder, now_ms);
     INSERT INTO @T@.holders AS x (semaphore, holder, token, acquired_ms, expires_ms, permits, info)
       VALUES (m.id, w.holder, fence, now_ms, now_ms + w.in_place_ms, w.permits, w.info)
       ON CONFLICT (semaphore, holder) DO UPDATE SET
@@ -445,23 +675,26 @@ BEGIN
     CASE WHEN n = listed AND listed < free THEN 'inf' ELSE last::text END);
 END $$;
 
+-- A semaphore's row after a step, and the handovers the step made.
+CREATE TYPE @F@.freed AS (m @T@.semaphores, handovers jsonb);
+
 -- What follows freed capacity (SemaphoreModel.after_free): the waiters in place granted,
--- the others woken. Returns the row.
+-- the others woken, then the parked waiters now due handed over.
 CREATE FUNCTION @F@.after_free(
-  m @T@.semaphores, declared integer, codes text, declares boolean, di bigint, db integer,
-  now_us bigint
-) RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
+  m @T@.semaphores, cfg bigint[], declared integer, codes text, declares boolean,
+  di bigint, db integer, now_us bigint
+) RETURNS @F@.freed LANGUAGE plpgsql AS $$
 BEGIN
   m := @F@.grant_in_place(m, declared, declares, di, db, now_us);
   PERFORM @F@.wake(m, declared, codes, declares, di, db, now_us);
-  RETURN m;
+  RETURN ROW(m, @F@.dispatch_due(m, cfg, declared, codes, declares, di, db, now_us));
 END $$;
 
 -- One semaphore's part in one acquire (the model's `Gate`: admit.lua's ``s``): the
--- contender, what was reclaimed, its live permit, its place in line, the ticket it is
+-- contender, the handover token it came by (NULL: it asks in person), what was reclaimed, its live permit, its place in line, the ticket it is
 -- weighed at, then the judgement (`judge`) and whether it left the line.
 CREATE TYPE @F@.gate AS (
-  holder text, reclaimed integer, held boolean, hold_permits integer, hold_acquired bigint,
+  holder text, came_by bigint, reclaimed integer, held boolean, hold_permits integer, hold_acquired bigint,
   in_line boolean, w_since bigint, w_ask text, w_key text, ticket bigint,
   ahead integer, count_ integer, need_k integer, need_j integer, would text,
   admitted boolean, room_grants bigint, room_next bigint, rate_interval bigint,
@@ -472,10 +705,11 @@ CREATE TYPE @F@.gated AS (m @T@.semaphores, g @F@.gate, reply jsonb);
 
 -- The start of an acquire (SemaphoreModel.open_gate): its task has reached a worker
 -- (no longer sent); run-out leases are reclaimed; the caller's limit, rate and shadow
--- limits are recorded; its place is its own, or the ticket it presents if earlier.
+-- limits are recorded; asking in person drops a payload it parked; its place is its
+-- own, or the ticket it presents if earlier.
 CREATE FUNCTION @F@.open_gate(
-  m @T@.semaphores, h text, presented bigint, declared integer, shadow_ text,
-  family_ text, rate_i bigint, rate_b integer, now_ms bigint
+  m @T@.semaphores, h text, presented bigint, came_by bigint, declared integer,
+  shadow_ text, family_ text, rate_i bigint, rate_b integer, now_ms bigint
 ) RETURNS @F@.gated LANGUAGE plpgsql AS $$
 DECLARE
   g @F@.gate;
@@ -495,6 +729,7 @@ BEGIN
     m.family := family_;
   END IF;
   g.holder := h;
+  g.came_by := came_by;
   g.reclaimed := r.gone + r.lapsed;
   g.left_ := false;
   SELECT * INTO hold FROM @T@.holders WHERE semaphore = m.id AND holder = h;
@@ -507,6 +742,9 @@ BEGIN
   g.w_ask := w.ask;
   g.w_key := w.fair_key;
   g.ticket := w.ticket;
+  IF g.in_line AND came_by IS NULL THEN
+    DELETE FROM @T@.parked WHERE semaphore = m.id AND holder = h AND state = 'p';
+  END IF;
   IF presented IS NOT NULL AND (g.ticket IS NULL OR presented < g.ticket) THEN
     g.ticket := presented;
   END IF;
@@ -563,7 +801,8 @@ END $$;
 
 -- Grants the permit (SemaphoreModel.grant): a new fencing token every time, even to a
 -- live holder asking again (same permits, same first grant, no rate spent); a waiter
--- leaves the line; the rate's schedule moves on by the grants it asked for.
+-- leaves the line (served, unless it came by a handover: its record is a tombstone
+-- already); the rate's schedule moves on by the grants it asked for.
 -- Reply: [1, token, expires ms, now ms, waited ms, shadow codes, shadow late ms].
 CREATE FUNCTION @F@.grant(
   m @T@.semaphores, g @F@.gate, lease_ms bigint, info_ text, want_k integer,
@@ -581,6 +820,9 @@ BEGIN
     waited := now_ms - g.w_since;
     DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = g.holder;
     PERFORM @F@.weigh(m.id, g.w_ask, g.w_key, NULL, NULL);
+    IF g.came_by IS NULL THEN
+      PERFORM @F@.served(m.id, g.holder, now_ms);
+    END IF;
   END IF;
   IF NOT g.held AND g.rate_interval IS NOT NULL THEN
     m.tat := @F@.rate_tat(m.tat, g.rate_interval, now_us) + want_j * g.rate_interval;
@@ -622,13 +864,18 @@ BEGIN
   IF waiter_ms > 0 AND place IS NOT NULL THEN
     PERFORM @F@.weigh(m.id, CASE WHEN g.in_line THEN g.w_ask END, g.w_key, ask_, fair_key_);
     INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info,
-                                  ask, permits, grants, fair_key, in_place_ms)
+                                  ask, permits, grants, fair_key)
       VALUES (m.id, g.holder, place, now_ms + waiter_ms, now_ms, info_, ask_, want_k,
-              want_j, fair_key_, in_place_ms)
+              want_j, fair_key_)
       ON CONFLICT (semaphore, holder) DO UPDATE SET
         ticket = excluded.ticket, expires_ms = excluded.expires_ms, info = excluded.info,
         ask = excluded.ask, permits = excluded.permits, grants = excluded.grants,
-        fair_key = excluded.fair_key, in_place_ms = excluded.in_place_ms;
+        fair_key = excluded.fair_key;
+    IF in_place_ms IS NOT NULL THEN
+      PERFORM @F@.mark_in_place(m.id, g.holder, in_place_ms);
+    ELSIF g.in_line THEN
+      PERFORM @F@.unmark_in_place(m.id, g.holder);
+    END IF;
   ELSE
     place := 0;
   END IF;
@@ -648,6 +895,7 @@ CREATE FUNCTION @F@.leave_gate(m @T@.semaphores, g @F@.gate) RETURNS @F@.gate
 LANGUAGE plpgsql AS $$
 BEGIN
   IF g.in_line THEN
+    PERFORM @F@.unmark_in_place(m.id, g.holder);
     DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = g.holder;
     PERFORM @F@.weigh(m.id, g.w_ask, g.w_key, NULL, NULL);
     g.left_ := true;
@@ -656,26 +904,33 @@ BEGIN
 END $$;
 
 -- The end of an acquire (SemaphoreModel.finish_gate): what follows freed capacity, if it
--- reclaimed anything or left a line.
+-- reclaimed anything or left a line; else, after a grant under a rate that binds, the
+-- waiters of the next slots.
 CREATE FUNCTION @F@.finish_gate(
-  m @T@.semaphores, g @F@.gate, declared integer, shadow_ text, rate_i bigint,
-  rate_b integer, now_us bigint
-) RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
+  m @T@.semaphores, g @F@.gate, granted boolean, cfg bigint[], declared integer,
+  shadow_ text, rate_i bigint, rate_b integer, now_us bigint
+) RETURNS @F@.freed LANGUAGE plpgsql AS $$
 BEGIN
   IF g.reclaimed > 0 OR g.left_ THEN
-    m := @F@.after_free(m, declared, shadow_, true, rate_i, rate_b, now_us);
+    RETURN @F@.after_free(m, cfg, declared, shadow_, true, rate_i, rate_b, now_us);
   END IF;
-  RETURN m;
+  IF granted AND g.room_grants IS NOT NULL AND position('r' IN shadow_) = 0 THEN
+    RETURN ROW(m, @F@.dispatch_due(m, cfg, declared, shadow_, true, rate_i, rate_b, now_us));
+  END IF;
+  RETURN ROW(m, '[]'::jsonb);
 END $$;
 
 -- Take a permit, or take or keep a place in line; never blocks (SemaphoreModel.attempt).
+-- ``came_by``: the token of the handed-over copy this is; a stale copy changes nothing.
 -- A new contender is weighed where its new ticket would go, and takes it only if
--- refused while queueing. The reply: grant()'s or refuse()'s.
+-- refused while queueing. [grant()'s or refuse()'s reply, handovers], or [[2, token of
+-- the copy handed over last], []] for a stale copy.
 CREATE FUNCTION @F@.acquire(
   ns text, nm text, h text, declared integer, lease_ms bigint, waiter_ms bigint,
   presented bigint, info_ text, idle bigint, in_place boolean, family_ text,
   shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
-  rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer
+  rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer, came_by bigint,
+  cfg bigint[]
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -683,11 +938,20 @@ DECLARE
   m @T@.semaphores;
   g @F@.gate;
   x @F@.gated;
+  f @F@.freed;
   p record;
   place bigint;
+  stale bigint;
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
-  x := @F@.open_gate(m, h, presented, declared, shadow_, family_, rate_i, rate_b, now_ms);
+  IF came_by IS NOT NULL THEN
+    stale := @F@.arrive(m.id, h, came_by, now_ms);
+    IF stale IS NOT NULL THEN
+      RETURN jsonb_build_array(jsonb_build_array(2, stale), '[]'::jsonb);
+    END IF;
+  END IF;
+  x := @F@.open_gate(m, h, presented, came_by, declared, shadow_, family_, rate_i, rate_b,
+                     now_ms);
   m := x.m;
   g := x.g;
   SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
@@ -705,9 +969,9 @@ BEGIN
     x := @F@.refuse(m, g, place, waiter_ms, CASE WHEN in_place THEN lease_ms END, info_,
                     ask_, want_k, want_j, fair_key_, declared, now_us);
   END IF;
-  m := @F@.finish_gate(x.m, g, declared, shadow_, rate_i, rate_b, now_us);
-  PERFORM @F@.save(m, now_ms, idle);
-  RETURN x.reply;
+  f := @F@.finish_gate(x.m, g, g.admitted, cfg, declared, shadow_, rate_i, rate_b, now_us);
+  PERFORM @F@.save(f.m, now_ms, idle);
+  RETURN jsonb_build_array(x.reply, f.handovers);
 END $$;
 
 -- A permit of every semaphore of ``names`` at once, or none (model.joint.acquire_all):
@@ -715,14 +979,19 @@ END $$;
 -- in line with ONE ticket in every semaphore that refused it, and, for ``hold_ms``,
 -- in those that would have admitted it. The rows are locked in name order first, so
 -- two sets sharing semaphores never wait for each other in a circle.
--- [1, [grant()'s reply per semaphore]] or [0, ticket, [indexes (0-based) that
--- refused], [refuse()'s reply per semaphore]].
+-- ``came_by``: [the index (1-based) of the semaphore that handed it over, the token],
+-- or NULL. [1, [grant()'s reply per semaphore], handovers per semaphore] or [0,
+-- ticket, [indexes (0-based) that refused], [refuse()'s reply per semaphore],
+-- handovers per semaphore], or [2, index (0-based), token of the copy handed over
+-- last] for a stale copy. ``cfg_max``, ``cfg_deadline``, ``cfg_lead``: each
+-- semaphore's `Dispatch` (NULLs: none).
 CREATE FUNCTION @F@.acquire_all(
   ns text, names text[], h text, presented bigint, hold_ms bigint, info_ text,
   declared integer[], lease_ms bigint[], waiter_ms bigint[], idle bigint[],
   families text[], shadows text[], asks text[], want_k integer[], want_j integer[],
   priorities integer[], rate_i bigint[], rate_b integer[], fair_keys text[],
-  fair_weights integer[]
+  fair_weights integer[], came_by bigint[], cfg_max bigint[], cfg_deadline bigint[],
+  cfg_lead bigint[]
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -742,15 +1011,26 @@ DECLARE
   lease bigint;
   rows jsonb := '[]';
   refused_by jsonb := '[]';
+  handed jsonb := '[]';
+  f @F@.freed;
+  cfg bigint[];
+  stale bigint;
   k integer;
 BEGIN
   FOR k IN SELECT u.i FROM unnest(names) WITH ORDINALITY AS u(name, i) ORDER BY u.name LOOP
     PERFORM @F@.open(ns, names[k], idle[k], now_ms, true);
   END LOOP;
+  IF came_by IS NOT NULL THEN
+    m := @F@.open(ns, names[came_by[1]], idle[came_by[1]], now_ms, true);
+    stale := @F@.arrive(m.id, h, came_by[2], now_ms);
+    IF stale IS NOT NULL THEN
+      RETURN jsonb_build_array(2, came_by[1] - 1, stale);
+    END IF;
+  END IF;
   FOR i IN 1 .. n LOOP
     m := @F@.open(ns, names[i], idle[i], now_ms, true);
-    x := @F@.open_gate(m, h, presented, declared[i], shadows[i], families[i], rate_i[i],
-                       rate_b[i], now_ms);
+    x := @F@.open_gate(m, h, presented, CASE WHEN i = came_by[1] THEN came_by[2] END,
+                       declared[i], shadows[i], families[i], rate_i[i], rate_b[i], now_ms);
     ms[i] := x.m;
     gs[i] := x.g;
     IF fair IS NULL AND fair_keys[i] IS NOT NULL THEN
@@ -812,22 +1092,33 @@ BEGIN
                       fair_keys[i], declared[i], now_us);
     END IF;
     rows := rows || jsonb_build_array(x.reply);
-    m := @F@.finish_gate(x.m, g, declared[i], shadows[i], rate_i[i], rate_b[i], now_us);
-    PERFORM @F@.save(m, now_ms, idle[i]);
+    cfg := CASE WHEN cfg_max[i] IS NOT NULL
+                THEN ARRAY[cfg_max[i], cfg_deadline[i], cfg_lead[i]] END;
+    f := @F@.finish_gate(x.m, g, admitted, cfg, declared[i], shadows[i], rate_i[i],
+                         rate_b[i], now_us);
+    handed := handed || jsonb_build_array(f.handovers);
+    PERFORM @F@.save(f.m, now_ms, idle[i]);
   END LOOP;
   IF admitted THEN
-    RETURN jsonb_build_array(1, rows);
+    RETURN jsonb_build_array(1, rows, handed);
   END IF;
-  RETURN jsonb_build_array(0, coalesce(taken, 0), refused_by, rows);
+  RETURN jsonb_build_array(0, coalesce(taken, 0), refused_by, rows, handed);
 END $$;
 
 -- Take a place in line without asking for a permit (places.take_place), counted as
--- sent until its holder first asks: [ticket, position, permits held, effective limit,
--- draining, µs until the rate's slot (NULL: no rate)].
+-- sent until its holder first asks. With ``far_window_us`` (NULL: never), a place whose
+-- turn is far is parked at once instead, its payload ``far_head`` || ticket ||
+-- ``far_tail``: far when draining, or when the rate's slot is further than the window,
+-- or when at least (free permits + limit) waiters are ahead (only the limits that bind
+-- count); it then holds ``park_ms``, is not counted as sent, and what is due is handed
+-- over. [ticket, position, permits held, effective limit, draining, µs until the rate's
+-- slot (NULL: no rate), parked, handovers].
 CREATE FUNCTION @F@.enqueue(
   ns text, nm text, h text, declared integer, waiter_ms bigint, info_ text, idle bigint,
   shadow_ text, ask_ text, want_k integer, want_j integer, priority integer,
-  sent_horizon_ms bigint, rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer
+  sent_horizon_ms bigint, rate_i bigint, rate_b integer, fair_key_ text, fair_weight_ integer,
+  far_window_us bigint, far_head text, far_tail text, park_ms bigint, far_due_ms bigint,
+  cfg bigint[]
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -838,10 +1129,14 @@ DECLARE
   is_new boolean;
   ahead integer;
   grants_ahead bigint;
+  held integer;
+  binding float8;
   room record;
   rate record;
   slot bigint;
   p record;
+  far boolean := false;
+  handed jsonb := '[]';
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
   r := @F@.reclaim(m.id, now_ms);
@@ -853,8 +1148,8 @@ BEGIN
       m.recorded_shadow := shadow_;
     END IF;
   END IF;
-  IF r.gone + r.lapsed > 0 THEN
-    m := @F@.after_free(m, declared, shadow_, true, rate_i, rate_b, now_us);
+  IF r.gone + r.lapsed > 0 THEN  -- it hands over nobody: a publisher calls it inside its publish
+    m := (@F@.after_free(m, NULL, declared, shadow_, true, rate_i, rate_b, now_us)).m;
   END IF;
   SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
   is_new := NOT FOUND;
@@ -877,26 +1172,42 @@ BEGIN
   SELECT count(*), coalesce(sum(grants), 0) INTO ahead, grants_ahead FROM @T@.waiters
     WHERE semaphore = m.id AND ticket < w.ticket;
   SELECT * INTO rate FROM @F@.effective_rate(m, true, rate_i, rate_b);
+  SELECT * INTO room FROM @F@.room(m, true, rate_i, rate_b, now_us);
   IF rate.interval_us IS NOT NULL THEN
-    SELECT * INTO room FROM @F@.room(m, true, rate_i, rate_b, now_us);
     slot := @F@.slot_in(room.grants, room.next_us, rate.interval_us, grants_ahead + want_j);
   END IF;
-  IF is_new THEN
+  held := @F@.permits_held(m.id);
+  IF far_window_us IS NOT NULL THEN
+    binding := CASE WHEN position('l' IN shadow_) > 0 THEN 'Infinity'::float8
+                    ELSE @F@.effective_limit(m, declared) END;
+    far := coalesce(m.draining
+      OR (room.grants IS NOT NULL AND position('r' IN shadow_) = 0 AND slot > far_window_us)
+      OR ahead >= greatest(0, binding - held) + binding, false);
+  END IF;
+  IF far THEN
+    UPDATE @T@.waiters SET expires_ms = now_ms + park_ms WHERE semaphore = m.id AND holder = h;
+    DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
+    PERFORM @F@.leave_payload(m.id, h, far_head || w.ticket || far_tail, m.released,
+                              far_due_ms, now_ms);
+    handed := @F@.dispatch_due(m, cfg, NULL, shadow_, true, rate_i, rate_b, now_us);
+  ELSIF is_new THEN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND sent_ms <= now_ms - sent_horizon_ms;
     INSERT INTO @T@.sent (semaphore, holder, sent_ms) VALUES (m.id, h, now_ms)
       ON CONFLICT DO NOTHING;
   END IF;
   PERFORM @F@.save(m, now_ms, idle);
-  RETURN jsonb_build_array(w.ticket, ahead + 1, @F@.permits_held(m.id),
-    @F@.effective_limit(m, declared), m.draining, slot);
+  RETURN jsonb_build_array(w.ticket, ahead + 1, held, @F@.effective_limit(m, declared),
+    m.draining, slot, far, handed);
 END $$;
 
--- Give a permit back (SemaphoreModel.release): [released]. Idempotent: a second
--- release, an unknown or reclaimed holder, or a stale token releases nothing. Without a
--- token (by id) it also drops the holder's place in line. ``unused``: the rate's grants
--- to give back with a permit whose task never started.
+-- Give a permit back (SemaphoreModel.release): [released, handovers]. Idempotent: a
+-- second release, an unknown or reclaimed holder, or a stale token releases nothing.
+-- Without a token (by id) it also drops the holder's place in line (and, while anyone
+-- waits, its parked record). ``unused``: the rate's grants to give back with a permit
+-- whose task never started.
 CREATE FUNCTION @F@.release(
-  ns text, nm text, h text, tok bigint, declared integer, shadow_ text, unused integer
+  ns text, nm text, h text, tok bigint, declared integer, shadow_ text, unused integer,
+  cfg bigint[]
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -909,10 +1220,12 @@ DECLARE
   left_ boolean := false;
   gone_key text;
   rate record;
+  handed jsonb := '[]';
+  f @F@.freed;
 BEGIN
   m := @F@.open(ns, nm, NULL, now_ms, false);
   IF m.id IS NULL THEN
-    RETURN jsonb_build_array(false);
+    RETURN jsonb_build_array(false, handed);
   END IF;
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
@@ -942,30 +1255,36 @@ BEGIN
       IF gone_key IS NOT NULL THEN
         PERFORM @F@.count_fair(m.id, gone_key, -1);
       END IF;
+      DELETE FROM @T@.parked WHERE semaphore = m.id AND holder = h;
     END IF;
   END IF;
   IF (released OR r.gone + r.lapsed > 0 OR left_) AND waiting > 0 THEN
-    m := @F@.after_free(m, declared, shadow_, false, NULL, NULL, now_us);
+    f := @F@.after_free(m, cfg, declared, shadow_, false, NULL, NULL, now_us);
+    m := f.m;
+    handed := f.handovers;
   END IF;
   PERFORM @F@.save(m, now_ms, NULL);
-  RETURN jsonb_build_array(released);
+  RETURN jsonb_build_array(released, handed);
 END $$;
 
 -- Compare-and-extend (SemaphoreModel.renew): each holder still live with its token
 -- (NULL: any) gets a lease of ``lease_ms`` from now; the others are lost.
--- [lease end ms, [holders lost]].
-CREATE FUNCTION @F@.renew(ns text, nm text, hs text[], toks bigint[], lease_ms bigint)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+-- [lease end ms, [holders lost], handovers].
+CREATE FUNCTION @F@.renew(
+  ns text, nm text, hs text[], toks bigint[], lease_ms bigint, cfg bigint[]
+) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
   now_ms bigint := now_us / 1000;
   m @T@.semaphores;
   r record;
   lost text[] := '{}';
+  f @F@.freed;
+  handed jsonb := '[]';
 BEGIN
   m := @F@.open(ns, nm, NULL, now_ms, false);
   IF m.id IS NULL THEN
-    RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(hs));
+    RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(hs), handed);
   END IF;
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
@@ -979,20 +1298,23 @@ BEGIN
     END IF;
   END LOOP;
   IF r.gone + r.lapsed > 0 THEN
-    m := @F@.after_free(m, NULL, NULL, false, NULL, NULL, now_us);
+    f := @F@.after_free(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
+    m := f.m;
+    handed := f.handovers;
   END IF;
   PERFORM @F@.save(m, now_ms, NULL);
-  RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(lost));
+  RETURN jsonb_build_array(now_ms + lease_ms, to_jsonb(lost), handed);
 END $$;
 
 -- A runtime setting (SemaphoreModel.set_override, set_draining, set_rate_override,
--- pause_rate): [previous value or NULL]; then run-out leases are reclaimed and what
+-- pause_rate): [previous value or NULL, handovers]; then run-out leases are reclaimed and what
 -- follows freed capacity happens (a raised limit or an ended drain admits at once).
 -- ``value``: the override ('' clears), '1' or '' (draining), "<interval µs>|<burst>" or
 -- '' (the rate override), ms (a pause: without a rate in force nothing happens).
 -- ``rate_i``, ``rate_b``: the caller's rate (NULLs: it declares none).
 CREATE FUNCTION @F@.configure(
-  ns text, nm text, field text, value text, idle bigint, rate_i bigint, rate_b integer
+  ns text, nm text, field text, value text, idle bigint, rate_i bigint, rate_b integer,
+  cfg bigint[]
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
@@ -1002,6 +1324,7 @@ DECLARE
   r record;
   rate record;
   previous text;
+  f @F@.freed;
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
   IF field = 'override' THEN
@@ -1018,7 +1341,7 @@ BEGIN
     SELECT * INTO rate FROM @F@.effective_rate(m, declares, rate_i, rate_b);
     IF rate.interval_us IS NULL THEN
       PERFORM @F@.save(m, now_ms, idle);
-      RETURN jsonb_build_array(NULL);
+      RETURN jsonb_build_array(NULL, '[]'::jsonb);
     END IF;
     m.rate_pause_ms := greatest(now_ms + value::bigint, coalesce(m.rate_pause_ms, 0));
   ELSE
@@ -1027,9 +1350,9 @@ BEGIN
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
   m.expired := m.expired + r.gone;
-  m := @F@.after_free(m, NULL, NULL, declares, rate_i, rate_b, now_us);
-  PERFORM @F@.save(m, now_ms, idle);
-  RETURN jsonb_build_array(previous);
+  f := @F@.after_free(m, cfg, NULL, NULL, declares, rate_i, rate_b, now_us);
+  PERFORM @F@.save(f.m, now_ms, idle);
+  RETURN jsonb_build_array(previous, f.handovers);
 END $$;
 
 -- What an operator sees (reading.status); it changes nothing, so it reclaims nothing:
@@ -1038,7 +1361,7 @@ END $$;
 -- [now ms, recorded limit, override, effective limit, draining, permits held, waiters,
 --  [[holder, token, acquired ms, expires ms, info, permits]...] by lease end,
 --  [[waiter, ticket, since ms, expires ms, info, state]...] in line order,
---  sent count, [[holder, sent ms]...] sent without a place, shadow codes,
+--  parked count, handed-over count, sent count, [[holder, sent ms]...] sent without a place, shadow codes,
 --  the rate in force [interval µs, burst] or NULL, the rate override (the same),
 --  the rate's room, the next start ms, the end of a RateLimited pause ms (0: none),
 --  shadow limit refusals, shadow rate refusals, shadow wait ms, shadow peak,
@@ -1076,12 +1399,16 @@ BEGIN
        info, permits) ORDER BY expires_ms, holder), '[]')
      FROM (SELECT * FROM @T@.holders WHERE semaphore = m.id AND expires_ms > now_ms
            ORDER BY expires_ms, holder LIMIT most) x),
-    (SELECT coalesce(jsonb_agg(jsonb_build_array(holder, ticket, since_ms, expires_ms,
-       info, CASE WHEN in_place_ms IS NOT NULL THEN 'w' ELSE '' END,
-       CASE WHEN keys > 0 THEN ask END)
-       ORDER BY ticket, holder), '[]')
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(x.holder, x.ticket, x.since_ms,
+       x.expires_ms, x.info,
+       CASE WHEN p.state IN ('p', 'h', 'w') THEN p.state::text ELSE '' END,
+       CASE WHEN keys > 0 THEN x.ask END)
+       ORDER BY x.ticket, x.holder), '[]')
      FROM (SELECT * FROM @T@.waiters WHERE semaphore = m.id AND expires_ms > now_ms
-           ORDER BY ticket, holder LIMIT most) x),
+           ORDER BY ticket, holder LIMIT most) x
+     LEFT JOIN @T@.parked p ON p.semaphore = m.id AND p.holder = x.holder),
+    (SELECT count(*) FILTER (WHERE state = 'p') FROM @T@.parked WHERE semaphore = m.id),
+    (SELECT count(*) FILTER (WHERE state = 'h') FROM @T@.parked WHERE semaphore = m.id),
     (SELECT count(*) FROM @T@.sent WHERE semaphore = m.id AND sent_ms >= horizon),
     (SELECT coalesce(jsonb_agg(jsonb_build_array(s.holder, s.sent_ms)
        ORDER BY s.sent_ms, s.holder), '[]')
@@ -1108,4 +1435,169 @@ BEGIN
      FROM (SELECT key, waiting, @F@.recent(grants, minute, grants_before, now_ms) AS grants
            FROM @T@.fair_keys WHERE semaphore = m.id
            ORDER BY waiting DESC, grants DESC, key LIMIT fair_top) x));
+END $$;
+
+-- Parking and handover (places.park, SemaphoreModel.dispatch, claim) -----------------
+
+-- Whether dispatch finds the semaphore's meta (SemaphoreModel.meta_found): any field
+-- what follows freed capacity reads. A semaphore only parked on, never asked, has none.
+CREATE FUNCTION @F@.meta_found(m @T@.semaphores) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT m.recorded_limit IS NOT NULL OR m.override IS NOT NULL OR m.draining
+    OR m.fence IS NOT NULL OR m.released > 0 OR m.hold_ms IS NOT NULL
+    OR m.handover IS NOT NULL OR m.rate_interval_us IS NOT NULL
+    OR m.override_interval_us IS NOT NULL OR m.tat IS NOT NULL
+    OR m.rate_pause_ms IS NOT NULL OR m.weighted OR m.recorded_shadow <> ''
+$$;
+
+-- Stay in line without asking: leave ``payload_`` to be handed over when due (maybe at
+-- once), or ``due_ms_`` from now at the latest (places.park). The place is its own,
+-- the ticket presented if earlier, or a new one; it holds ``park_ms``. ``ask_`` NULL
+-- keeps the recorded ask (a new place then asks for the default). The caller declares
+-- no limit. [ticket, position, handovers].
+CREATE FUNCTION @F@.park(
+  ns text, nm text, h text, presented bigint, payload_ text, park_ms bigint, info_ text,
+  idle bigint, due_ms_ bigint, ask_ text, want_k integer, want_j integer,
+  priority integer, fair_key_ text, fair_weight_ integer, cfg bigint[]
+) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  w @T@.waiters;
+  p record;
+  place bigint;
+  ahead integer;
+  f @F@.freed;
+BEGIN
+  m := @F@.open(ns, nm, idle, now_ms, true);
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  SELECT * INTO w FROM @T@.waiters WHERE semaphore = m.id AND holder = h;
+  place := w.ticket;
+  IF presented IS NOT NULL AND (place IS NULL OR presented < place) THEN
+    place := presented;
+  END IF;
+  IF place IS NULL THEN
+    SELECT * INTO p FROM @F@.place(m, coalesce(priority, 0), fair_key_,
+                                   coalesce(fair_weight_, 1), now_us);
+    m := @F@.take_ticket(m, fair_key_, p.seq, p.head, p.low, p.existed, p.tail,
+                         p.urgent_tail, p.tie);
+    place := p.ticket;
+  END IF;
+  IF ask_ IS NOT NULL THEN  -- SemaphoreModel.stand_in_line
+    PERFORM @F@.weigh(m.id, w.ask, w.fair_key, ask_, fair_key_);
+  END IF;
+  INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info, ask,
+                                permits, grants, fair_key)
+    VALUES (m.id, h, place, now_ms + park_ms, now_ms, info_, coalesce(ask_, ''),
+            coalesce(want_k, 1), coalesce(want_j, 1), fair_key_)
+    ON CONFLICT (semaphore, holder) DO UPDATE SET ticket = excluded.ticket,
+      expires_ms = excluded.expires_ms, info = excluded.info,
+      ask = coalesce(ask_, x.ask), permits = coalesce(want_k, x.permits),
+      grants = coalesce(want_j, x.grants),
+      fair_key = CASE WHEN ask_ IS NULL THEN x.fair_key ELSE excluded.fair_key END;
+  DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
+  PERFORM @F@.leave_payload(m.id, h, payload_, m.released, due_ms_, now_ms);
+  SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < place;
+  IF r.gone + r.lapsed > 0 THEN
+    f := @F@.after_free(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
+  ELSE
+    f := ROW(m, @F@.dispatch_due(m, cfg, NULL, NULL, false, NULL, NULL, now_us));
+  END IF;
+  PERFORM @F@.save(f.m, now_ms, idle);
+  RETURN jsonb_build_array(place, ahead + 1, f.handovers);
+END $$;
+
+-- Hand over what is due, after dropping the named waiters that are parked or handed
+-- over (revoked tasks; one asking in person or holding stays) (SemaphoreModel.dispatch).
+-- A semaphore with no meta changes nothing. [how many were dropped, handovers].
+CREATE FUNCTION @F@.dispatch(ns text, nm text, drop_ text[], cfg bigint[])
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  now_us bigint := @F@.now_us();
+  now_ms bigint := now_us / 1000;
+  m @T@.semaphores;
+  r record;
+  k text;
+  gone_key text;
+  dropped integer := 0;
+  f @F@.freed;
+BEGIN
+  m := @F@.open(ns, nm, NULL, now_ms, false);
+  IF m.id IS NULL OR NOT @F@.meta_found(m) THEN
+    RETURN jsonb_build_array(0, '[]'::jsonb);
+  END IF;
+  FOREACH k IN ARRAY coalesce(drop_, '{}') LOOP
+    DELETE FROM @T@.parked WHERE semaphore = m.id AND holder = k AND state IN ('p', 'h');
+    IF FOUND THEN
+      dropped := dropped + 1;
+      DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = k
+        RETURNING fair_key INTO gone_key;
+      IF gone_key IS NOT NULL THEN
+        PERFORM @F@.count_fair(m.id, gone_key, -1);
+      END IF;
+      gone_key := NULL;
+    END IF;
+  END LOOP;
+  r := @F@.reclaim(m.id, now_ms);
+  m.released := m.released + r.freed;
+  m.expired := m.expired + r.gone;
+  IF r.gone + r.lapsed > 0 OR dropped > 0 THEN
+    f := @F@.after_free(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
+  ELSE
+    f := ROW(m, @F@.dispatch_due(m, cfg, NULL, NULL, false, NULL, NULL, now_us));
+  END IF;
+  PERFORM @F@.save(f.m, now_ms, NULL);
+  RETURN jsonb_build_array(dropped, f.handovers);
+END $$;
+
+-- Who the message ``taken`` from a parking queue is, for the process that got the
+-- handover (``handed``, ``tok``) (Parking.claim, SemaphoreModel.swap_tickets): 'absent'
+-- (not parked: no record, or waiting in place), 'stale' (a copy arrived, or it was
+-- served), 'void' (the handover is no longer ``handed``'s latest), else 'publish',
+-- swapping when ``taken`` is another parked waiter: it takes the handover's token and
+-- due time (and the earlier ticket); ``handed`` parks again (or, if an earlier copy of
+-- it may still be on its way, is handed over with that copy's token). It frees
+-- nothing, so it reclaims nothing and hands over nobody.
+CREATE FUNCTION @F@.claim(ns text, nm text, taken text, handed text, tok bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  m @T@.semaphores;
+  message @T@.parked;
+  turn @T@.parked;
+  mine @T@.waiters;
+  theirs @T@.waiters;
+BEGIN
+  m := @F@.open(ns, nm, NULL, @F@.now_us() / 1000, false);
+  IF m.id IS NULL THEN
+    RETURN 'absent';
+  END IF;
+  SELECT * INTO message FROM @T@.parked WHERE semaphore = m.id AND holder = taken;
+  IF NOT FOUND OR message.state = 'w' THEN
+    RETURN 'absent';
+  END IF;
+  IF message.state IN ('d', 'x') THEN
+    RETURN 'stale';
+  END IF;
+  SELECT * INTO turn FROM @T@.parked WHERE semaphore = m.id AND holder = handed;
+  IF NOT FOUND OR turn.state <> 'h' OR turn.token <> tok THEN
+    RETURN 'void';
+  END IF;
+  IF taken = handed THEN
+    RETURN 'publish';
+  END IF;
+  UPDATE @T@.parked SET token = tok, state = 'h', mark = 0, due_ms = turn.due_ms
+    WHERE semaphore = m.id AND holder = taken;
+  UPDATE @T@.parked SET token = turn.mark, state = CASE WHEN turn.mark <> 0 THEN 'h' ELSE 'p' END,
+    mark = 0 WHERE semaphore = m.id AND holder = handed;
+  SELECT * INTO mine FROM @T@.waiters WHERE semaphore = m.id AND holder = taken;
+  SELECT * INTO theirs FROM @T@.waiters WHERE semaphore = m.id AND holder = handed;
+  IF mine.ticket > theirs.ticket THEN
+    UPDATE @T@.waiters SET ticket = theirs.ticket WHERE semaphore = m.id AND holder = taken;
+    UPDATE @T@.waiters SET ticket = mine.ticket WHERE semaphore = m.id AND holder = handed;
+  END IF;
+  RETURN 'publish';
 END $$;

@@ -38,9 +38,13 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   fair_grants integer NOT NULL DEFAULT 0,
   fair_minute bigint NOT NULL DEFAULT 0,
   fair_grants_before integer NOT NULL DEFAULT 0,
-  -- Permits released or reclaimed so far; the moving average of hold times (ms).
+  -- Permits released or reclaimed so far (a parked waiter's mark); the moving average
+  -- of hold times (ms); the last handover token (max(last + 1, now µs)), written by
+  -- hand_over() alone; whether a waiter ever asked for more than the default.
   released bigint NOT NULL DEFAULT 0,
   hold_ms bigint,
+  handover bigint,
+  weighted boolean NOT NULL DEFAULT false,
   -- Counters for the metrics; the grants a shadow limit would have refused, how late
   -- the shadow rate's slots were (ms, in all), the most permits held over a shadow limit.
   expired bigint NOT NULL DEFAULT 0,
@@ -82,14 +86,31 @@ CREATE TABLE IF NOT EXISTS @T@.waiters (
   ask text NOT NULL DEFAULT '',
   permits integer NOT NULL DEFAULT 1,
   grants integer NOT NULL DEFAULT 1,
-  -- Its fair key, if its ask has one (counted in fair_keys by a trigger of the functions).
+  -- Its fair key, if its ask has one (counted in fair_keys by the functions).
   fair_key text COLLATE "C",
-  -- Waiting in place for a permit of this lease (ms); NULL: it asks again itself.
-  in_place_ms bigint,
   PRIMARY KEY (semaphore, holder)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_line ON @T@.waiters (semaphore, ticket, holder);
 CREATE INDEX IF NOT EXISTS waiters_by_expiry ON @T@.waiters (semaphore, expires_ms);
+
+-- Parked records (model/parking.py, `Record`): a waiter that left its payload to be
+-- handed over (p), its payload handed over with ``token`` (h), a tombstone (d: the copy
+-- handed over last arrived; x: it was served, a copy on its way is stale), or a waiter
+-- in place (w, ``mark``: the lease a release may grant it). A tombstone outlives its
+-- waiter for an hour. ``due_ms``: when to hand it over again, or forget it (the
+-- model's `Parking.handed`); NULL: not due.
+CREATE TABLE IF NOT EXISTS @T@.parked (
+  semaphore bigint NOT NULL REFERENCES @T@.semaphores ON DELETE CASCADE,
+  holder text COLLATE "C" NOT NULL,
+  token bigint NOT NULL DEFAULT 0,
+  state "char" NOT NULL CHECK (state IN ('p', 'h', 'd', 'x', 'w')),
+  mark bigint NOT NULL DEFAULT 0,
+  payload text NOT NULL DEFAULT '',
+  due_ms bigint,
+  PRIMARY KEY (semaphore, holder)
+);
+CREATE INDEX IF NOT EXISTS parked_by_due ON @T@.parked (semaphore, due_ms, holder)
+  WHERE due_ms IS NOT NULL;
 
 -- A fair key's record while it has waiters (model.order.FairKey): where its next
 -- waiter starts, and its next urgent one; its waiters; its grants this minute and the

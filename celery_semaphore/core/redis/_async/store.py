@@ -136,9 +136,6 @@ class AsyncRedisStore(AsyncRedisOperations):
                     return SemaphoreKeyTypeError(key, actual, expected)
         return SemaphoreKeyTypeError(self.keys_of(specs[0]).meta, "unknown type", "hash")
 
-    def check(self, spec: SemaphoreSpec) -> None:
-        """Every setting works here."""
-
     async def acquire(
         self, spec: SemaphoreSpec, request: Acquire
     ) -> tuple[Grant | Place, list[Handover]]:

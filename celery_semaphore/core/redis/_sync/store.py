@@ -137,9 +137,6 @@ class RedisStore(RedisOperations):
                     return SemaphoreKeyTypeError(key, actual, expected)
         return SemaphoreKeyTypeError(self.keys_of(specs[0]).meta, "unknown type", "hash")
 
-    def check(self, spec: SemaphoreSpec) -> None:
-        """Every setting works here."""
-
     def acquire(
         self, spec: SemaphoreSpec, request: Acquire
     ) -> tuple[Grant | Place, list[Handover]]:
