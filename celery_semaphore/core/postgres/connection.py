@@ -105,10 +105,27 @@ def _cause_to_show(error: BaseException, url: str) -> BaseException | None:
     return error if _hidden(str(error), url) == str(error) else None
 
 
+#: SQLSTATE classes of a connection in trouble: a connection exception, a server out
+#: of resources (too many clients), an operator's intervention (a shutdown, a
+#: terminated backend, a statement timeout).
+CONNECTION_TROUBLE = ("08", "53", "57")
+
+
+def connection_trouble(error: BaseException) -> bool:
+    """Whether ``error`` says the connection (or the server) failed, not the call: a
+    client-side failure, or a server error of a `CONNECTION_TROUBLE` class. (psycopg
+    files some server errors of other classes, a function's own bug among them, as
+    OperationalError too.)"""
+    psycopg = needs_psycopg()
+    if not isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    state = getattr(error, "sqlstate", None)
+    return state is None or state[:2] in CONNECTION_TROUBLE
+
+
 def translate(error: BaseException, url: str) -> Exception:
     """The package error for a psycopg error raised by a call."""
-    psycopg = needs_psycopg()
-    if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+    if connection_trouble(error):
         return connection_error(url, error)
     return SemaphoreBackendError(
         f"PostgreSQL at {url} answered with an error: {_first_line(error)}"

@@ -23,6 +23,7 @@ from celery_semaphore.core.postgres import replies
 from celery_semaphore.core.postgres.connection import (
     check_url,
     connect_async,
+    connection_trouble,
     is_postgres_url,
     needs_psycopg,
     shown,
@@ -147,7 +148,7 @@ class AsyncPostgresStore:
             cursor = await connection.execute(query, arguments)
             row = await cursor.fetchone()
         except psycopg.Error as error:
-            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            if connection_trouble(error):
                 self._connection = None
                 await connection.close()
             raise translate(error, self.url) from error

@@ -25,6 +25,7 @@ from celery_semaphore.core.postgres import replies
 from celery_semaphore.core.postgres.connection import (
     check_url,
     connect,
+    connection_trouble,
     is_postgres_url,
     needs_psycopg,
     shown,
@@ -149,7 +150,7 @@ class PostgresStore:
             cursor = connection.execute(query, arguments)
             row = cursor.fetchone()
         except psycopg.Error as error:
-            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            if connection_trouble(error):
                 self._connection = None
                 connection.close()
             raise translate(error, self.url) from error
