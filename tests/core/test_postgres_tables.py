@@ -62,3 +62,29 @@ def test_a_semaphore_idle_past_its_ttl_is_dropped_by_a_new_ones_first_call(
     assert rows(database, "holders") == 2
     for sem in (once, kept, new):
         sem.close()
+
+
+def test_parked_records_go_with_their_places_and_tombstones_after_an_hour(
+    database: str,
+) -> None:
+    """A served waiter leaves a tombstone (``d``) that tells a late copy it is stale;
+    it is forgotten an hour later (at the first dispatch past its due time), and a
+    parked waiter whose place lapses leaves no record."""
+    told: list[Any] = []
+    sem = Semaphore(database, "parked-rows", 1, waiter_lease=0.2, on_handover=told.extend)
+    permit = sem.acquire()
+    sem.park("arrives", "payload")
+    sem.park("lapses", "payload", park_lease=0.2)
+    assert rows(database, "parked") == 2
+    permit.release()
+    handover = next(h for h in told if h.holder == "arrives")
+    sem.attempt("arrives", handover=handover.token).release()
+    time.sleep(0.3)
+    sem.dispatch()
+    with psycopg.connect(database) as connection:
+        kept = connection.execute("SELECT holder, state FROM celery_semaphore.parked").fetchall()
+        assert kept == [("arrives", "d")], "the lapsed place's record went; the tombstone stays"
+        connection.execute("UPDATE celery_semaphore.parked SET due_ms = due_ms - 3600000")
+    sem.dispatch()
+    assert rows(database, "parked") == 0
+    sem.close()
