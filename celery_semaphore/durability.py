@@ -4,10 +4,10 @@ as in the broker.
 On RabbitMQ (an AMQP broker), and on a Redis broker whose server is not the
 semaphores' Redis, a parked task's message never leaves the broker: it waits in
 a parking queue (`celery_semaphore.parking_queues`), whatever the semaphores'
-Redis keeps (`Where.BROKER`). Where the semaphores' Redis is the broker's own
+store keeps (`Where.BROKER`). Where the semaphores' Redis is the broker's own
 server (same host and port, or the same unix socket; the database may differ),
 parking takes a task's message out of the broker's queue and keeps it beside its
-place in line, in that Redis, until its turn (`Where.REDIS`): a loss there takes
+place in line, in that Redis, until its turn (`Where.STORE`): a loss there takes
 the broker's messages too, so parking changes nothing.
 
 On any other broker (kombu's other transports, SQS) a task parks in the
@@ -24,6 +24,12 @@ before its pool forks, so its children do not say it again). What a process has
 read (a Redis's persistence, and whether it is the broker's server: each for
 `RECHECK_EVERY` s) is kept per app (``state_of(app).parking``), so
 `celery_semaphore.reset()` forgets it.
+
+With the semaphores in PostgreSQL the broker's parking queues come first as well
+(RabbitMQ, a Redis broker: PostgreSQL is never the broker's server); on any other
+broker a task's message parks in PostgreSQL, beside its place in line: a parked
+message there is as safe as its WAL, so parking is always allowed there (nothing is
+read, nothing is warned about).
 
 A loss of the broker itself is the broker's business: what it keeps (a Redis
 broker with or without AOF, RabbitMQ durable queues) is what waiting tasks keep.
@@ -61,7 +67,11 @@ class Where(Enum):
     """Where a waiting task's message parks."""
 
     BROKER = "in a parking queue of the broker"
-    REDIS = "in the semaphores' Redis"
+    STORE = "in the semaphores' {store}"
+
+    def in_words(self, store: str) -> str:
+        """Where, for an operator; ``store``: the store's kind (Redis, PostgreSQL)."""
+        return self.value.format(store=store)
 
 
 def server_of(url: str) -> tuple[str, ...] | None:
@@ -98,13 +108,6 @@ def is_the_brokers_server(app: Any, redis_url: str) -> bool:
     server = server_of(redis_url)
     urls = broker_urls(app)
     return server is not None and bool(urls) and all(server_of(url) == server for url in urls)
-
-
-def store_parks(url: str) -> bool:
-    """Whether the store at ``url`` keeps parked tasks' places: not the PostgreSQL
-    store yet (`celery_semaphore.core.postgres.support`), where waiting tasks wait in
-    place or as countdown retries."""
-    return not is_postgres_url(url)
 
 
 class ParkingSafety:
@@ -144,9 +147,7 @@ class ParkingSafety:
     def in_broker(self, app: Any, config: SemaphoreConfig) -> bool:
         """Whether tasks with settings ``config`` park in the broker's parking queues:
         on RabbitMQ, and on a Redis broker that is not ``config.redis_url``'s server
-        (asks nothing of either server); never with a store that does not park."""
-        if not store_parks(config.redis_url):
-            return False
+        (asks nothing of either server; a PostgreSQL store is never the broker's)."""
         driver = self.broker_driver(app)
         return driver == "amqp" or (
             driver == "redis" and not self._is_the_brokers(app, config.redis_url)
@@ -154,22 +155,20 @@ class ParkingSafety:
 
     def where(self, app: Any, config: SemaphoreConfig, store: OperatedStore) -> Where | None:
         """Where a task with settings ``config`` parks: in the broker (RabbitMQ, or a
-        Redis broker that is not ``config.redis_url``'s server), in
-        ``config.redis_url`` (its server is the broker's, or ``store``'s
-        ``persistence()`` says it keeps every write), or nowhere
-        (None: it waits as a countdown retry; logs the WARNING once per URL, except
-        for a store that does not park: PostgreSQL, for now)."""
-        if not store_parks(config.redis_url):
-            return None
+        Redis broker that is not ``config.redis_url``'s server); else in the store at
+        ``config.redis_url`` if it is PostgreSQL, the broker's own Redis server, or a
+        Redis whose ``persistence()`` (read from ``store``) says it keeps every write;
+        else nowhere (None: it waits as a countdown retry; logs the WARNING once per
+        URL)."""
         if self.in_broker(app, config):
             return Where.BROKER
-        if self._is_the_brokers(app, config.redis_url):
-            return Where.REDIS
+        if is_postgres_url(config.redis_url) or self._is_the_brokers(app, config.redis_url):
+            return Where.STORE
         persistence = self.persistence(store, config.redis_url)
         if persistence is None:
             return None  # unreachable now: parking would fail as well
         if persistence.every_write:
-            return Where.REDIS
+            return Where.STORE
         self._warn(config.redis_url, persistence)
         return None
 

@@ -240,8 +240,9 @@ class ParkingProducer:
     in handover mode: it publishes a new task whose turn is near, and parks one
     whose place in line is far back.
 
-    A parked message stays beside its place in line, in the semaphore's Redis,
-    until its turn comes; the process that frees a permit then publishes it to
+    A parked message stays beside its place in line, in the semaphores' store (or
+    in a parking queue of the broker: `celery_semaphore.durability`), until its turn
+    comes; the process that frees a permit then publishes it to
     the queue's handover queue (`celery_semaphore.parked_tasks`). Without this, each task of a
     long backlog would reach a worker only to be refused and parked there, and
     the next owners of freed permits would wait behind that flood. Everything

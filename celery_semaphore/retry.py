@@ -3,11 +3,12 @@
 `celery_semaphore.waiting` decides what a refused task does; this module
 carries it out in Celery's terms:
 
-- park (handover mode): on an AMQP broker the retry's message is published to its
-  parking queue (`celery_semaphore.parking_queues`) and its place in line says
-  where; elsewhere it is left beside the place in line, where that Redis keeps it
-  at least as safely as the broker (`celery_semaphore.durability`), and the
-  execution ends as a ``Retry`` that publishes nothing;
+- park (handover mode): on RabbitMQ or a Redis broker the retry's message is
+  published to its parking queue (`celery_semaphore.parking_queues`) and its place in
+  line says where; elsewhere it is left beside the place in line, where the
+  semaphores' store keeps it at least as safely as the broker
+  (`celery_semaphore.durability`), and the execution ends as a ``Retry`` that
+  publishes nothing;
 - countdown: the retry is published with a countdown aimed at the turn;
 - give up: `SemaphoreTimeout`.
 

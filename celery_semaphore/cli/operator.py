@@ -55,9 +55,9 @@ class Operator:
         self._declared: dict[str, InApp] | None = None
 
     def parked_in(self) -> str:
-        """Where this app's parked tasks' messages wait (`durability.Where`)."""
+        """Where this app's parked tasks' messages wait (`durability.Where`), in words."""
         in_broker = state_of(self.app).parking.in_broker(self.app, get_config(self.app))
-        return str((Where.BROKER if in_broker else Where.REDIS).value)
+        return (Where.BROKER if in_broker else Where.STORE).in_words(self.kind)
 
     def names(self) -> list[str]:
         return self.store.semaphore_names(self.namespace)

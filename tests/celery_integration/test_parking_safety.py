@@ -177,7 +177,7 @@ def test_the_brokers_unix_socket_server_takes_parked_tasks_without_asking(
     elsewhere = Celery("elsewhere", broker="redis://127.0.0.1:1/0", set_as_current=False)
     config = SemaphoreConfig(redis_url=semaphores)
     try:
-        assert ParkingSafety().where(app, config, store) is Where.REDIS
+        assert ParkingSafety().where(app, config, store) is Where.STORE
         # another Redis broker: the task parks in its parking queues, whatever this one keeps
         assert ParkingSafety().where(elsewhere, config, store) is Where.BROKER
     finally:

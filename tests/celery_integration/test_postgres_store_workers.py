@@ -1,7 +1,7 @@
 """Celery workers on RabbitMQ with the semaphores in PostgreSQL (a cluster of the
 session's own): no Redis in the semaphores' path (the harness keeps results and its
-event log in Redis). The PostgreSQL store does not park yet, so a refused task waits
-in place in its worker or as a countdown retry (`durability.store_parks`)."""
+event log in Redis). A refused task parks in a parking queue of RabbitMQ, its place in
+line in PostgreSQL (`durability.Where.BROKER`), or waits in place in its worker."""
 
 from __future__ import annotations
 

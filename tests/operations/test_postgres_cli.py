@@ -1,6 +1,8 @@
 """The real ``celery -A app semaphore ...`` on an app whose ``semaphore_url`` is a
-PostgreSQL database: ``migrate`` (and ``--sql``), and ``status`` of a semaphore held
-there. Each test has a database of its own on the session's cluster."""
+PostgreSQL database: ``migrate`` (and ``--sql``), ``status`` of a semaphore held there,
+and the parked side (rows written straight into the ``parked`` table) as the CLI, the
+metrics and a worker read it. Each test has a database of its own on the session's
+cluster."""
 
 from __future__ import annotations
 
@@ -94,7 +96,8 @@ def test_status_shows_the_holder_of_a_postgresql_semaphore(tmp_path: Path, datab
 
 def test_the_operators_side_reads_the_tables(database: str) -> None:
     """What `status`, `set-limit` and the metrics ask of the store, beyond a
-    semaphore's own status; the parked side is empty (nothing parks here yet)."""
+    semaphore's own status; nothing parked: the parked side is empty, and no worker
+    listens to be woken."""
     held = Semaphore(database, "cust-1", 1, rate="10/s", family="customer")
     planned = Semaphore(database, "launch", 5)
     store = operated_store(database)
@@ -133,6 +136,140 @@ def test_the_operators_side_reads_the_tables(database: str) -> None:
     finally:
         for closing in (held, planned, store):
             closing.close()
+
+
+PARK = """
+INSERT INTO celery_semaphore.parked (semaphore, holder, token, state, payload)
+SELECT id, %s, %s, %s, 'payload' FROM celery_semaphore.semaphores
+WHERE namespace = %s AND name = %s
+"""
+
+
+def park_rows(database: str, namespace: str, name: str, states: dict[str, str]) -> None:
+    """Write a parked record for each holder of ``states`` (its state) into the table."""
+    with psycopg.connect(database, autocommit=True) as connection:
+        for n, (holder, state) in enumerate(states.items(), 1):
+            token = 0 if state == "p" else n  # a handover's token, or a tombstone's
+            cursor = connection.execute(PARK, (holder, token, state, namespace, name))
+            assert cursor.rowcount == 1, f"no semaphore {name!r} in {namespace!r}"
+
+
+def heard_within(watching: Any, seconds: float) -> bool:
+    """Whether ``watching`` hears a command within ``seconds`` (a NOTIFY reaches a
+    listening connection a moment after its sender's commit)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if watching.heard():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_the_parked_side_reads_the_parked_table(tmp_path: Path, database: str) -> None:
+    """A semaphore has parked tasks while it has records parked (p) or handed over
+    (h): those are listed (``parked=True``, the worker's parked index); each is counted
+    on its own, and ``parked_counts`` counts the parked ones only, as the Redis store's
+    n_parked. Tombstones (d, x) and waiters in place (w) are no parked tasks; neither
+    is a semaphore idle past its idle time, nor one of another namespace."""
+    sems = {name: Semaphore(database, name, 1) for name in ("busy", "handed", "tombstones", "none")}
+    elsewhere = Semaphore(database, "busy", 1, namespace="elsewhere")
+    gone = Semaphore(database, "gone", 1)
+    store = operated_store(database)
+    try:
+        for sem in [*sems.values(), elsewhere, gone]:
+            assert isinstance(sem.acquire(holder="holder"), Permit)
+            for waiter in ("w1", "w2", "w3"):
+                assert isinstance(sem.attempt(waiter, wait_lease=60), Place)
+        park_rows(database, "celery_semaphore", "busy", {"w1": "p", "w2": "h", "w3": "p"})
+        park_rows(database, "celery_semaphore", "handed", {"w1": "h"})
+        park_rows(database, "celery_semaphore", "tombstones", {"w1": "d", "w2": "x", "w3": "w"})
+        park_rows(database, "elsewhere", "busy", {"w1": "p"})
+        park_rows(database, "celery_semaphore", "gone", {"w1": "p", "w2": "h"})
+        with psycopg.connect(database, autocommit=True) as connection:
+            connection.execute(
+                "UPDATE celery_semaphore.semaphores SET used_ms = 0 WHERE name = 'gone'"
+            )
+            connection.execute(
+                "INSERT INTO celery_semaphore.fair_keys (semaphore, key, waiting) "
+                "SELECT id, 'tenant-1', 1 FROM celery_semaphore.semaphores "
+                "WHERE namespace = 'celery_semaphore' AND name = 'busy'"
+            )
+
+        assert store.semaphore_names("celery_semaphore", parked=True) == ["busy", "handed"]
+        assert store.semaphore_names("elsewhere", parked=True) == ["busy"]
+        index = store.parked_index("celery_semaphore")
+        assert index.names == ["busy", "handed"]
+        index.forget_idle()  # a query: nothing to forget
+        assert store.parked_index("celery_semaphore").names == ["busy", "handed"]
+        names = ["busy", "handed", "tombstones", "none", "gone", "nope"]
+        assert store.parked_counts("celery_semaphore", names) == {
+            "busy": 2, "handed": 0, "tombstones": 0, "none": 0, "gone": 0, "nope": 0,
+        }  # fmt: skip
+        assert store.parked_counts("elsewhere", ["busy"]) == {"busy": 1}
+        counted = {
+            c.name: (c.parked_count, c.handed_over_count, c.fair_keys_waiting)
+            for c in store.counts("celery_semaphore", names)
+        }
+        assert counted == {
+            "busy": (2, 1, 1), "handed": (0, 1, 0), "tombstones": (0, 0, 0), "none": (0, 0, 0),
+        }  # fmt: skip
+
+        out = run(tmp_path, database, "status", "--json")
+        assert out.returncode == 0, out.stderr
+        rows = {row["name"]: row for row in json.loads(out.stdout)}
+        assert {name: (r["parked"], r["handed_over"]) for name, r in rows.items()} == {
+            "busy": (2, 1), "handed": (0, 1), "tombstones": (0, 0), "none": (0, 0),
+        }  # fmt: skip
+        # the app's broker (memory://) has no parking queues: they park in the store
+        assert rows["busy"]["parked_in"] == "in the semaphores' PostgreSQL"
+        text = run(tmp_path, database, "status", "busy").stdout.splitlines()
+        assert text[-1] == "PARKED: their messages wait in the semaphores' PostgreSQL."
+    finally:
+        for closing in [*sems.values(), elsewhere, gone, store]:
+            closing.close()
+
+
+def test_an_operators_change_wakes_the_workers_that_watch_the_namespace(
+    tmp_path: Path, database: str
+) -> None:
+    """``resume`` of a semaphore with parked tasks asks every worker watching its
+    namespace to beat now (NOTIFY); the CLI says how many heard. A worker watching
+    another namespace hears nothing, and a closed watch no longer counts."""
+    sem = Semaphore(database, "partner-api", 1)
+    store = operated_store(database)
+    watching = store.watch("celery_semaphore")
+    other = store.watch("elsewhere")
+    try:
+        assert isinstance(sem.acquire(holder="holder"), Permit)
+        assert isinstance(sem.attempt("w1", wait_lease=60), Place)
+        park_rows(database, "celery_semaphore", "partner-api", {"w1": "p"})
+        assert not watching.heard()
+        assert sem.set_draining(True) is False
+        out = run(tmp_path, database, "resume", "partner-api")
+        assert (out.returncode, out.stderr) == (0, ""), out.stderr
+        assert out.stdout == (
+            "partner-api: admitting again; 1 worker was asked to hand over its parked tasks "
+            "now due (1 parked)\n"
+        )
+        assert heard_within(watching, 5)
+        assert not watching.heard()  # heard once
+        assert not heard_within(other, 0.2)
+        assert store.wake_workers("elsewhere", "partner-api") == 1
+        assert heard_within(other, 5)
+        assert not watching.heard()
+    finally:
+        watching.close()
+        other.close()
+    try:
+        deadline = time.monotonic() + 5
+        while (heard := store.wake_workers("celery_semaphore", "partner-api")) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.01)  # a backend leaves pg_stat_activity a moment after its close
+        assert heard == 0
+    finally:
+        sem.close()
+        store.close()
 
 
 def test_migrate_errors_are_one_line_without_the_password(tmp_path: Path) -> None:

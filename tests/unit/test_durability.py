@@ -1,8 +1,10 @@
 """Where tasks may park (celery_semaphore/durability.py), with fake CONFIG answers:
 the broker's parking queues (RabbitMQ, a Redis broker on another server), the
 broker's own server, on other transports a Redis that appends every write, and the
-one warning otherwise (the retired opt-in changes nothing). The same against real
-servers: tests/celery_integration/test_parking_safety.py."""
+one warning otherwise (the retired opt-in changes nothing); with the semaphores in
+PostgreSQL, the broker's parking queues where there are any, else PostgreSQL itself,
+whatever it says of its WAL. The same against real servers:
+tests/celery_integration/test_parking_safety.py."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from celery import Celery
 
 from celery_semaphore.config import SemaphoreConfig, get_config
 from celery_semaphore.core.redis.server import read_persistence
+from celery_semaphore.core.results import Persistence
 from celery_semaphore.durability import (
     RECHECK_EVERY,
     ParkingSafety,
@@ -185,7 +188,7 @@ def test_a_redis_that_appends_every_write_takes_parked_tasks(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
     safety, app, _ = safety_and_app(make_app)
-    assert safety.where(app, SemaphoreConfig(redis_url=SEMAPHORES), FakeRedis(YES)) is Where.REDIS
+    assert safety.where(app, SemaphoreConfig(redis_url=SEMAPHORES), FakeRedis(YES)) is Where.STORE
     assert warnings_of(caplog) == []
 
 
@@ -243,7 +246,7 @@ def test_an_unreachable_redis_takes_none_says_nothing_and_is_asked_again(
     config = SemaphoreConfig(redis_url=SEMAPHORES)
     assert safety.where(app, config, client) is None
     assert safety.where(app, config, client) is None
-    assert safety.where(app, config, client) is Where.REDIS
+    assert safety.where(app, config, client) is Where.STORE
     assert client.asked == 3
     assert warnings_of(caplog) == []
 
@@ -257,7 +260,7 @@ def test_the_reading_is_kept_a_minute_then_read_again(make_app: MakeApp) -> None
     assert safety.where(app, config, client) is None
     assert client.asked == 1
     clock.now += 1
-    assert safety.where(app, config, client) is Where.REDIS  # appendonly turned on meanwhile
+    assert safety.where(app, config, client) is Where.STORE  # appendonly turned on meanwhile
     assert client.asked == 2
 
 
@@ -268,7 +271,7 @@ def test_the_brokers_own_server_takes_parked_tasks_without_asking(
     client = FakeRedis(NO)
     assert (
         safety.where(app, SemaphoreConfig(redis_url="redis://broker.internal/1"), client)
-        is Where.REDIS
+        is Where.STORE
     )
     assert client.asked == 0
     assert warnings_of(caplog) == []
@@ -280,10 +283,10 @@ def test_whether_it_is_the_brokers_server_is_kept_a_minute_then_read_again(
     safety, app, clock = safety_and_app(make_app, "redis://broker.internal/0")
     client = FakeRedis(NO)
     config = SemaphoreConfig(redis_url="redis://broker.internal/1")
-    assert safety.where(app, config, client) is Where.REDIS
+    assert safety.where(app, config, client) is Where.STORE
     app.conf.broker_url = "redis://elsewhere.internal/0"  # settings read once a minute
     clock.now += RECHECK_EVERY - 1
-    assert safety.where(app, config, client) is Where.REDIS
+    assert safety.where(app, config, client) is Where.STORE
     clock.now += 1
     assert safety.where(app, config, client) is Where.BROKER  # a Redis broker elsewhere
     assert client.asked == 0  # what the Redis keeps does not matter
@@ -347,3 +350,58 @@ def test_on_an_amqp_broker_tasks_park_in_the_broker_whatever_the_redis_keeps(
     assert warnings_of(caplog) == []
     assert safety.broker_is_amqp(app)
     assert not ParkingSafety().broker_is_amqp(make_app(broker_url="redis://broker.internal/0"))
+
+
+class FakePostgres:
+    """A PostgreSQL store as `ParkingSafety.where` sees it: its ``persistence()`` (a
+    test cluster's: fsync off) counted, never to be asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def persistence(self) -> Persistence:
+        self.asked += 1
+        return Persistence(False, "fsync off, synchronous_commit off")
+
+
+# On the port a Redis broker of the same host might use: PostgreSQL is never that server.
+POSTGRES = "postgresql://app:s3cret@db.internal:6379/jobs"
+
+
+@pytest.mark.parametrize(
+    "broker",
+    ["amqp://guest:guest@rabbit.internal:5672//", "redis://db.internal:6379/0"],
+    ids=["amqp", "redis"],
+)
+def test_with_postgresql_tasks_park_in_the_brokers_parking_queues_where_it_has_them(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture, broker: str
+) -> None:
+    safety, app, _ = safety_and_app(make_app, broker)
+    store = FakePostgres()
+    config = SemaphoreConfig(redis_url=POSTGRES)
+    assert safety.in_broker(app, config)
+    assert safety.where(app, config, store) is Where.BROKER
+    assert store.asked == 0
+    assert warnings_of(caplog) == []
+
+
+def test_with_postgresql_on_another_broker_tasks_park_in_postgresql_without_asking(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A parked message in PostgreSQL is as safe as its WAL: parking is always allowed
+    there, even where the server says fsync is off, and nothing is warned about."""
+    safety, app, clock = safety_and_app(make_app)
+    store = FakePostgres()
+    config = SemaphoreConfig(redis_url=POSTGRES)
+    assert not safety.in_broker(app, config)
+    for _ in range(3):
+        assert safety.where(app, config, store) is Where.STORE
+        clock.now += RECHECK_EVERY
+    assert store.asked == 0
+    assert warnings_of(caplog) == []
+
+
+def test_where_a_task_parks_in_an_operators_words() -> None:
+    assert Where.STORE.in_words("PostgreSQL") == "in the semaphores' PostgreSQL"
+    assert Where.STORE.in_words("Redis") == "in the semaphores' Redis"
+    assert Where.BROKER.in_words("Redis") == "in a parking queue of the broker"
