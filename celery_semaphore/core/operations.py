@@ -1,7 +1,7 @@
 """What the Celery side, the CLI and the metrics ask of a store beyond one semaphore's
 operations: `OperatedStore`, a synchronous `Store` with an operators' side. The Redis
 store has it (`celery_semaphore.core.redis.operations`), the PostgreSQL store
-(`celery_semaphore.core.postgres.operations`: nothing parked there yet), and the memory
+(`celery_semaphore.core.postgres.operations`), and the memory
 store (`celery_semaphore.core.memory.operations`: an app's tests with no server, its
 worker in a thread of the test process). `operated_store()` makes one from a URL.
 """
