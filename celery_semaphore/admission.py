@@ -505,7 +505,7 @@ def _on_redis_error(admission: Admission, waits: Waits, error: Exception) -> Non
         raise error
     if policy == "retry" and not state_of(task.app).redis_answered:
         logger.error(
-            "%s[%s] fails: the semaphores' Redis has not answered this worker since it "
+            "%s[%s] fails: the semaphores' store has not answered this worker since it "
             "started, so retrying would wait for a setting to change: %s",
             task.name,
             request.id,

@@ -14,7 +14,13 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.worker import state as worker_state
 
 from celery_semaphore import metrics
-from celery_semaphore.config import check_shared_redis, get_config, task_config, uses_handover
+from celery_semaphore.config import (
+    check_shared_redis,
+    get_config,
+    task_config,
+    url_setting,
+    uses_handover,
+)
 from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.core.operations import OperatedStore, operated_store
 from celery_semaphore.core.urls import mask_url
@@ -130,11 +136,12 @@ def check_reachable(app: Any, config: Any) -> None:
         state.semaphores.store(config.redis_url).ping()
     except SemaphoreError as error:
         logger.error(
-            "celery-semaphore: the semaphores' Redis at %s does not answer (%s): until it "
+            "celery-semaphore: the semaphores' store at %s does not answer (%s): until it "
             "does, limited tasks fail with SemaphoreConnectionError; once it has answered, "
-            "semaphore_on_redis_error applies. Check semaphore_redis_url (or the broker URL)",
+            "semaphore_on_redis_error applies. Check %s (or the broker URL)",
             mask_url(config.redis_url),
             error,
+            url_setting(app),
         )
         return
     state.redis_answered.set()

@@ -301,7 +301,7 @@ def test_a_semaphore_redis_never_reached_fails_tasks_at_once(clusters: Clusters)
         worker = cluster.worker(
             "w1", concurrency=2, app="policy_app", queues="policy", extra=["-E"]
         )
-        assert f"the semaphores' Redis at {server.url} does not answer" in worker.text()
+        assert f"the semaphores' store at {server.url} does not answer" in worker.text()
         send = cluster.app_module.app.send_task
 
         started = time.monotonic()
