@@ -140,19 +140,35 @@ class AsyncPostgresStore:
         return self._connection
 
     async def _one(self, query: str, arguments: Sequence[Any]) -> Any:
-        """The one value ``query`` answers; a lost connection is dropped (the next call
-        makes a new one) and raised as `SemaphoreConnectionError`."""
+        """The one value ``query`` answers. A connection kept from an earlier call that
+        turns out lost (the database restarted, its backend was terminated) is dropped
+        and the call made once more on a new one; a new connection that fails is
+        dropped too (the next call makes another) and the failure raised as
+        `SemaphoreConnectionError`.
+
+        Why once more: a worker's first call after a restart is often a release, and a
+        release that fails leaves its permit held until the lease runs out. Asking
+        again is safe: a connection found lost at a call's start never ran it, and if
+        it was lost after the call committed, every operation asked twice answers as
+        asked once (a release or renew of what is done, the same holder's place or
+        permit again) or is handed over again at its deadline (a claim)."""
         psycopg = needs_psycopg()
-        connection = await self._connected()
-        try:
-            cursor = await connection.execute(query, arguments)
-            row = await cursor.fetchone()
-        except psycopg.Error as error:
-            if connection_trouble(error):
+        kept = self._connection is not None and not self._connection.closed
+        for kept in (kept and self._pid == os.getpid(), False):
+            connection = await self._connected()
+            try:
+                cursor = await connection.execute(query, arguments)
+                row = await cursor.fetchone()
+            except psycopg.Error as error:
+                if not connection_trouble(error):
+                    raise translate(error, self.url) from error
                 self._connection = None
                 await connection.close()
-            raise translate(error, self.url) from error
-        return None if row is None else row[0]
+                if not kept:
+                    raise translate(error, self.url) from error
+                continue
+            return None if row is None else row[0]
+        raise AssertionError("unreachable: the second try returns or raises")
 
     async def acquire(
         self, spec: SemaphoreSpec, request: Acquire
