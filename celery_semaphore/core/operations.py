@@ -110,10 +110,10 @@ def operated_store(
     its operators' side. A store made from a URL owns its client (`close()` closes it);
     ``url``: what a client passed in was made from. ``quick_timeout`` (with a Redis
     URL): a client that gives up within that many seconds, for callers that must never
-    stall (publishing); a PostgreSQL store connects as its URL says (libpq's
-    ``connect_timeout``)."""
+    stall (publishing); a PostgreSQL store then asks no call twice, and connects as its
+    URL says (libpq's ``connect_timeout``)."""
     from celery_semaphore.core.memory._sync.store import MemoryStore  # noqa: PLC0415
-    from celery_semaphore.core.postgres._sync.store import PostgresStore  # noqa: PLC0415
+    from celery_semaphore.core.postgres._sync.store import RETRIES, PostgresStore  # noqa: PLC0415
     from celery_semaphore.core.postgres.connection import is_postgres_url  # noqa: PLC0415
     from celery_semaphore.core.postgres.operations import PostgresOperatedStore  # noqa: PLC0415
     from celery_semaphore.core.redis._sync.store import RedisStore  # noqa: PLC0415
@@ -131,7 +131,7 @@ def operated_store(
     if isinstance(where, str) and where.startswith(MEMORY):
         return MemoryStore(where)
     if is_postgres_url(where):
-        return PostgresOperatedStore(where)
+        return PostgresOperatedStore(where, retries=0 if quick_timeout is not None else RETRIES)
     try:
         if isinstance(where, str) and quick_timeout is not None:
             return RedisStore(connect_quick(where, quick_timeout), where, owns_client=True)

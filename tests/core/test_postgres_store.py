@@ -168,14 +168,13 @@ def async_failure(url: str, call: Callable[[AsyncSemaphore], Awaitable[object]])
 
 
 def failures(url: str) -> list[SemaphoreError]:
-    """What a blocking acquire raises on ``url``, sync then asyncio: at once, not after
-    retrying until its timeout."""
-    started = time.monotonic()
-    errors = [
-        failure(url, lambda sem: sem.acquire(timeout=10)),
-        async_failure(url, lambda sem: sem.acquire(timeout=10)),
-    ]
-    assert time.monotonic() - started < 5, "raised at once, not retried until the timeout"
+    """What a blocking acquire raises on ``url``, sync then asyncio: after the store's
+    own retries at most (about 4 s, `backoff`), not after retrying until its timeout."""
+    errors = []
+    for fail in (failure, async_failure):
+        started = time.monotonic()
+        errors.append(fail(url, lambda sem: sem.acquire(timeout=10)))
+        assert time.monotonic() - started < 7, "raised, not retried until the timeout"
     return errors
 
 

@@ -63,8 +63,14 @@ def needs_psycopg() -> Any:
     return psycopg
 
 
+#: The hint of a URL libpq cannot read: no retry can fix it.
+UNREADABLE = "libpq cannot read this URL: fix it (percent-encode the password)"
+
+
 def hint_for(error: BaseException) -> str | None:
     """What to do about a connection error (None: the default: is it running there?)."""
+    if isinstance(error, needs_psycopg().ProgrammingError):
+        return UNREADABLE
     text = str(error)
     if "password authentication failed" in text or "no password supplied" in text:
         return "the server refused the credentials: put the right user/password in the URL"

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from celery_semaphore.core.errors import SemaphoreConnectionError, StaleHandover
 from celery_semaphore.core.model.replies import Granted
 from celery_semaphore.core.postgres import replies
 from celery_semaphore.core.postgres.connection import (
+    UNREADABLE,
     check_url,
     connect,
     connection_trouble,
@@ -54,6 +56,20 @@ from celery_semaphore.core.results import (
     Places,
     SemaphoreStatus,
 )
+
+#: How often a call is asked again after its connection failed (`backoff`), as
+#: redis-py's default client retries the Redis store's calls.
+RETRIES = 10
+
+
+def backoff(retries: int) -> Iterator[float | None]:
+    """The pauses between the tries of a call, then None after the last: exponential
+    with full jitter, from 10 ms to at most 1 s (redis-py's
+    ``ExponentialWithJitterBackoff(cap=1, base=0.01)``), about 2-4 s in all."""
+    for attempt in range(retries):
+        yield random.uniform(0, min(1.0, 0.01 * 2**attempt))
+    yield None
+
 
 #: Connections a forked child inherited: never used, never closed (closing would end
 #: the parent's session on the shared socket).
@@ -105,9 +121,11 @@ class PostgresStore:
 
     ``url``: ``postgresql://user:password@host:port/database?sslmode=...`` (libpq's
     settings in the query). One connection per process, made at the first call; a
-    waiter in place listens on a connection of its own."""
+    waiter in place listens on a connection of its own. ``retries``: how often a call
+    whose connection failed is asked again (0: never, for callers that must not stall:
+    a publisher)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, retries: int = RETRIES) -> None:
         if not is_postgres_url(url):
             raise ValueError(f"a PostgreSQL URL starts with postgresql://, got {shown(url)!r}")
         check_url(url)
@@ -115,6 +133,7 @@ class PostgresStore:
         #: The URL as given (with its password: never shown; ``url`` is).
         self.target = url
         self.url = shown(url)
+        self.retries = retries
         self._connection: Any = None
         self._pid = os.getpid()
         #: A LISTEN connection kept from the last wait that ended normally.
@@ -142,35 +161,41 @@ class PostgresStore:
         return self._connection
 
     def _one(self, query: str, arguments: Sequence[Any]) -> Any:
-        """The one value ``query`` answers. A connection kept from an earlier call that
-        turns out lost (the database restarted, its backend was terminated) is dropped
-        and the call made once more on a new one; a new connection that fails is
-        dropped too (the next call makes another) and the failure raised as
-        `SemaphoreConnectionError`.
+        """The one value ``query`` answers. A connection lost (the database restarted,
+        its backend was terminated) or not made is dropped, and the call asked again on
+        a new one, after backing off (`backoff`), as redis-py's default client does for
+        the Redis store: a database that answers again within a second or two loses no
+        call. Then the failure is raised as `SemaphoreConnectionError`; wrong credentials
+        or a missing database at once.
 
-        Why once more: a worker's first call after a restart is often a release, and a
-        release that fails leaves its permit held until the lease runs out. Asking
-        again is safe: a connection found lost at a call's start never ran it, and if
-        it was lost after the call committed, every operation asked twice answers as
-        asked once (a release or renew of what is done, the same holder's place or
-        permit again) or is handed over again at its deadline (a claim)."""
-        psycopg = needs_psycopg()
-        kept = self._connection is not None and not self._connection.closed
-        for kept in (kept and self._pid == os.getpid(), False):
-            connection = self._connected()
+        Why ask again: a worker's first call after a restart is often a release, and a
+        release that fails leaves its permit held until the lease runs out. It is safe:
+        a connection found lost at a call's start never ran it, and if it was lost after
+        the call committed, every operation asked twice answers as asked once (a release
+        or renew of what is done, the same holder's place or permit again) or is handed
+        over again at its deadline (a claim)."""
+        for pause in backoff(self.retries):
             try:
-                cursor = connection.execute(query, arguments)
-                row = cursor.fetchone()
-            except psycopg.Error as error:
-                if not connection_trouble(error):
-                    raise translate(error, self.url) from error
+                return self._ask(query, arguments)
+            except SemaphoreConnectionError as error:
+                if not self.reconnectable(error) or pause is None:
+                    raise
+            time.sleep(pause)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _ask(self, query: str, arguments: Sequence[Any]) -> Any:
+        """One try of `_one`: a connection in trouble is dropped."""
+        psycopg = needs_psycopg()
+        connection = self._connected()
+        try:
+            cursor = connection.execute(query, arguments)
+            row = cursor.fetchone()
+        except psycopg.Error as error:
+            if connection_trouble(error):
                 self._connection = None
                 connection.close()
-                if not kept:
-                    raise translate(error, self.url) from error
-                continue
-            return None if row is None else row[0]
-        raise AssertionError("unreachable: the second try returns or raises")
+            raise translate(error, self.url) from error
+        return None if row is None else row[0]
 
     def acquire(
         self, spec: SemaphoreSpec, request: Acquire
@@ -379,7 +404,10 @@ class PostgresStore:
         subscription.close()
 
     def reconnectable(self, error: SemaphoreConnectionError) -> bool:
-        return "credentials" not in str(error) and "does not exist" not in str(error)
+        """Whether asking again may help: not with wrong credentials, a missing
+        database or a URL libpq cannot read."""
+        text = str(error)
+        return not any(fixed in text for fixed in ("credentials", "does not exist", UNREADABLE))
 
     def close(self) -> None:
         for connection in (self._connection, self._spare):
