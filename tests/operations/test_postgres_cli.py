@@ -310,3 +310,26 @@ def test_migrate_on_a_redis_store_has_nothing_to_do(tmp_path: Path) -> None:
         0,
         "nothing to migrate: the Redis store loads its library itself\n",
     )
+
+
+def test_the_metrics_read_the_shadow_counters(database: str) -> None:
+    """What a shadow limit would have refused is counted in the semaphore's row and read
+    by the metrics as the Redis store's meta counters are."""
+    sem = Semaphore(database, "shadowed", 1, shadow=["limit"])
+    first, second = sem.acquire(), sem.acquire()
+    assert second.shadow_refused == {"limit"}
+    store = operated_store(database)
+    try:
+        fields = ("m_shadow_limit", "m_shadow_peak", "m_shadow_rate", "m_expired")
+        (counts,) = store.counts("celery_semaphore", ["shadowed"], fields)
+        assert counts.fields == {
+            "m_shadow_limit": "1",
+            "m_shadow_peak": "2",
+            "m_shadow_rate": "0",
+            "m_expired": "0",
+        }
+    finally:
+        first.release()
+        second.release()
+        store.close()
+        sem.close()

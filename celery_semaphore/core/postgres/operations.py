@@ -71,7 +71,8 @@ FAMILIES = (
 )
 #: [now ms, [[name, recorded limit, override, draining, family, expired, lost noted,
 #: permits held, waiters, parked, handed over, sent, rate interval µs, burst, paused
-#: until ms, fair keys with waiters]...]]: tasks sent within the sent horizon
+#: until ms, fair keys with waiters, the shadow counters (limit refusals, rate
+#: refusals, rate wait ms, peak)]...]]: tasks sent within the sent horizon
 #: (`SemaphoreSpec.sent_horizon_ms`), the rate in force for a caller that declares none
 #: (the override, else the recorded one).
 COUNTS = f"""
@@ -87,7 +88,8 @@ SELECT jsonb_build_array(now.ms, coalesce(jsonb_agg(jsonb_build_array(
   coalesce(m.override_interval_us, m.rate_interval_us),
   CASE WHEN m.override_interval_us IS NOT NULL THEN m.override_burst ELSE m.rate_burst END,
   CASE WHEN m.rate_pause_ms > now.ms THEN m.rate_pause_ms END,
-  (SELECT count(*) FROM {TABLES}.fair_keys f WHERE f.semaphore = m.id)
+  (SELECT count(*) FROM {TABLES}.fair_keys f WHERE f.semaphore = m.id),
+  m.shadow_limit_refusals, m.shadow_rate_refusals, m.shadow_wait_ms, m.shadow_peak
 )) FILTER (WHERE m.id IS NOT NULL), '[]'))
 FROM (SELECT {NOW_MS} AS ms) now
 LEFT JOIN {TABLES}.semaphores m
@@ -237,9 +239,18 @@ class PostgresOperatedStore(PostgresStore):
 
 def _counts(row: list[Any], now_ms: int, fields: Sequence[str]) -> SemaphoreCounts:
     (name, recorded, override, draining, family, expired, lost, held, waiting, parked,
-     handed, sent, interval_us, burst, paused_until_ms, fair_keys) = row  # fmt: skip
+     handed, sent, interval_us, burst, paused_until_ms, fair_keys, shadow_limit,
+     shadow_rate, shadow_wait_ms, shadow_peak) = row  # fmt: skip
     # the Redis store's ``meta`` counters a row keeps too (the metrics read them)
-    kept = {"family": family, "m_expired": str(expired), "m_lost": str(lost)}
+    kept = {
+        "family": family,
+        "m_expired": str(expired),
+        "m_lost": str(lost),
+        "m_shadow_limit": str(shadow_limit),
+        "m_shadow_rate": str(shadow_rate),
+        "m_shadow_wait_ms": str(shadow_wait_ms),
+        "m_shadow_peak": str(shadow_peak),
+    }
     return SemaphoreCounts(
         name=name,
         declared_limit=recorded,
