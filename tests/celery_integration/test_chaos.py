@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,33 @@ class Observer:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def unfinished(
+        self,
+        submitted: dict[str, Any],
+        revoked: Container[str],
+        worker_deaths: dict[int, float],
+        lost_with_worker: set[str],
+    ) -> list[str]:
+        """The tasks ``submitted`` (id: AsyncResult) that have not ended, leaving out the
+        revoked ones (dropped while parked: never published again) and those lost with a
+        SIGKILLed worker (their last execution began in it before it died: acknowledged
+        at its start, Celery's own semantics), which fill ``lost_with_worker`` anew."""
+        lost_with_worker.clear()
+        pending = []
+        for task_id, result in list(submitted.items()):
+            if task_id in revoked or result.state in ("SUCCESS", "FAILURE", "REVOKED"):
+                continue
+            began = self.prerun.get(task_id)
+            if (
+                began
+                and began[-1][0] in worker_deaths
+                and began[-1][1] < worker_deaths[began[-1][0]]
+            ):
+                lost_with_worker.add(task_id)
+                continue
+            pending.append(task_id)
+        return pending
 
 
 def max_overlap(executions: list[Execution], now: float) -> int:
@@ -333,24 +360,7 @@ def test_chaos_never_breaks_the_cap_loses_a_task_or_cries_wolf(
     broker = redis.Redis.from_url(env["CS_BROKER_URL"], socket_timeout=10)
 
     def unfinished() -> list[str]:
-        lost_with_worker.clear()
-        pending = []
-        for task_id, result in list(submitted.items()):
-            state = result.state
-            if state in ("SUCCESS", "FAILURE", "REVOKED"):
-                continue
-            if task_id in revoked:
-                continue  # dropped while parked: never published again (checked below)
-            began = observer.prerun.get(task_id)
-            if (
-                began
-                and began[-1][0] in worker_deaths
-                and began[-1][1] < worker_deaths[began[-1][0]]
-            ):
-                lost_with_worker.add(task_id)  # acknowledged at its start, in a killed worker
-                continue
-            pending.append(task_id)
-        return pending
+        return observer.unfinished(submitted, revoked, worker_deaths, lost_with_worker)
 
     def lost_in_transport(pending: list[str]) -> list[str]:
         """Of tasks that never ended: those in nobody's line and no longer in the broker

@@ -364,17 +364,7 @@ def run_chaos(
     lost_with_worker: set[str] = set()
 
     def unfinished() -> list[str]:
-        lost_with_worker.clear()
-        pending = []
-        for task_id, result in list(submitted.items()):
-            if result.state in ("SUCCESS", "FAILURE", "REVOKED") or task_id in revoked:
-                continue
-            runs = observer.prerun.get(task_id)
-            if runs and runs[-1][0] in worker_deaths and runs[-1][1] < worker_deaths[runs[-1][0]]:
-                lost_with_worker.add(task_id)  # acknowledged at its start, in a killed worker
-                continue
-            pending.append(task_id)
-        return pending
+        return observer.unfinished(submitted, revoked, worker_deaths, lost_with_worker)
 
     deadline = time.monotonic() + SETTLE_SECONDS
     while unfinished() and time.monotonic() < deadline:
