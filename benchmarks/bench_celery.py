@@ -17,6 +17,13 @@ their own. ``--semaphore-redis plain|aof|no-config`` is how the semaphores' Redi
 (the broker's own with ``--broker redis``): no persistence, ``appendonly yes``, or
 no persistence and ``CONFIG`` refused (renamed away, as on managed services).
 
+``--semaphore-store postgres`` (with ``--broker amqp`` only) keeps the semaphores in
+PostgreSQL (``semaphore_url``): a cluster of the script's own on a free loopback port
+(devkit/postgres_servers.py; stopped at the end like the rest), or the database of
+``--postgres-url``. Then nothing of the plugin touches Redis: there is no result
+backend (``run_capped`` sees a task end by its record), and the script's own
+redis-server keeps only the bench's records and the baseline's py-redis-semaphore.
+
     .venv/bin/python benchmarks/bench_celery.py            # full run, about a minute
     .venv/bin/python benchmarks/bench_celery.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_celery.py --json     # machine-readable results
@@ -57,6 +64,9 @@ from typing import Any
 import redis
 
 import celery_semaphore
+from celery_semaphore.core.operations import OperatedStore, operated_store
+from celery_semaphore.core.postgres.connection import is_postgres_url
+from celery_semaphore.core.urls import mask_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # devkit/, beside the package
 from devkit.measures import kendall_tau, peak_overlap, percentile
@@ -71,6 +81,11 @@ SAMPLE_EVERY = 0.02
 INSPECT_EVERY = 1.0  # default seconds between two inspect samples (--inspect-every)
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 BROKERS = ("redis", "amqp", "redis-separate")
+STORES = ("redis", "postgres")
+#: With no result backend: seconds without a new record before giving up. Longer than a
+#: lease (60 s) plus a hand-over's deadline (30 s): the plugin's own recovery of a permit
+#: whose holder died or of a hand-over that never arrived shows in the figures.
+STALL_TIMEOUT = 150.0
 #: redis-server arguments of the semaphores' Redis, after RedisServer's own
 #: (``--save '' --appendonly no``; later arguments win).
 SEMAPHORE_REDIS_ARGS: dict[str, tuple[str, ...]] = {
@@ -158,17 +173,27 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 class Topology:
     """Where the broker, the semaphores, the results and the records live.
 
-    ``bench`` holds the result backend (db 1) and the records (db 2), and the broker
-    (db 0) unless it is RabbitMQ; ``semaphore`` holds the semaphores (db 0): ``bench``
-    itself with ``--broker redis`` (the package's default: the broker's URL)."""
+    ``bench`` holds the records (db 2), the result backend (db 1) and the broker (db 0)
+    unless it is RabbitMQ; ``semaphore`` holds the semaphores (db 0): ``bench`` itself
+    with ``--broker redis`` (the package's default: the broker's URL). With the
+    semaphores in PostgreSQL (``postgres_url``; ``postgres_pid``: our own cluster's
+    postmaster, None with ``--postgres-url``) ``semaphore`` is None and there is no
+    result backend."""
 
     broker: str  # one of BROKERS
     semaphore_redis: str  # a key of SEMAPHORE_REDIS_ARGS
     bench: RedisServer
-    semaphore: RedisServer
+    semaphore: RedisServer | None  # None: the semaphores are in PostgreSQL
     amqp_url: str = AMQP_URL
     tag: str = ""  # in every name the run declares on a shared broker ("" on our own)
     cleanup: dict[str, Any] = field(default_factory=dict)  # what delete_amqp_entities() did
+    postgres_url: str | None = None
+    postgres_pid: int | None = None
+
+    @property
+    def store(self) -> str:
+        """One of STORES."""
+        return "postgres" if self.postgres_url else "redis"
 
     @property
     def amqp(self) -> bool:
@@ -184,8 +209,18 @@ class Topology:
 
     @property
     def semaphore_url(self) -> str | None:
-        """``semaphore_redis_url``; None: the package's default (the broker's URL)."""
+        """``semaphore_redis_url`` (bench_app's name for ``semaphore_url``, read the same
+        way); None: the package's default (the broker's URL)."""
+        if self.postgres_url:
+            return self.postgres_url
+        assert self.semaphore is not None
         return None if self.semaphore is self.bench else self.semaphore.url_for(0)
+
+    @property
+    def result_url(self) -> str:
+        """The result backend; "" (disabled) with the semaphores in PostgreSQL: no Redis
+        anywhere in the plugin's path."""
+        return "" if self.postgres_url else self.bench.url_for(1)
 
     @property
     def declared_key(self) -> str:
@@ -195,17 +230,24 @@ class Topology:
         """A client of the broker's Redis (its ``unacked`` hash); None on RabbitMQ."""
         return None if self.amqp else self.bench.client(db=0)
 
-    def semaphore_client(self) -> redis.Redis:
-        return self.semaphore.client(db=0)
+    def semaphore_store(self) -> OperatedStore:
+        """The semaphores' store, for reading their counts; the caller closes it."""
+        if self.postgres_url:
+            return operated_store(self.postgres_url)
+        assert self.semaphore is not None
+        return operated_store(self.semaphore.url_for(0))
 
     def servers(self) -> list[RedisServer]:
-        return [self.bench] if self.semaphore is self.bench else [self.bench, self.semaphore]
+        """Our redis-servers."""
+        if self.semaphore is None or self.semaphore is self.bench:
+            return [self.bench]
+        return [self.bench, self.semaphore]
 
     def env(self) -> dict[str, str]:
         return {
             "BENCH_BROKER_URL": self.broker_url,
             "BENCH_SEMAPHORE_URL": self.semaphore_url or "",
-            "BENCH_RESULT_URL": self.bench.url_for(1),
+            "BENCH_RESULT_URL": self.result_url,
             "BENCH_RECORD_URL": self.bench.url_for(2),
             "BENCH_QUEUE": self.queue,
             "BENCH_CONTROL_EXCHANGE": self.queue if self.amqp else "",
@@ -213,17 +255,38 @@ class Topology:
         }
 
     def describe(self) -> dict[str, Any]:
+        postgres = self.store == "postgres"
+        redis_args = () if postgres else SEMAPHORE_REDIS_ARGS[self.semaphore_redis]
         return {
             "broker": self.broker,
-            "semaphore_redis": self.semaphore_redis,
-            "semaphore_redis_args": list(SEMAPHORE_REDIS_ARGS[self.semaphore_redis]),
+            "semaphore_store": self.store,
+            "semaphore_redis": None if postgres else self.semaphore_redis,
+            "semaphore_redis_args": list(redis_args),
             "semaphore_in_broker_redis": self.semaphore is self.bench and not self.amqp,
+            "semaphore_postgres": self.postgres_line() if postgres else None,
+            "semaphore_postgres_pid": self.postgres_pid,
+            "result_backend": "redis db 1" if self.result_url else None,
             "broker_url": self.broker_url.replace("guest:guest@", "guest:***@"),
             "queue": self.queue,
         }
 
+    def postgres_line(self) -> str:
+        """Where the semaphores' PostgreSQL is (the URL with its password masked)."""
+        assert self.postgres_url is not None
+        given = "a cluster of our own" if self.postgres_pid else "given by --postgres-url"
+        return f"{mask_url(self.postgres_url)}, {given}"
+
     def started_line(self) -> str:
         """Where everything runs, for the log and the report."""
+        if self.store == "postgres":
+            return (
+                f"private redis-server on 127.0.0.1:{self.bench.port} (the bench's records "
+                f"and the baseline only); broker {self.describe()['broker_url']}, semaphore "
+                f"store PostgreSQL at {self.postgres_line()}"
+                + (f" (postmaster pid {self.postgres_pid})" if self.postgres_pid else "")
+                + ", no result backend"
+            )
+        assert self.semaphore is not None
         return (
             f"private redis-server on 127.0.0.1:{self.bench.port}"
             + (f", the semaphores' on 127.0.0.1:{self.semaphore.port}"
@@ -231,20 +294,45 @@ class Topology:
             + f"; broker {self.describe()['broker_url']}, semaphore Redis {self.semaphore_redis}"
         )  # fmt: skip
 
+    def postgres_version(self) -> str | None:
+        """The semaphores' PostgreSQL server version (None with the Redis store)."""
+        if self.postgres_url is None:
+            return None
+        import psycopg
+
+        with psycopg.connect(self.postgres_url, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return None if row is None else str(row[0])
+
     @classmethod
     @contextmanager
-    def started(cls, broker: str, semaphore_redis: str, amqp_url: str) -> Iterator[Topology]:
-        """Start our redis-server(s); on leaving, delete what the run declared on
-        RabbitMQ, then stop them."""
+    def started(
+        cls, broker: str, semaphore_redis: str, amqp_url: str,
+        *, store: str = "redis", postgres_url: str | None = None,
+    ) -> Iterator[Topology]:  # fmt: skip
+        """Start our redis-server(s), and our PostgreSQL cluster for ``store`` postgres
+        without ``postgres_url``; on leaving, delete what the run declared on RabbitMQ,
+        then stop them."""
         args = SEMAPHORE_REDIS_ARGS[semaphore_redis]
         with ExitStack() as stack:
-            own = args if broker == "redis" else ()
+            own = args if broker == "redis" and store == "redis" else ()
             bench = stack.enter_context(RedisServer(*own, die_with_parent=True))
-            semaphore = bench
-            if broker != "redis":
+            semaphore: RedisServer | None = bench
+            postgres_pid = None
+            if store == "postgres":
+                from devkit.postgres_servers import PostgresServer  # psycopg: this store only
+
+                semaphore = None
+                if postgres_url is None:
+                    postgres = stack.enter_context(PostgresServer())
+                    postgres_url, postgres_pid = postgres.url, postgres.pid
+            elif broker != "redis":
                 semaphore = stack.enter_context(RedisServer(*args, die_with_parent=True))
             tag = f"{os.getpid()}-{int(time.time())}" if broker == "amqp" else ""
-            topology = cls(broker, semaphore_redis, bench, semaphore, amqp_url, tag)
+            topology = cls(
+                broker, semaphore_redis, bench, semaphore, amqp_url, tag,
+                postgres_url=postgres_url, postgres_pid=postgres_pid,
+            )  # fmt: skip
             if topology.amqp:
                 stack.callback(topology.delete_amqp_entities)
             yield topology
@@ -433,23 +521,22 @@ def in_place(waits: list[dict[str, Any]]) -> dict[str, Any]:
 
 class Sampler:
     """Reads the semaphore's counts every 20 ms from a thread: holders vs waiters over
-    time. The counts (counts.lua, as a metrics scrape reads them), not ``status()``:
-    with a line of 3,000 a ``status()`` call kept Redis busy for 4-8 ms (it reads up to
-    1,000 waiters' records), 50 times a second, and the hand-offs it delayed were
-    counted against the semaphore it watched."""
+    time. The counts (as a metrics scrape reads them: counts.lua on Redis, one query on
+    PostgreSQL), not ``status()``: with a line of 3,000 a ``status()`` call kept Redis
+    busy for 4-8 ms (it reads up to 1,000 waiters' records), 50 times a second, and the
+    hand-offs it delayed were counted against the semaphore it watched."""
 
-    def __init__(self, client: redis.Redis, name: str) -> None:
-        self.client, self.name = client, name
+    def __init__(self, store: OperatedStore, name: str) -> None:
+        self.store, self.name = store, name
         self.samples: list[tuple[float, int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
     def _run(self) -> None:
         from celery_semaphore.core.protocol import DEFAULT_NAMESPACE
-        from celery_semaphore.core.redis.discovery import read_counts
 
         while not self._stop.wait(SAMPLE_EVERY):
-            found = read_counts(self.client, DEFAULT_NAMESPACE, [self.name])
+            found = self.store.counts(DEFAULT_NAMESPACE, [self.name])
             holders, waiters = (found[0].holder_count, found[0].waiter_count) if found else (0, 0)
             self.samples.append((time.time(), holders, waiters))
 
@@ -595,15 +682,17 @@ def run_capped(
     kind: str,
     settings: Settings,
     records: redis.Redis,
-    state: redis.Redis,
+    store: OperatedStore,
     *,
     raw: dict[str, Any],
 ) -> dict[str, Any]:
-    """N tasks of H seconds under the cap; figures from the bodies' own records."""
+    """N tasks of H seconds under the cap; figures from the bodies' own records. The
+    tasks' results say when they are done; with no result backend, their records do
+    (then a task that failed is missed: `STALL_TIMEOUT`, and the worker logs)."""
     task = getattr(bench, kind)
     key = bench.records_key(kind)
     records.delete(key, bench.INPLACE_KEY, bench.WAITING_KEY)
-    sampler = Sampler(state, bench.OURS) if kind == "ours" else None
+    sampler = Sampler(store, bench.OURS) if kind == "ours" else None
     timeout = max(60.0, 20 * settings.ideal)
     with sampler.running() if sampler else _nothing():
         first_submit = time.time()
@@ -613,15 +702,22 @@ def run_capped(
                 for i in range(settings.tasks)
             ]
         submitted = time.time()
-        deadline = time.monotonic() + timeout
-        for result in results:
-            result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
-            result.forget()
-        # A body's record is written after its task ends (task_postrun), which Celery
-        # sends after it stored the result: the last records may still be on their way.
-        settle = time.monotonic() + 5.0
-        while records.llen(key) < settings.tasks and time.monotonic() < settle:
-            time.sleep(0.01)
+        if has_results(bench):
+            deadline = time.monotonic() + timeout
+            for result in results:
+                result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
+                result.forget()
+            # A body's record is written after its task ends (task_postrun), which Celery
+            # sends after it stored the result: the last records may still be on their way.
+            wait_for_records(records, key, settings.tasks, 5.0)
+        else:
+            done = wait_for_records(records, key, settings.tasks, timeout, stall=STALL_TIMEOUT)
+            if done < settings.tasks:
+                raise RuntimeError(
+                    f"{kind}: {done} of {settings.tasks} tasks recorded (none new for "
+                    f"{STALL_TIMEOUT:.0f} s, or {timeout:.0f} s in all); with no result "
+                    "backend a task that failed shows in the worker logs only"
+                )
     runs = [json.loads(r) for r in records.lrange(key, 0, -1)]
     figures = analyze(runs, first_submit, settings)
     figures["submit_s"] = submitted - first_submit
@@ -650,6 +746,31 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+def has_results(bench: ModuleType) -> bool:
+    """Whether the bench app has a result backend (none with the PostgreSQL store)."""
+    from celery.backends.base import DisabledBackend
+
+    return not isinstance(bench.app.backend, DisabledBackend)
+
+
+def wait_for_records(
+    records: redis.Redis, key: str, count: int, timeout: float, *, stall: float | None = None
+) -> int:
+    """Wait until the list ``key`` holds ``count`` records, at most ``timeout`` s (and at
+    most ``stall`` s without a new one); how many it holds."""
+    deadline = time.monotonic() + timeout
+    done, last_change = int(records.llen(key)), time.monotonic()
+    while done < count:
+        now = time.monotonic()
+        if now > deadline or (stall is not None and now - last_change > stall):
+            break
+        time.sleep(0.01)
+        seen = int(records.llen(key))
+        if seen > done:
+            done, last_change = seen, time.monotonic()
+    return done
+
+
 def process_cpu(pid: int, *, children: bool = True) -> float:
     """CPU seconds (user + system) of a process and, by default, of its live children
     (Linux /proc; 0 elsewhere)."""
@@ -664,21 +785,28 @@ def process_cpu(pid: int, *, children: bool = True) -> float:
 
 class CpuMeter:
     """CPU seconds spent by the workers (all processes), our redis-server(s) (not a
-    RabbitMQ broker's) and this script."""
+    RabbitMQ broker's), our PostgreSQL cluster (``postmaster``: its pid, with its live
+    backends) and this script."""
 
-    def __init__(self, workers: Workers, servers: list[redis.Redis]) -> None:
+    def __init__(
+        self, workers: Workers, servers: list[redis.Redis], postmaster: int | None = None
+    ) -> None:
         self.workers = workers
         self.servers = servers
+        self.postmaster = postmaster
 
     def read(self) -> dict[str, float]:
         cpus = [server.info("cpu") for server in self.servers]
         main = sum(process_cpu(pid, children=False) for pid in self.workers.pids)
-        return {
+        read = {
             "workers": sum(process_cpu(pid) for pid in self.workers.pids),
             "worker_main": main,
             "redis": sum(float(c["used_cpu_user"]) + float(c["used_cpu_sys"]) for c in cpus),
             "client": time.process_time(),
         }
+        if self.postmaster is not None:
+            read["postgres"] = process_cpu(self.postmaster)
+        return read
 
 
 def run_noop_round(
@@ -733,6 +861,7 @@ def run_noop(
         return statistics.median(x[key][sub] if sub else x[key] for x in rounds[kind])
 
     plain, limited = median("plain", "per_s"), median("limited", "per_s")
+    parts = CPU_PARTS + (("postgres",) if meter.postmaster is not None else ())
     return {
         "tasks": settings.noop_tasks,
         "rounds": settings.noop_rounds,
@@ -740,8 +869,7 @@ def run_noop(
         "limited_per_s": limited,
         "ratio": limited / plain,
         "cpu_ms_per_task": {
-            kind: {part: median(kind, "cpu_ms_per_task", part) for part in CPU_PARTS}
-            for kind in rounds
+            kind: {part: median(kind, "cpu_ms_per_task", part) for part in parts} for kind in rounds
         },
         "submit_s": {kind: median(kind, "submit_s") for kind in rounds},
         "plain_rounds": rounds["plain"],
@@ -763,6 +891,18 @@ def gap_cell(figures: dict[str, Any]) -> str:
     return f"{gaps['median'] * 1000:.0f} / {gaps['p90'] * 1000:.0f}"
 
 
+def store_phrase(results: dict[str, Any]) -> str:
+    """Which store the semaphores were in, for the reports' first lines."""
+    where = results["topology"]
+    if results["semaphore_store"] == "postgres":
+        version = results["environment"]["postgres_server"]
+        return (
+            f"semaphore store PostgreSQL {version} ({where['semaphore_postgres']}), no result "
+            "backend; baseline on the bench's redis-server"
+        )
+    return f"semaphore store Redis ({results['semaphore_redis']})"
+
+
 def print_report(results: dict[str, Any]) -> None:
     s = results["settings"]
     ours, base, noop = results["ours"], results["baseline"], results["noop"]
@@ -772,8 +912,7 @@ def print_report(results: dict[str, Any]) -> None:
         f"celery end to end: N={s['tasks']} tasks x H={s['hold']} s under L={s['limit']}, "
         f"K={s['workers']} workers x C={s['concurrency']} prefork processes, prefetch "
         f"multiplier {s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
-        f"(ideal {ideal:.2f} s); broker {results['broker']}, semaphore Redis "
-        f"{results['semaphore_redis']}"
+        f"(ideal {ideal:.2f} s); broker {results['broker']}, {store_phrase(results)}"
     )
     print(
         f"celery {env['celery']}, redis-server {env['redis_server']} (private), "
@@ -857,7 +996,8 @@ def print_report(results: dict[str, Any]) -> None:
             f"  {label:<12} {noop[kind + '_per_s']:7.0f} tasks/s   CPU ms per task: workers "
             f"{cpu[kind]['workers']:.2f} (main processes {cpu[kind]['worker_main']:.2f}), "
             f"redis-server {cpu[kind]['redis']:.2f}, "
-            f"client {cpu[kind]['client']:.2f} (submit {noop['submit_s'][kind]:.2f} s)"
+            + (f"postgres {cpu[kind]['postgres']:.2f}, " if "postgres" in cpu[kind] else "")
+            + f"client {cpu[kind]['client']:.2f} (submit {noop['submit_s'][kind]:.2f} s)"
         )
     print(f"  (LimitedTask limit {s['noop_limit']}: never binds)")
     print(
@@ -872,8 +1012,7 @@ def print_backlog(results: dict[str, Any]) -> None:
         f"\nbacklog: N={s['tasks']} x H={s['hold']} s under L={s['limit']}, "
         f"K={s['workers']} x C={s['concurrency']} prefork, prefetch multiplier "
         f"{s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
-        f"(ideal {s['ideal_s']:.1f} s); broker {results['broker']}, semaphore Redis "
-        f"{results['semaphore_redis']}"
+        f"(ideal {s['ideal_s']:.1f} s); broker {results['broker']}, {store_phrase(results)}"
     )
     modes = [figures[k] for k in BACKLOG_MODES]
     ours, base = figures["ours"], figures["baseline"]
@@ -989,6 +1128,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     )
     add_topology_arguments(parser)
     parser.add_argument(
+        "--semaphore-store", choices=STORES, default="redis",
+        help="where the semaphores are: redis (see --broker, --semaphore-redis), or "
+        "postgres (semaphore_url = postgresql://...; with --broker amqp only): a "
+        "PostgreSQL cluster of our own on a free loopback port, or --postgres-url; no "
+        "result backend then, so that no Redis is in the plugin's path",
+    )  # fmt: skip
+    parser.add_argument(
+        "--postgres-url",
+        help="with --semaphore-store postgres: this database instead of a cluster of our "
+        "own (the semaphores bench-* of namespace celery_semaphore; state left there by "
+        "a run that was killed counts until its leases run out)",
+    )
+    parser.add_argument(
         "--amqp-url",
         help=f"RabbitMQ for --broker amqp (default {AMQP_URL}); the run's queues and "
         "exchanges get names of their own and are deleted at the end",
@@ -1016,6 +1168,20 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     if args.amqp_url is not None and args.broker != "amqp":
         parser.error(f"--amqp-url is for --broker amqp (this run's broker: {args.broker})")
     args.amqp_url = args.amqp_url or AMQP_URL
+    if args.semaphore_store == "postgres":
+        if args.broker != "amqp":
+            parser.error(
+                "--semaphore-store postgres runs with --broker amqp only (with a Redis "
+                "broker, Redis would be in the plugin's path)"
+            )
+        if args.semaphore_redis != "plain":
+            parser.error("--semaphore-redis is for --semaphore-store redis")
+    if args.postgres_url is not None:
+        if args.semaphore_store != "postgres":
+            parser.error("--postgres-url is for --semaphore-store postgres")
+        if not is_postgres_url(args.postgres_url):
+            given = mask_url(args.postgres_url)
+            parser.error(f"--postgres-url must be a postgresql:// URL, not {given!r}")
     if not args.amqp_url.startswith(("amqp://", "amqps://", "pyamqp://")):
         parser.error(f"--amqp-url must be an amqp:// URL, not {args.amqp_url!r}")
     workers_conf: dict[str, Any] = {"acks_late": args.acks_late}
@@ -1044,7 +1210,7 @@ def run_backlog(
     bench, worker_env = bench_environment(where, settings)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-backlog-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records, state = where.bench.client(db=2), where.semaphore_client()
+    records, store = where.bench.client(db=2), where.semaphore_store()
     broker = where.broker_client()
     inspect = (where.amqp or args.inspect_held) and args.inspect_every > 0
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
@@ -1074,7 +1240,7 @@ def run_backlog(
                 every=args.inspect_every,
             )  # fmt: skip
             with sampler.running():
-                figures[kind] = run_capped(bench, kind, settings, records, state, raw=raw)
+                figures[kind] = run_capped(bench, kind, settings, records, store, raw=raw)
             figures[kind].update(sampler.summary())
     except Exception:
         log(f"worker logs ({log_dir}):\n{workers.tails()}")
@@ -1085,7 +1251,7 @@ def run_backlog(
             {v.decode() for v in records.hvals(bench.FROM_KEY)}
         )
         records.close()
-        state.close()
+        store.close()
         if broker is not None:
             broker.close()
         if args.log_dir is None:
@@ -1109,11 +1275,12 @@ def plain_workers(
     records.delete(bench.READY_KEY)
     workers.start(lambda: int(records.scard(bench.READY_KEY)))
     warm = [bench.plain.delay(-1, 0.0) for _ in range(2 * settings.limit)]
-    for result in warm:
-        result.get(timeout=READY_TIMEOUT)  # every process has started and connected
-    settle = time.monotonic() + 5.0  # their records (run_capped clears them) come after
-    while records.llen(bench.records_key("plain")) < len(warm) and time.monotonic() < settle:
-        time.sleep(0.01)
+    settle = READY_TIMEOUT  # with no result backend, the records say they ran
+    if has_results(bench):
+        for result in warm:
+            result.get(timeout=READY_TIMEOUT)  # every process has started and connected
+        settle = 5.0  # their records (run_capped clears them) come after
+    wait_for_records(records, bench.records_key("plain"), len(warm), settle)
     return workers
 
 
@@ -1150,7 +1317,7 @@ def run(
 
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-celery-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    records, state = where.bench.client(db=2), where.semaphore_client()
+    records, store = where.bench.client(db=2), where.semaphore_store()
     servers = [server.client() for server in where.servers()]
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
     try:
@@ -1162,18 +1329,20 @@ def run(
         if args.prime:
             log(f"priming the semaphore's hold estimate: {2 * settings.limit} tasks")
             primer = replace(settings, tasks=2 * settings.limit)
-            run_capped(bench, "ours", primer, records, state, raw={})
+            run_capped(bench, "ours", primer, records, store, raw={})
         ours: dict[str, Any] = {}
         if "ours" not in args.skip:
-            ours = run_capped(bench, "ours", settings, records, state, raw=raw)
+            ours = run_capped(bench, "ours", settings, records, store, raw=raw)
         baseline: dict[str, Any] = {}
         if "baseline" not in args.skip:
             log("baseline: py-redis-semaphore + self.retry with backoff")
-            baseline = run_capped(bench, "baseline", settings, records, state, raw=raw)
+            baseline = run_capped(bench, "baseline", settings, records, store, raw=raw)
         noop: dict[str, Any] = {}
         if "noop" not in args.skip:
             log(f"no-op overhead: {settings.noop_tasks} tasks x {settings.noop_rounds} rounds")
-            noop = run_noop(bench, settings, records, CpuMeter(workers, servers))
+            noop = run_noop(
+                bench, settings, records, CpuMeter(workers, servers, where.postgres_pid)
+            )
     except Exception:
         log(f"worker logs ({log_dir}):\n{workers.tails()}")
         raise
@@ -1181,7 +1350,7 @@ def run(
         log("stopping the workers")
         workers.stop()
         records.close()
-        state.close()
+        store.close()
         for client in servers:
             client.close()
         bench.app.close()
@@ -1208,9 +1377,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
-    with Topology.started(args.broker, args.semaphore_redis, args.amqp_url) as where:
+    with Topology.started(
+        args.broker, args.semaphore_redis, args.amqp_url,
+        store=args.semaphore_store, postgres_url=args.postgres_url,
+    ) as where:  # fmt: skip
         log(where.started_line())
         redis_version = where.bench.version()
+        postgres_version = where.postgres_version()
         rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
         figures: dict[str, Any] = {}
         if args.scenario in ("today", "both"):
@@ -1226,7 +1399,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "elapsed_s": time.perf_counter() - started,
         "broker": args.broker,
-        "semaphore_redis": args.semaphore_redis,
+        "semaphore_store": args.semaphore_store,
+        "semaphore_redis": args.semaphore_redis if args.semaphore_store == "redis" else None,
         "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
         "settings": {**asdict(settings), "ideal_s": settings.ideal},
         "backlog_settings": {
@@ -1237,6 +1411,7 @@ def main(argv: list[str] | None = None) -> int:
             "celery": package_version("celery"),
             "redis_server": redis_version,
             "rabbitmq": rabbitmq_version,
+            "postgres_server": postgres_version,
             "redis_py": package_version("redis"),
             "py_redis_semaphore": package_version("py-redis-semaphore"),
             "python": platform.python_version(),
@@ -1269,5 +1444,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        log("interrupted; the workers and the private redis-server were stopped")
+        log("interrupted; the workers and the private servers were stopped")
         sys.exit(130)
