@@ -5,8 +5,10 @@ imports this module and before it starts the workers):
 
 - ``BENCH_BROKER_URL``: broker, and the semaphores' Redis (the default
   ``semaphore_redis_url`` is the broker's URL);
-- ``BENCH_SEMAPHORE_URL``: ``semaphore_redis_url``, when set (not empty): a Redis of
-  its own beside a RabbitMQ or a Redis broker (``bench_celery.py --broker``);
+- ``BENCH_SEMAPHORE_URL``: ``semaphore_redis_url`` (``semaphore_url``'s older name,
+  read the same way; older packages know only it), when set (not empty): a Redis of
+  its own beside a RabbitMQ or a Redis broker (``bench_celery.py --broker``), or a
+  ``postgresql://`` URL (``--semaphore-store postgres``);
 - ``BENCH_QUEUE``: the default queue (``bench``); ``<queue>-plain`` is the plain
   tasks' (a name unique to the run on a shared broker);
 - ``BENCH_CONTROL_EXCHANGE``: ``control_exchange``, when set (unique to the run on a
@@ -14,13 +16,19 @@ imports this module and before it starts the workers):
 - ``BENCH_DECLARED_KEY``: when set, every AMQP queue and exchange declared by any
   process of the app is added (``queue:<name>``, ``exchange:<name>``) to this Redis
   set, so the run can delete what it declared (parking queues among them);
-- ``BENCH_RESULT_URL``: result backend;
+- ``BENCH_RESULT_URL``: result backend; empty: none (with the semaphores in
+  PostgreSQL, so that no Redis is in the plugin's path: the harness sees a task end
+  by its record);
 - ``BENCH_RECORD_URL``: where the task bodies write what they saw;
 - ``BENCH_LIMIT``: the cap L of ``ours`` and of ``baseline``;
-- ``BENCH_NOOP_LIMIT``: the cap of ``noop_limited`` (never binds);
+- ``BENCH_NOOP_LIMIT``: the cap of ``noop_limited`` and ``noop_kept`` (never binds);
 - ``BENCH_BACKOFF_BASE`` / ``BENCH_BACKOFF_MAX``: the baseline's retry backoff;
 - ``BENCH_PREFETCH_MULTIPLIER``: ``worker_prefetch_multiplier`` (Celery's default, 4);
-- ``BENCH_ACKS_LATE``: ``1`` sets ``task_acks_late`` for every task.
+- ``BENCH_ACKS_LATE``: ``1`` sets ``task_acks_late`` for every task;
+- ``BENCH_KEEP_IDLE``: ``semaphore_keep_idle`` of the app (kept permits), when above 0
+  (``--keep-idle``): every LimitedTask keeps its permit between tasks while nobody
+  waits, but ``noop_limited`` (0: the no-op phase's LimitedTask without) and
+  ``noop_kept`` (its own, `NOOP_KEEP_IDLE`).
 
 Tasks:
 
@@ -34,6 +42,9 @@ Tasks:
   backoff and full jitter, as its README suggests for Celery;
 - ``noop_limited(index, total, counter)`` / ``noop_plain(...)``: count themselves in
   Redis; the ``total``-th stamps the time in ``<counter>:last``;
+- ``noop_kept(...)``: ``noop_limited`` on a semaphore of its own with kept permits
+  (``semaphore_keep_idle`` `NOOP_KEEP_IDLE` s: a pool process keeps its permit between
+  tasks while nobody waits, and its next task starts without a store call);
 - ``fair(account, index, hold)`` / ``fair_countdown(...)``: ``fair_by`` the account
   (bench_fair.py), handover and countdown mode, each on a semaphore of its own;
   ``unfair(account, index, hold)``: the same without ``fair_by`` (its baseline);
@@ -85,6 +96,7 @@ BACKOFF_BASE = float(os.environ.get("BENCH_BACKOFF_BASE", "0.1"))
 BACKOFF_MAX = float(os.environ.get("BENCH_BACKOFF_MAX", "2"))
 PREFETCH_MULTIPLIER = int(os.environ.get("BENCH_PREFETCH_MULTIPLIER", "4"))
 ACKS_LATE = os.environ.get("BENCH_ACKS_LATE") == "1"
+KEEP_IDLE = float(os.environ.get("BENCH_KEEP_IDLE") or 0)
 SEMAPHORE_URL = os.environ.get("BENCH_SEMAPHORE_URL") or None
 QUEUE = os.environ.get("BENCH_QUEUE") or "bench"
 CONTROL_EXCHANGE = os.environ.get("BENCH_CONTROL_EXCHANGE") or None
@@ -99,6 +111,14 @@ UNFAIR = "bench-unfair"
 PRIORITIZED = "bench-prioritized"
 BASELINE = "bench-baseline"
 NOOP = "bench-noop"
+NOOP_KEPT = f"{NOOP}-kept"
+#: ``noop_kept``'s ``semaphore_keep_idle``: seconds a pool process keeps an idle permit.
+#: Of the order of the idle time between two rounds of ``noop_kept`` (one or two rounds
+#: of the other no-op kinds: 1.6 to 6.6 s measured with 2,000 tasks a round on 2 CPUs;
+#: bench_celery.py reports it), so its permits are sometimes given back before its next
+#: round, which then pays an acquire and a keep per pool process, as a worker that was
+#: idle a while would; more often (after the first round) most are still kept.
+NOOP_KEEP_IDLE = 5.0
 PLAIN_QUEUE = f"{QUEUE}-plain"
 READY_KEY = "bench:ready"
 FROM_KEY = "bench:ready:from"  # worker name -> where its celery_semaphore was imported from
@@ -123,6 +143,8 @@ if SEMAPHORE_URL:
     app.conf.semaphore_redis_url = SEMAPHORE_URL
 if CONTROL_EXCHANGE:
     app.conf.control_exchange = CONTROL_EXCHANGE
+if KEEP_IDLE > 0:  # unset otherwise: the package's default (off)
+    app.conf.semaphore_keep_idle = KEEP_IDLE
 _records = redis.Redis.from_url(RECORD_URL)  # redis-py reconnects after the fork
 # What this process observed, written after the task ends (task_postrun runs after
 # the permit was released): a Redis write between a release and the next start
@@ -244,8 +266,15 @@ def _count(counter: str, total: int) -> None:
         _records.set(f"{counter}:last", repr(time.time()))
 
 
-@app.task(base=LimitedTask, semaphore=NOOP, limit=NOOP_LIMIT, ignore_result=True)
+@app.task(base=LimitedTask, semaphore=NOOP, limit=NOOP_LIMIT, ignore_result=True,
+          semaphore_keep_idle=0.0)  # fmt: skip
 def noop_limited(index: int, total: int, counter: str) -> None:
+    _count(counter, total)
+
+
+@app.task(base=LimitedTask, semaphore=NOOP_KEPT, limit=NOOP_LIMIT, ignore_result=True,
+          semaphore_keep_idle=NOOP_KEEP_IDLE)  # fmt: skip
+def noop_kept(index: int, total: int, counter: str) -> None:
     _count(counter, total)
 
 

@@ -2,7 +2,8 @@
 ``celery worker`` processes of C pool processes each, with celery-semaphore's
 ``LimitedTask`` side by side with py-redis-semaphore 0.2.0 used inside a plain task
 (non-blocking acquire, ``self.retry`` with exponential backoff and full jitter when
-refused); then the cost of a cap that never binds, on no-op tasks.
+refused); then the cost of a cap that never binds, on no-op tasks: plain, limited, and
+limited with kept permits (``semaphore_keep_idle``), with the store calls per task.
 
 The script starts its own ``redis-server`` (broker, result backend and semaphore
 store; never the shared one on 6379) and the workers (benchmarks/bench_app.py), prints
@@ -29,7 +30,9 @@ redis-server keeps only the bench's records and the baseline's py-redis-semaphor
     .venv/bin/python benchmarks/bench_celery.py --json     # machine-readable results
 
 Options change N/H/L/K/C (``-n --hold -l -k -c``), the no-op phase, the baseline's
-backoff, and the workers' prefetch multiplier and ``acks_late``; ``--skip`` leaves a
+backoff, and the workers' prefetch multiplier and ``acks_late``; ``--keep-idle
+SECONDS`` sets the workers' ``semaphore_keep_idle`` (kept permits; 0, off, by default:
+the report's first line and the JSON's ``keep_idle_s`` say which); ``--skip`` leaves a
 phase out; ``--prime`` gives ours a hold-time estimate before it is measured (a
 long-lived semaphore has one; a fresh Redis does not); ``--log-dir`` keeps the worker
 logs; ``--dump FILE`` writes every record (task bodies, waits in place, countdowns,
@@ -55,7 +58,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -94,12 +97,20 @@ SEMAPHORE_REDIS_ARGS: dict[str, tuple[str, ...]] = {
     "no-config": ("--rename-command", "CONFIG", ""),
 }
 CPU_PARTS = ("workers", "worker_main", "redis", "client")
+#: The no-op kinds (bench_app's ``noop_<kind>``), in the order of the first round; each
+#: round starts one further along (plain, limited, kept; limited, kept, plain; ...).
+NOOP_KINDS = ("plain", "limited", "kept")
+#: The Redis commands that call the store (a Redis function or a Lua script); their
+#: ``calls`` in ``INFO commandstats`` count the store calls.
+SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval")
 
 TARGETS = {
     "efficiency_min": 0.95,
     "kendall_tau_min": 0.99,
     "retries_mean_max": 2.0,
     "noop_ratio_min": 0.85,
+    "noop_kept_ratio_min": 0.90,  # kept permits: noop_kept vs plain
+    "noop_kept_calls_max": 0.1,  # store (script / function) calls per kept no-op task
 }
 BACKLOG_TARGETS = {
     "efficiency_min": 0.90,
@@ -125,13 +136,16 @@ class Settings:
     workers: int  # K
     concurrency: int  # C
     noop_tasks: int
-    noop_rounds: int  # interleaved rounds (plain, limited, plain, ...); medians reported
+    noop_rounds: int  # interleaved rounds (plain, limited, kept; limited, kept, plain; ...)
     noop_limit: int
     backoff_base: float  # the baseline's retry backoff
     backoff_max: float
     warmup: int  # untimed no-op tasks of each kind before the first phase
     prefetch_multiplier: int = 4  # the workers' worker_prefetch_multiplier (Celery's default)
     acks_late: bool = False  # task_acks_late for every task of the bench app
+    #: The workers' app's semaphore_keep_idle (0: off, the package's default): kept permits
+    #: for every LimitedTask of the bench app but noop_limited and noop_kept (their own).
+    keep_idle: float = 0.0
 
     @property
     def ideal(self) -> float:
@@ -281,8 +295,9 @@ class Topology:
         if self.store == "postgres":
             return (
                 f"private redis-server on 127.0.0.1:{self.bench.port} (the bench's records "
-                f"and the baseline only); broker {self.describe()['broker_url']}, semaphore "
-                f"store PostgreSQL at {self.postgres_line()}"
+                f"and the baselines' own semaphores only); broker "
+                f"{self.describe()['broker_url']}, semaphore store PostgreSQL at "
+                f"{self.postgres_line()}"
                 + (f" (postmaster pid {self.postgres_pid})" if self.postgres_pid else "")
                 + ", no result backend"
             )
@@ -702,22 +717,7 @@ def run_capped(
                 for i in range(settings.tasks)
             ]
         submitted = time.time()
-        if has_results(bench):
-            deadline = time.monotonic() + timeout
-            for result in results:
-                result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
-                result.forget()
-            # A body's record is written after its task ends (task_postrun), which Celery
-            # sends after it stored the result: the last records may still be on their way.
-            wait_for_records(records, key, settings.tasks, 5.0)
-        else:
-            done = wait_for_records(records, key, settings.tasks, timeout, stall=STALL_TIMEOUT)
-            if done < settings.tasks:
-                raise RuntimeError(
-                    f"{kind}: {done} of {settings.tasks} tasks recorded (none new for "
-                    f"{STALL_TIMEOUT:.0f} s, or {timeout:.0f} s in all); with no result "
-                    "backend a task that failed shows in the worker logs only"
-                )
+        await_tasks(bench, kind, results, records=records, key=key, timeout=timeout)
     runs = [json.loads(r) for r in records.lrange(key, 0, -1)]
     figures = analyze(runs, first_submit, settings)
     figures["submit_s"] = submitted - first_submit
@@ -739,6 +739,33 @@ def run_capped(
     else:
         figures["in_place"] = in_place([])
     return figures
+
+
+def await_tasks(
+    bench: ModuleType, kind: str, results: list[Any],
+    *, records: redis.Redis, key: str, timeout: float,
+) -> None:  # fmt: skip
+    """Wait (at most ``timeout`` s) until the tasks of ``results`` have run and their
+    bodies' records are in the list ``key``: by their results (a task that failed
+    raises here), then their records; with no result backend (the PostgreSQL store), by
+    their records alone: then a task that failed is missed, and RuntimeError after
+    `STALL_TIMEOUT` s without a new record (the worker logs say why)."""
+    if has_results(bench):
+        deadline = time.monotonic() + timeout
+        for result in results:
+            result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
+            result.forget()
+        # A body's record is written after its task ends (task_postrun), which Celery
+        # sends after it stored the result: the last records may still be on their way.
+        wait_for_records(records, key, len(results), 5.0)
+        return
+    done = wait_for_records(records, key, len(results), timeout, stall=STALL_TIMEOUT)
+    if done < len(results):
+        raise RuntimeError(
+            f"{kind}: {done} of {len(results)} tasks recorded (none new for "
+            f"{STALL_TIMEOUT:.0f} s, or {timeout:.0f} s in all); with no result "
+            "backend a task that failed shows in the worker logs only"
+        )
 
 
 @contextmanager
@@ -809,6 +836,55 @@ class CpuMeter:
         return read
 
 
+class StoreCalls:
+    """Counts the calls made to the semaphores' store, by every client of it (pool
+    processes, keeper threads, the workers' main processes).
+
+    Redis: the ``calls`` of `SCRIPT_COMMANDS` in ``INFO commandstats``. PostgreSQL: the
+    calls of its functions in ``pg_stat_user_functions``, if the cluster tracks them
+    (``track_functions`` not ``none``; the script's own cluster does not: then
+    `read` answers None and `source` says why); a backend reports its counts when it
+    goes idle, at most once a second, so a round's count there is approximate."""
+
+    def __init__(self, where: Topology) -> None:
+        self.redis = where.semaphore.client() if where.semaphore is not None else None
+        self.postgres: Any = None
+        if self.redis is not None:
+            self.source = f"redis INFO commandstats: {', '.join(SCRIPT_COMMANDS)}"
+            return
+        assert where.postgres_url is not None
+        import psycopg
+
+        conn = psycopg.connect(where.postgres_url, autocommit=True, connect_timeout=10)
+        row = conn.execute("SHOW track_functions").fetchone()
+        tracked = None if row is None else str(row[0])
+        if tracked in (None, "none"):
+            conn.close()
+            self.source = f"n/a: PostgreSQL track_functions = {tracked}"
+        else:
+            self.postgres = conn
+            self.source = f"PostgreSQL pg_stat_user_functions (track_functions = {tracked})"
+
+    def read(self) -> int | None:
+        """The calls so far (None: not counted)."""
+        if self.redis is not None:
+            stats = self.redis.info("commandstats")
+            return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in SCRIPT_COMMANDS)
+        if self.postgres is not None:
+            self.postgres.execute("SELECT pg_stat_clear_snapshot()")
+            row = self.postgres.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+            ).fetchone()
+            return None if row is None else int(row[0])
+        return None
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
+        if self.postgres is not None:
+            self.postgres.close()
+
+
 def run_noop_round(
     bench: ModuleType,
     kind: str,
@@ -817,13 +893,16 @@ def run_noop_round(
     tag: str,
     *,
     meter: CpuMeter | None = None,
+    calls: StoreCalls | None = None,
 ) -> dict[str, Any]:
-    """Throughput (tasks/s) from the first submit to the last task's own end stamp, and
-    the CPU milliseconds per task spent by the workers, the Redis server and the client."""
+    """Throughput (tasks/s) from the first submit to the last task's own end stamp, the
+    CPU milliseconds per task spent by the workers, the Redis server and the client, and
+    the store calls per task (`StoreCalls`: None when they are not counted)."""
     task = getattr(bench, f"noop_{kind}")
     counter = f"bench:noop:{tag}"
     records.delete(counter, f"{counter}:last")
     before = meter.read() if meter else {}
+    calls_before = calls.read() if calls else None
     begin = time.time()
     with bench.app.producer_or_acquire() as producer:
         for i in range(count):
@@ -839,48 +918,99 @@ def run_noop_round(
             raise RuntimeError(f"no-op {kind}: only {done} of {count} ran in time")
         time.sleep(0.01)
     after = meter.read() if meter else {}
+    calls_after = calls.read() if calls else None
+    store_calls = (
+        None if calls_before is None or calls_after is None else calls_after - calls_before
+    )
     return {
         "per_s": count / (float(last) - begin),
         "submit_s": submitted - begin,
         "cpu_ms_per_task": {k: 1000 * (after[k] - before[k]) / count for k in after},
+        "store_calls": store_calls,
+        "store_calls_per_task": None if store_calls is None else store_calls / count,
+        "begin": begin,
+        "end": float(last),
     }
 
 
 def run_noop(
-    bench: ModuleType, settings: Settings, records: redis.Redis, meter: CpuMeter
+    bench: ModuleType,
+    settings: Settings,
+    records: redis.Redis,
+    meter: CpuMeter,
+    calls: StoreCalls | None = None,
 ) -> dict[str, Any]:
-    rounds: dict[str, list[dict[str, Any]]] = {"plain": [], "limited": []}
+    """Interleaved rounds of the `NOOP_KINDS`, the order rotated each round (no kind
+    always first); medians over the rounds. ``noop_kept`` is warmed up here, just
+    before (its permits are kept `bench_app.NOOP_KEEP_IDLE` s only)."""
+    warmed = warm_up(bench, settings, records, kinds=("kept",))
+    rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in NOOP_KINDS}
+    last_kept_end = warmed["kept"]
     for r in range(settings.noop_rounds):
-        order = ("plain", "limited") if r % 2 == 0 else ("limited", "plain")
-        for kind in order:
-            rounds[kind].append(
-                run_noop_round(bench, kind, settings.noop_tasks, records, f"{kind}{r}", meter=meter)
-            )
+        shift = r % len(NOOP_KINDS)
+        order = NOOP_KINDS[shift:] + NOOP_KINDS[:shift]
+        for position, kind in enumerate(order):
+            figures = run_noop_round(
+                bench, kind, settings.noop_tasks, records, f"{kind}{r}", meter=meter, calls=calls
+            )  # fmt: skip
+            figures["position"] = position
+            if kind == "kept":  # how long the permits kept before stood idle
+                figures["idle_before_s"] = figures["begin"] - last_kept_end
+                last_kept_end = figures["end"]
+            rounds[kind].append(figures)
 
     def median(kind: str, key: str, sub: str | None = None) -> float:
         return statistics.median(x[key][sub] if sub else x[key] for x in rounds[kind])
 
-    plain, limited = median("plain", "per_s"), median("limited", "per_s")
+    def calls_median(kind: str) -> float | None:
+        counted = [x["store_calls_per_task"] for x in rounds[kind]]
+        return None if None in counted else statistics.median(counted)
+
+    plain, limited, kept = (median(kind, "per_s") for kind in NOOP_KINDS)
     parts = CPU_PARTS + (("postgres",) if meter.postmaster is not None else ())
+    calls_per_task = {kind: calls_median(kind) for kind in NOOP_KINDS}
+    kept_calls = calls_per_task["kept"]
     return {
         "tasks": settings.noop_tasks,
         "rounds": settings.noop_rounds,
         "plain_per_s": plain,
         "limited_per_s": limited,
+        "kept_per_s": kept,
         "ratio": limited / plain,
+        "kept_ratio": kept / plain,
+        "keep_idle_s": bench.NOOP_KEEP_IDLE,
+        "store_calls_per_task": calls_per_task,
+        "store_calls_source": calls.source if calls else "n/a: not counted",
+        "verdicts": {
+            "noop_ratio": limited / plain >= TARGETS["noop_ratio_min"],
+            "noop_kept_ratio": kept / plain >= TARGETS["noop_kept_ratio_min"],
+            "noop_kept_calls": (
+                None if kept_calls is None else kept_calls <= TARGETS["noop_kept_calls_max"]
+            ),
+        },
         "cpu_ms_per_task": {
             kind: {part: median(kind, "cpu_ms_per_task", part) for part in parts} for kind in rounds
         },
         "submit_s": {kind: median(kind, "submit_s") for kind in rounds},
         "plain_rounds": rounds["plain"],
         "limited_rounds": rounds["limited"],
+        "kept_rounds": rounds["kept"],
     }
 
 
-def warm_up(bench: ModuleType, settings: Settings, records: redis.Redis) -> None:
-    """Every pool process imports, connects and runs a task of each kind once or so."""
-    for kind in ("plain", "limited"):
-        run_noop_round(bench, kind, settings.warmup, records, f"warmup-{kind}")
+def warm_up(
+    bench: ModuleType,
+    settings: Settings,
+    records: redis.Redis,
+    *,
+    kinds: tuple[str, ...] = ("plain", "limited"),
+) -> dict[str, float]:
+    """Every pool process imports, connects and runs a task of each kind once or so;
+    when each kind's last task ended."""
+    return {
+        kind: run_noop_round(bench, kind, settings.warmup, records, f"warmup-{kind}")["end"]
+        for kind in kinds
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -905,14 +1035,15 @@ def store_phrase(results: dict[str, Any]) -> str:
 
 def print_report(results: dict[str, Any]) -> None:
     s = results["settings"]
-    ours, base, noop = results["ours"], results["baseline"], results["noop"]
+    ours, base = results["ours"], results["baseline"]
     env = results["environment"]
     ideal = s["tasks"] * s["hold"] / s["limit"]
     print(
         f"celery end to end: N={s['tasks']} tasks x H={s['hold']} s under L={s['limit']}, "
         f"K={s['workers']} workers x C={s['concurrency']} prefork processes, prefetch "
-        f"multiplier {s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
-        f"(ideal {ideal:.2f} s); broker {results['broker']}, {store_phrase(results)}"
+        f"multiplier {s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''}, "
+        f"{keep_idle_phrase(s)} (ideal {ideal:.2f} s); broker {results['broker']}, "
+        f"{store_phrase(results)}"
     )
     print(
         f"celery {env['celery']}, redis-server {env['redis_server']} (private), "
@@ -986,12 +1117,19 @@ def print_report(results: dict[str, Any]) -> None:
             " of samples"
         )
     print(f"(baseline measured elsewhere: {BASELINE_MEASURED})")
+    print_noop(results)
+
+
+def print_noop(results: dict[str, Any]) -> None:
+    """The no-op phase's part of the report: plain, limited and kept side by side."""
+    s, noop = results["settings"], results["noop"]
     print(
         f"\nno-op overhead: {noop['tasks']} tasks x {noop['rounds']} interleaved rounds "
         f"(medians; first submit .. last task done)"
     )
     cpu = noop["cpu_ms_per_task"]
-    for kind, label in (("plain", "plain task"), ("limited", "LimitedTask")):
+    labels = (("plain", "plain task"), ("limited", "LimitedTask"), ("kept", "kept permits"))
+    for kind, label in labels:
         print(
             f"  {label:<12} {noop[kind + '_per_s']:7.0f} tasks/s   CPU ms per task: workers "
             f"{cpu[kind]['workers']:.2f} (main processes {cpu[kind]['worker_main']:.2f}), "
@@ -999,10 +1137,38 @@ def print_report(results: dict[str, Any]) -> None:
             + (f"postgres {cpu[kind]['postgres']:.2f}, " if "postgres" in cpu[kind] else "")
             + f"client {cpu[kind]['client']:.2f} (submit {noop['submit_s'][kind]:.2f} s)"
         )
-    print(f"  (LimitedTask limit {s['noop_limit']}: never binds)")
+    idle = ", ".join(f"{r['idle_before_s']:.1f}" for r in noop["kept_rounds"])
+    print(
+        f"  (LimitedTask limit {s['noop_limit']}: never binds; kept permits: a LimitedTask "
+        f"of the same limit, semaphore_keep_idle={noop['keep_idle_s']:g} s; from its last "
+        f"task's end to each of its rounds' first submit: {idle} s)"
+    )
+
+    def calls_cell(kind: str) -> str:
+        median = noop["store_calls_per_task"][kind]
+        if median is None:
+            return f"{kind} n/a"
+        each = ", ".join(f"{r['store_calls_per_task']:.3f}" for r in noop[kind + "_rounds"])
+        return f"{kind} {median:.3f} (rounds: {each})"
+
+    print(
+        f"  script calls per task ({noop['store_calls_source']}; median): "
+        + "; ".join(calls_cell(kind) for kind in NOOP_KINDS)
+    )
     print(
         f"  ratio limited/plain  {noop['ratio']:.3f}   target >= {TARGETS['noop_ratio_min']:.2f}"
         f"  {verdict(noop['ratio'] >= TARGETS['noop_ratio_min'])}"
+    )
+    print(
+        f"  ratio kept/plain     {noop['kept_ratio']:.3f}   target >= "
+        f"{TARGETS['noop_kept_ratio_min']:.2f}  {verdict(noop['verdicts']['noop_kept_ratio'])}"
+    )
+    kept_calls = noop["store_calls_per_task"]["kept"]
+    print(
+        "  kept script calls per task  "
+        + ("n/a" if kept_calls is None else f"{kept_calls:.3f}")
+        + f"   target <= {TARGETS['noop_kept_calls_max']:.2f}  "
+        + ("n/a" if kept_calls is None else verdict(noop["verdicts"]["noop_kept_calls"]))
     )
 
 
@@ -1011,8 +1177,9 @@ def print_backlog(results: dict[str, Any]) -> None:
     print(
         f"\nbacklog: N={s['tasks']} x H={s['hold']} s under L={s['limit']}, "
         f"K={s['workers']} x C={s['concurrency']} prefork, prefetch multiplier "
-        f"{s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''} "
-        f"(ideal {s['ideal_s']:.1f} s); broker {results['broker']}, {store_phrase(results)}"
+        f"{s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''}, "
+        f"{keep_idle_phrase(s)} (ideal {s['ideal_s']:.1f} s); broker {results['broker']}, "
+        f"{store_phrase(results)}"
     )
     modes = [figures[k] for k in BACKLOG_MODES]
     ours, base = figures["ours"], figures["baseline"]
@@ -1056,24 +1223,41 @@ def print_backlog(results: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def topology_line(where: dict[str, Any], rabbitmq: str | None) -> str:
-    """The report's line on where a run ran, from ``Topology.describe()`` and the
-    RabbitMQ version (None on a Redis broker)."""
-    return (
+def topology_line(where: dict[str, Any], rabbitmq: str | None, postgres: str | None) -> str:
+    """The report's line on where a run ran, from ``Topology.describe()``, the RabbitMQ
+    version (None on a Redis broker) and the PostgreSQL one (None with the Redis store)."""
+    broker = (
         f"broker {where['broker']} ({where['broker_url']}"
         + (f", RabbitMQ {rabbitmq}" if rabbitmq else "")
-        + "), semaphores in "
+        + ")"
+    )
+    if where["semaphore_store"] == "postgres":
+        return (
+            f"{broker}, semaphore store PostgreSQL {postgres} ({where['semaphore_postgres']}), "
+            "no result backend: no Redis in the plugin's path"
+        )
+    return (
+        f"{broker}, semaphore store Redis: "
         + ("the broker's redis-server" if where["semaphore_in_broker_redis"]
            else "a redis-server of their own")
-        + f", semaphore Redis {where['semaphore_redis']}"
+        + f", {where['semaphore_redis']}"
         + (f" ({shlex.join(where['semaphore_redis_args'])})" if where["semaphore_redis_args"]
            else "")
     )  # fmt: skip
 
 
+def started_topology(args: argparse.Namespace) -> AbstractContextManager[Topology]:
+    """`Topology.started()` as the arguments of `add_topology_arguments()` ask."""
+    return Topology.started(
+        args.broker, args.semaphore_redis, args.amqp_url,
+        store=args.semaphore_store, postgres_url=args.postgres_url,
+    )  # fmt: skip
+
+
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--broker`` and ``--semaphore-redis``, as every end-to-end benchmark takes them
-    (bench_fair.py and bench_rate.py import this)."""
+    """``--broker``, ``--amqp-url``, ``--semaphore-redis``, ``--semaphore-store`` and
+    ``--postgres-url``, as every end-to-end benchmark takes them (bench_fair.py and
+    bench_rate.py import this); `check_topology_arguments()` checks them together."""
     parser.add_argument(
         "--broker", choices=BROKERS, default="redis",
         help="redis: a redis-server of our own, the semaphores in it too (the package's "
@@ -1082,11 +1266,74 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
         "semaphores in two redis-servers of our own",
     )  # fmt: skip
     parser.add_argument(
+        "--amqp-url",
+        help=f"RabbitMQ for --broker amqp (default {AMQP_URL}); the run's queues and "
+        "exchanges get names of their own and are deleted at the end",
+    )
+    parser.add_argument(
         "--semaphore-redis", choices=tuple(SEMAPHORE_REDIS_ARGS), default="plain",
         help="the semaphores' redis-server (the broker's with --broker redis): plain "
         "(appendonly no, save ''), aof (appendonly yes), no-config (no persistence, "
         "CONFIG renamed away as on managed services)",
     )  # fmt: skip
+    parser.add_argument(
+        "--semaphore-store", choices=STORES, default="redis",
+        help="where the semaphores are: redis (see --broker, --semaphore-redis), or "
+        "postgres (semaphore_url = postgresql://...; with --broker amqp only): a "
+        "PostgreSQL cluster of our own on a free loopback port, or --postgres-url; no "
+        "result backend then, so that no Redis is in the plugin's path",
+    )  # fmt: skip
+    parser.add_argument(
+        "--postgres-url",
+        help="with --semaphore-store postgres: this database instead of a cluster of our "
+        "own (the semaphores bench-* of namespace celery_semaphore; state left there by "
+        "a run that was killed counts until its leases run out)",
+    )
+
+
+def add_keep_idle_argument(parser: argparse.ArgumentParser) -> None:
+    """``--keep-idle SECONDS``, as bench_celery.py and bench_fair.py take it."""
+    parser.add_argument(
+        "--keep-idle", type=float, default=0.0, metavar="SECONDS",
+        help="the workers' semaphore_keep_idle (default 0: off, the package's default): a "
+        "pool process keeps its permit between tasks while nobody waits (every "
+        "LimitedTask of the bench app; the no-op phase's noop_limited stays without)",
+    )  # fmt: skip
+
+
+def check_keep_idle_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.keep_idle >= 0:  # NaN too
+        parser.error("--keep-idle must be 0 (off) or more seconds")
+
+
+def keep_idle_phrase(settings: dict[str, Any]) -> str:
+    """The workers' kept permits, for the reports' first lines."""
+    seconds = settings.get("keep_idle", 0.0)
+    return f"semaphore_keep_idle {seconds:g} s" if seconds else "no kept permits"
+
+
+def check_topology_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (``parser.error``) what `add_topology_arguments()` accepts one by one but
+    cannot run together; ``args.amqp_url`` gets its default."""
+    if args.amqp_url is not None and args.broker != "amqp":
+        parser.error(f"--amqp-url is for --broker amqp (this run's broker: {args.broker})")
+    args.amqp_url = args.amqp_url or AMQP_URL
+    if not args.amqp_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        parser.error(f"--amqp-url must be an amqp:// URL, not {args.amqp_url!r}")
+    if args.semaphore_store == "postgres":
+        if args.broker != "amqp":
+            parser.error(
+                "--semaphore-store postgres runs with --broker amqp only (with a Redis "
+                "broker, Redis would be in the plugin's path)"
+            )
+        if args.semaphore_redis != "plain":
+            parser.error("--semaphore-redis is for --semaphore-store redis")
+    if args.postgres_url is not None:
+        if args.semaphore_store != "postgres":
+            parser.error("--postgres-url is for --semaphore-store postgres")
+        if not is_postgres_url(args.postgres_url):
+            given = mask_url(args.postgres_url)
+            parser.error(f"--postgres-url must be a postgresql:// URL, not {given!r}")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
@@ -1106,7 +1353,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         "--skip", action="append", default=[],
         choices=["ours", "baseline", "noop", "countdown", "plain"],
         help="skip a phase (ours = handover; countdown, plain: the backlog's countdown "
-        "phase and its plain tasks on L processes); then the figures are printed as JSON",
+        "phase and its plain tasks on L processes); then the figures are printed as JSON "
+        "(followed by the no-op phase's report when it ran)",
     )  # fmt: skip
     parser.add_argument(
         "--prime",
@@ -1126,25 +1374,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument(
         "--acks-late", action="store_true", help="task_acks_late for every task, both scenarios"
     )
+    add_keep_idle_argument(parser)
     add_topology_arguments(parser)
-    parser.add_argument(
-        "--semaphore-store", choices=STORES, default="redis",
-        help="where the semaphores are: redis (see --broker, --semaphore-redis), or "
-        "postgres (semaphore_url = postgresql://...; with --broker amqp only): a "
-        "PostgreSQL cluster of our own on a free loopback port, or --postgres-url; no "
-        "result backend then, so that no Redis is in the plugin's path",
-    )  # fmt: skip
-    parser.add_argument(
-        "--postgres-url",
-        help="with --semaphore-store postgres: this database instead of a cluster of our "
-        "own (the semaphores bench-* of namespace celery_semaphore; state left there by "
-        "a run that was killed counts until its leases run out)",
-    )
-    parser.add_argument(
-        "--amqp-url",
-        help=f"RabbitMQ for --broker amqp (default {AMQP_URL}); the run's queues and "
-        "exchanges get names of their own and are deleted at the end",
-    )
     parser.add_argument(
         "--inspect-held", action="store_true",
         help="on a Redis broker, also sample the messages the workers hold with inspect "
@@ -1165,26 +1396,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         parser.error("--inspect-every must be 0 (no sampling) or more")
     if args.inspect_held and args.inspect_every == 0:
         parser.error("--inspect-held samples with inspect: it needs --inspect-every > 0")
-    if args.amqp_url is not None and args.broker != "amqp":
-        parser.error(f"--amqp-url is for --broker amqp (this run's broker: {args.broker})")
-    args.amqp_url = args.amqp_url or AMQP_URL
-    if args.semaphore_store == "postgres":
-        if args.broker != "amqp":
-            parser.error(
-                "--semaphore-store postgres runs with --broker amqp only (with a Redis "
-                "broker, Redis would be in the plugin's path)"
-            )
-        if args.semaphore_redis != "plain":
-            parser.error("--semaphore-redis is for --semaphore-store redis")
-    if args.postgres_url is not None:
-        if args.semaphore_store != "postgres":
-            parser.error("--postgres-url is for --semaphore-store postgres")
-        if not is_postgres_url(args.postgres_url):
-            given = mask_url(args.postgres_url)
-            parser.error(f"--postgres-url must be a postgresql:// URL, not {given!r}")
-    if not args.amqp_url.startswith(("amqp://", "amqps://", "pyamqp://")):
-        parser.error(f"--amqp-url must be an amqp:// URL, not {args.amqp_url!r}")
-    workers_conf: dict[str, Any] = {"acks_late": args.acks_late}
+    check_topology_arguments(parser, args)
+    check_keep_idle_argument(parser, args)
+    workers_conf: dict[str, Any] = {"acks_late": args.acks_late, "keep_idle": args.keep_idle}
     if args.prefetch_multiplier is not None:
         if args.prefetch_multiplier < 1:
             parser.error("--prefetch-multiplier must be 1 or more")
@@ -1299,6 +1513,7 @@ def bench_environment(
         "BENCH_BACKOFF_MAX": repr(settings.backoff_max),
         "BENCH_PREFETCH_MULTIPLIER": str(settings.prefetch_multiplier),
         "BENCH_ACKS_LATE": "1" if settings.acks_late else "0",
+        "BENCH_KEEP_IDLE": repr(settings.keep_idle),
     }
     os.environ.update(env)
     worker_env = {
@@ -1320,6 +1535,7 @@ def run(
     records, store = where.bench.client(db=2), where.semaphore_store()
     servers = [server.client() for server in where.servers()]
     workers = Workers(worker_env, settings, log_dir, args.worker_loglevel)
+    calls: StoreCalls | None = None
     try:
         log(f"starting {settings.workers} workers x {settings.concurrency} processes")
         workers.start(lambda: int(records.scard(bench.READY_KEY)))
@@ -1340,8 +1556,9 @@ def run(
         noop: dict[str, Any] = {}
         if "noop" not in args.skip:
             log(f"no-op overhead: {settings.noop_tasks} tasks x {settings.noop_rounds} rounds")
+            calls = StoreCalls(where)
             noop = run_noop(
-                bench, settings, records, CpuMeter(workers, servers, where.postgres_pid)
+                bench, settings, records, CpuMeter(workers, servers, where.postgres_pid), calls
             )
     except Exception:
         log(f"worker logs ({log_dir}):\n{workers.tails()}")
@@ -1349,6 +1566,8 @@ def run(
     finally:
         log("stopping the workers")
         workers.stop()
+        if calls is not None:
+            calls.close()
         records.close()
         store.close()
         for client in servers:
@@ -1377,10 +1596,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
-    with Topology.started(
-        args.broker, args.semaphore_redis, args.amqp_url,
-        store=args.semaphore_store, postgres_url=args.postgres_url,
-    ) as where:  # fmt: skip
+    with started_topology(args) as where:
         log(where.started_line())
         redis_version = where.bench.version()
         postgres_version = where.postgres_version()
@@ -1401,6 +1617,7 @@ def main(argv: list[str] | None = None) -> int:
         "broker": args.broker,
         "semaphore_store": args.semaphore_store,
         "semaphore_redis": args.semaphore_redis if args.semaphore_store == "redis" else None,
+        "keep_idle_s": args.keep_idle,
         "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
         "settings": {**asdict(settings), "ideal_s": settings.ideal},
         "backlog_settings": {
@@ -1432,6 +1649,8 @@ def main(argv: list[str] | None = None) -> int:
         print_report(results)
     elif args.scenario in ("today", "both"):
         print(json.dumps(today, indent=2))
+        if today["noop"]:
+            print_noop(results)
     if "backlog" in figures and len(figures["backlog"]) == len(BACKLOG_MODES):
         print_backlog(results)
     elif "backlog" in figures:

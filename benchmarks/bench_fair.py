@@ -15,16 +15,23 @@ the same five steps: the line at 0, the task at 5.
 The script starts its own ``redis-server`` (broker, result backend and semaphore
 store; never the shared one on 6379) and the workers, prints figures, and stops every
 process again, also on an error, Ctrl-C, SIGTERM or ``--timeout``. It asserts nothing:
-the targets are printed next to the figures. ``--broker`` and ``--semaphore-redis``
-are bench_celery.py's: ``--broker amqp`` takes the broker from RabbitMQ (queues and
+the targets are printed next to the figures. ``--broker``, ``--amqp-url``,
+``--semaphore-redis``, ``--semaphore-store`` and ``--postgres-url`` are
+bench_celery.py's: ``--broker amqp`` takes the broker from RabbitMQ (queues and
 exchanges named for the run, deleted at the end) and the semaphores from a
-redis-server of their own, ``--broker redis-separate`` runs two redis-servers; the
-report says which ran.
+redis-server of their own, ``--broker redis-separate`` runs two redis-servers;
+``--semaphore-store postgres`` (with ``--broker amqp``) keeps the semaphores in a
+PostgreSQL cluster of the script's own (or ``--postgres-url``) with no result backend:
+the script sees a task end by its body's record, and its redis-server keeps only those
+records. The report says which ran. ``--keep-idle SECONDS`` sets the workers'
+``semaphore_keep_idle`` (kept permits, off by default; ``fair`` and ``fair_countdown``
+have a fair key, so they never keep one: ``unfair`` and ``prioritized`` do).
 
     .venv/bin/python benchmarks/bench_fair.py            # full run, about two minutes
     .venv/bin/python benchmarks/bench_fair.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_fair.py --json     # machine-readable results
     .venv/bin/python benchmarks/bench_fair.py --broker amqp --semaphore-redis plain
+    .venv/bin/python benchmarks/bench_fair.py --broker amqp --semaphore-store postgres
 
 Every figure comes from the task bodies' own records (start and end, ``time.time()``,
 same machine) and the times this script published at.
@@ -49,17 +56,22 @@ from typing import Any
 
 import redis
 from bench_celery import (
-    AMQP_URL,
     BACKLOG,
     Settings,
     Topology,
     Workers,
     _exit_on_sigterm,
+    add_keep_idle_argument,
     add_topology_arguments,
     analyze,
+    await_tasks,
     bench_environment,
+    check_keep_idle_argument,
+    check_topology_arguments,
+    keep_idle_phrase,
     log,
     rabbitmq_version_of,
+    started_topology,
     topology_line,
     warm_up,
 )
@@ -204,23 +216,20 @@ def priority_figures(
 # --------------------------------------------------------------------------- phases
 
 
-def phase_deadline(tasks: int, settings: Settings) -> float:
-    """When a phase gives up: ten times its ideal makespan (countdown mode on a loaded
-    machine took about three times), and at least two minutes."""
-    return time.monotonic() + max(120.0, 10 * tasks * settings.hold / settings.limit)
+def phase_timeout(tasks: int, settings: Settings) -> float:
+    """Seconds after which a phase gives up: ten times its ideal makespan (countdown
+    mode on a loaded machine took about three times), and at least two minutes."""
+    return max(120.0, 10 * tasks * settings.hold / settings.limit)
 
 
 def collect(
-    results: list[Any], records: redis.Redis, key: str, count: int, deadline: float
-) -> list[dict[str, Any]]:
-    """Waits for every result (a failed task raises here) and for the bodies' records
-    (written after each task ends, so the last may still be on their way)."""
-    for result in results:
-        result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=True)
-        result.forget()
-    settle = time.monotonic() + 5.0
-    while records.llen(key) < count and time.monotonic() < settle:
-        time.sleep(0.01)
+    bench: ModuleType, kind: str, results: list[Any],
+    *, records: redis.Redis, key: str, settings: Settings,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The bodies' records, once every task has run (`bench_celery.await_tasks`: by the
+    results, or with no result backend by the records), at most `phase_timeout()`."""
+    timeout = phase_timeout(len(results), settings)
+    await_tasks(bench, kind, results, records=records, key=key, timeout=timeout)
     return [json.loads(r) for r in records.lrange(key, 0, -1)]
 
 
@@ -231,7 +240,6 @@ def run_noisy(
     task = getattr(bench, kind)
     key = bench.records_key(kind)
     records.delete(key)
-    n = sc.a_tasks + sc.b_tasks
     hold = settings.hold
     with bench.app.producer_or_acquire() as producer:
         a_begin = time.time()
@@ -244,7 +252,7 @@ def run_noisy(
             for i in range(sc.b_tasks)
         ]
         b_end = time.time()
-    runs = collect(results, records, key, n, phase_deadline(n, settings))
+    runs = collect(bench, kind, results, records=records, key=key, settings=settings)
     published = {"a_begin": a_begin, "a_end": a_end, "b_begin": b_begin, "b_end": b_end}
     return noisy_figures(runs, published, settings, sc), {"published": published, "runs": runs}
 
@@ -268,8 +276,7 @@ def run_priority(
         time.sleep(0.5)  # the line's first tasks reach the workers and start
         published_at = time.time()
         results.append(task.apply_async((sc.line_tasks, hold), producer=producer, **urgent_options))
-    n = sc.line_tasks + 1
-    runs = collect(results, records, key, n, phase_deadline(n, settings))
+    runs = collect(bench, "prioritized", results, records=records, key=key, settings=settings)
     figures = priority_figures(runs, sc.line_tasks, published_at)
     return figures, {"published_at": published_at, "runs": runs}
 
@@ -333,7 +340,7 @@ def print_report(results: dict[str, Any]) -> None:
         f"fair share and priority end to end: L={s['limit']}, H={s['hold']} s, "
         f"K={s['workers']} workers x C={s['concurrency']} prefork processes, prefetch "
         f"multiplier {s['prefetch_multiplier']}{', acks_late' if s['acks_late'] else ''}, "
-        "handover mode unless said"
+        f"{keep_idle_phrase(s)}, handover mode unless said"
     )
     print(
         f"celery {env['celery']}, redis-server {env['redis_server']} (private), "
@@ -341,7 +348,7 @@ def print_report(results: dict[str, Any]) -> None:
         f"load average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load['before'])} before, "
         f"{' '.join(f'{x:.2f}' for x in load['after'])} after"
     )
-    print(topology_line(where, env["rabbitmq"]))
+    print(topology_line(where, env["rabbitmq"], env["postgres_server"]))
     noisy = results["noisy"]
     modes = [m for m in NOISY_MODES if m in noisy]
     fair = noisy["fair"]
@@ -424,6 +431,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings, Sc
         "--timeout", type=float, default=900.0,
         help="seconds after which the run stops itself (default 900)",
     )  # fmt: skip
+    add_keep_idle_argument(parser)
     add_topology_arguments(parser)
     parser.add_argument("--worker-loglevel", default="warning")
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs in this directory")
@@ -431,7 +439,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings, Sc
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    check_keep_idle_argument(parser, args)
+    check_topology_arguments(parser, args)
     settings, scenario = (WORKERS_QUICK, QUICK) if args.quick else (WORKERS, FULL)
+    settings = replace(settings, keep_idle=args.keep_idle)
     if args.broker == "amqp":
         scenario = replace(scenario, **AMQP_PRIORITIES)
     return args, settings, scenario
@@ -445,9 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
     try:
-        with Topology.started(args.broker, args.semaphore_redis, AMQP_URL) as where:
+        with started_topology(args) as where:
             log(where.started_line())
             redis_version = where.bench.version()
+            postgres_version = where.postgres_version()
             rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
             figures, raw = run(args, settings, scenario, where)
     finally:
@@ -458,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "elapsed_s": time.perf_counter() - started,
         "broker": args.broker,
-        "semaphore_redis": args.semaphore_redis,
+        "semaphore_store": where.store,
+        "semaphore_redis": args.semaphore_redis if where.store == "redis" else None,
+        "keep_idle_s": settings.keep_idle,
         "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
         "settings": {  # the workers' (bench_celery.Settings): no tasks, no-op or baseline here
             k: v
@@ -470,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             "celery": package_version("celery"),
             "redis_server": redis_version,
             "rabbitmq": rabbitmq_version,
+            "postgres_server": postgres_version,
             "redis_py": package_version("redis"),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
@@ -491,5 +506,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        log("interrupted; the workers and the private redis-server were stopped")
+        log("interrupted; the workers and the private servers were stopped")
         sys.exit(130)

@@ -18,16 +18,21 @@ The script starts its own ``redis-server`` (broker, semaphores and records; neve
 shared one on 6379) and the workers (benchmarks/bench_rate_app.py), prints figures,
 and stops every process again, also on an error, Ctrl-C or SIGTERM. It asserts
 nothing: the targets and the load average are printed next to the figures.
-``--broker`` and ``--semaphore-redis`` are bench_celery.py's: ``--broker amqp`` takes
-the broker from RabbitMQ (queues and exchanges named for the run, deleted at the end)
-and the semaphores from a redis-server of their own, ``--broker redis-separate`` runs
-two redis-servers; the report says which ran.
+``--broker``, ``--amqp-url``, ``--semaphore-redis``, ``--semaphore-store`` and
+``--postgres-url`` are bench_celery.py's: ``--broker amqp`` takes the broker from
+RabbitMQ (queues and exchanges named for the run, deleted at the end) and the
+semaphores from a redis-server of their own, ``--broker redis-separate`` runs two
+redis-servers; ``--semaphore-store postgres`` (with ``--broker amqp``) keeps ours'
+semaphores in a PostgreSQL cluster of the script's own (or ``--postgres-url``): the
+app has no result backend on any store, so the redis-server keeps only the records
+and the baselines' token buckets and py-redis-semaphore. The report says which ran.
 
     .venv/bin/python benchmarks/bench_rate.py            # full run, about 4 minutes
     .venv/bin/python benchmarks/bench_rate.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_rate.py --json     # machine-readable results
     .venv/bin/python benchmarks/bench_rate.py --scenario pause
     .venv/bin/python benchmarks/bench_rate.py --broker amqp --semaphore-redis plain
+    .venv/bin/python benchmarks/bench_rate.py --broker amqp --semaphore-store postgres
 
 Every figure comes from outside the semaphores: each task body records its own start
 and end (``time.time()``, same machine), ``request.retries`` and the plugin's waits; a
@@ -59,10 +64,11 @@ from typing import Any
 
 import redis
 from bench_celery import (
-    AMQP_URL,
     Topology,
     add_topology_arguments,
+    check_topology_arguments,
     rabbitmq_version_of,
+    started_topology,
     topology_line,
 )
 
@@ -686,8 +692,8 @@ def print_report(results: dict[str, Any]) -> None:
         f"prefetch multiplier 4 (Celery's default)"
     )
     print(
-        f"{topology_line(where, env['rabbitmq'])}; messages held by workers sampled from "
-        f"{results['held_source']}"
+        f"{topology_line(where, env['rabbitmq'], env['postgres_server'])}; messages held by "
+        f"workers sampled from {results['held_source']}"
     )
     print(
         f"celery {env['celery']}, celery-semaphore {env['celery_semaphore']} "
@@ -725,6 +731,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         "--dump", type=Path, help="write every record (bodies, raises, samples) to this JSON file"
     )
     args = parser.parse_args(argv)
+    check_topology_arguments(parser, args)
     return args, QUICK if args.quick else FULL
 
 
@@ -793,9 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     raw: dict[str, Any] = {}
-    with Topology.started(args.broker, args.semaphore_redis, AMQP_URL) as where:
+    with started_topology(args) as where:
         log(where.started_line())
         redis_version = where.bench.version()
+        postgres_version = where.postgres_version()
         rabbitmq_version = rabbitmq_version_of(where.amqp_url) if where.amqp else None
         figures = run(args, settings, where, raw)
         have_rates = bool(sys.modules["bench_rate_app"].HAVE_RATES)
@@ -805,7 +813,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "elapsed_s": time.perf_counter() - started,
         "broker": args.broker,
-        "semaphore_redis": args.semaphore_redis,
+        "semaphore_store": where.store,
+        "semaphore_redis": args.semaphore_redis if where.store == "redis" else None,
         "topology": {**where.describe(), "amqp_cleanup": where.cleanup or None},
         "held_source": held_source(rabbitmq=where.amqp),
         "settings": asdict(settings),
@@ -815,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
             "have_rates": have_rates,
             "redis_server": redis_version,
             "rabbitmq": rabbitmq_version,
+            "postgres_server": postgres_version,
             "redis_py": package_version("redis"),
             "py_redis_semaphore": package_version("py-redis-semaphore"),
             "python": platform.python_version(),
@@ -837,5 +847,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        log("interrupted; the workers and the private redis-server were stopped")
+        log("interrupted; the workers and the private servers were stopped")
         sys.exit(130)

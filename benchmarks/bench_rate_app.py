@@ -5,8 +5,11 @@ this module and before it starts the workers):
 
 - ``BENCH_BROKER_URL``: broker, and the semaphores' Redis (the default
   ``semaphore_redis_url`` is the broker's URL);
-- ``BENCH_SEMAPHORE_URL``: ``semaphore_redis_url``, when set (not empty): a Redis of
-  its own beside a RabbitMQ or a Redis broker (``bench_rate.py --broker``);
+- ``BENCH_SEMAPHORE_URL``: ``semaphore_redis_url`` (``semaphore_url``'s older name,
+  read the same way), when set (not empty): a Redis of its own beside a RabbitMQ or a
+  Redis broker (``bench_rate.py --broker``), or a ``postgresql://`` URL
+  (``--semaphore-store postgres``: then ours touch no Redis; the baselines' buckets and
+  semaphores stay in ``BENCH_RECORD_URL``'s);
 - ``BENCH_QUEUE_PREFIX``: put before every queue name (empty by default; unique to
   the run on a shared broker);
 - ``BENCH_CONTROL_EXCHANGE``: ``control_exchange``, when set (unique to the run on a

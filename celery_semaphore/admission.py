@@ -48,6 +48,7 @@ from .core import (
 )
 from .formats import GATES_HEADER, Gate, WaitState, decode_gates
 from .gates import joint_of, semaphore_of, task_gates, urgency
+from .kept_permits import Keeper, Kept, keepable, keeper_of, may_start_on_kept
 from .limits import RateLimited
 from .retry import WAITS_MARK, Waits
 from .state import state_of
@@ -386,7 +387,12 @@ def admitted_call(
     if not gates:
         return body(*args, **kwargs)
     state = WaitState.of(request)
-    admission = Admission.of(task, request, gates, task_config(task), state)
+    config = task_config(task)
+    keeper = _keeper(task, request, gates, config)
+    kept = None if keeper is None or not may_start_on_kept(state) else keeper.take(gates[0])
+    if keeper is not None and kept is not None:
+        return _call_on_kept(task, kept, keeper, functools.partial(body, *args, **kwargs))
+    admission = Admission.of(task, request, gates, config, state)
     if request.is_eager:
         return _eager_call(admission, body, args, kwargs)
     waits = Waits(task, request, state, admission.config, admission.info)
@@ -403,7 +409,59 @@ def admitted_call(
     finally:
         request.retries = total
         setattr(request, WAITS_MARK, None)
+        if keeper is None:
+            admission.exit()
+        else:
+            _keep_or_exit(admission, keeper)
+
+
+def _keeper(task: Any, request: Any, gates: list[Gate], config: SemaphoreConfig) -> Keeper | None:
+    """This process's `Keeper`, where the request may start on or keep a kept permit."""
+    if config.keep_idle <= 0 or request.is_eager or not keepable(gates):
+        return None
+    app_state = state_of(task.app)
+    if not app_state.keeps_permits:
+        return None
+    return keeper_of(app_state, request.hostname)
+
+
+def _call_on_kept(task: Any, kept: Kept, keeper: Keeper, call: Callable[[], Any]) -> Any:
+    """Run the body on the permit this process keeps (`celery_semaphore.kept_permits`):
+    no call to the store; the permit stays kept after, unless a line formed meanwhile."""
+    request = task.request
+    setattr(request, WAITS_MARK, 0)
+    try:
+        return call()
+    except RateLimited as limited:  # its gate has no rate: slow_down() says so
+        state = WaitState.of(request)
+        admission = Admission.of(task, request, [kept.gate], task_config(task), state)
+        waits = Waits(task, request, state, admission.config, admission.info)
+        raise slow_down(admission, waits, limited) from None
+    finally:
+        setattr(request, WAITS_MARK, None)
+        keeper.put_back(kept)
+
+
+def _keep_or_exit(admission: Admission, keeper: Keeper) -> None:
+    """The task ended: keep its one permit for this process's next task if the store
+    lets it (else it is released, as `Admission.exit` does)."""
+    gate = admission.gates[0]
+    permit = admission.permits.pop(gate, None)
+    if permit is None:
         admission.exit()
+        return
+    info = _kept_info(admission.request.hostname, os.getpid())
+    semaphore = admission._sem(gate)
+    kept = keeper.keep(gate, semaphore, permit, info, admission.config)
+    if kept == "lost":
+        logger.warning("%r was lost before the task ended", permit)
+    if kept in {"released", "lost"}:
+        admission._send(signals.permit_released, gate, released=kept == "released")
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_info(hostname: str | None, pid: int) -> str:
+    return json.dumps({"kept_by": hostname, "pid": pid})
 
 
 def slow_down(admission: Admission, waits: Waits, limited: RateLimited) -> Retry:

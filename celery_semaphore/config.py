@@ -50,6 +50,9 @@
   events ``semaphore-waiting``, ``semaphore-granted`` and ``semaphore-lost``.
 - ``semaphore_metrics_per_key`` (False): the metrics show each semaphore of a
   key function's family as its own series, instead of one series per family.
+- ``semaphore_keep_idle`` (0: off): a pool process keeps its permit between tasks
+  while nobody waits, and gives it back after this many idle seconds, at once when a
+  line forms, and when it stops (`celery_semaphore.kept_permits`).
 
 A `LimitedTask` takes the same names as decorator
 options to override them per task (all but the app-wide store URL, namespace,
@@ -124,6 +127,7 @@ class SemaphoreConfig:
     queue_rates: dict[str, RateLimit] = field(default_factory=dict)
     send_events: bool | None = None
     metrics_per_key: bool = False
+    keep_idle: float = 0.0
 
     def __post_init__(self) -> None:
         validation.check_namespace(self.namespace)
@@ -143,6 +147,7 @@ class SemaphoreConfig:
                 f"wait_mode must be one of {', '.join(WAIT_MODES)}, got {self.wait_mode!r}"
             )
         validation.check_seconds(self.handover_deadline, "handover_deadline")
+        validation.check_seconds(self.keep_idle, "keep_idle", allow_zero=True)
         validation.check_limit(self.park_max_bytes, "park_max_bytes")
         if self.send_events is not None and not isinstance(self.send_events, bool):
             raise TypeError(f"send_events must be True, False or None, got {self.send_events!r}")

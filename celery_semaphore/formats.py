@@ -223,7 +223,8 @@ class WaitState:
     ``period_start`` is how many of them came before the current wait period
     (a retry of the task's own starts a new one: new place, fresh wait budget).
     ``handover`` is set only on a copy published by a hand-over (the semaphore's
-    name and the copy's token); it is never written back.
+    name and the copy's token); it is never written back. ``unplaced``: the tickets
+    are publish times, not places in a line (`celery_semaphore.room_at_publish`).
     """
 
     tickets: dict[str, int] = field(default_factory=dict)
@@ -231,6 +232,7 @@ class WaitState:
     first_ask: float | None = None
     period_start: int = 0
     handover: tuple[str, int] | None = None
+    unplaced: bool = False
 
     @property
     def period_waits(self) -> int:
@@ -263,15 +265,19 @@ class WaitState:
             raw.get("first_ask"),
             int(raw.get("period_start") or 0),
             (str(handover[0]), int(handover[1])) if handover else None,
+            raw.get("unplaced") is True,
         )
 
     def encode(self) -> dict[str, Any]:
-        return {
+        encoded = {
             "tickets": self.tickets,
             "waits": self.waits,
             "first_ask": self.first_ask,
             "period_start": self.period_start,
         }
+        if self.unplaced:
+            encoded["unplaced"] = True
+        return encoded
 
 
 def has_wait_state(headers: dict[str, Any]) -> bool:

@@ -1,16 +1,19 @@
-"""Prometheus metrics, computed from Redis at scrape time: one cluster-wide view.
+"""Prometheus metrics, computed from the store at scrape time: one cluster-wide view.
 
-The scripts keep counters and histogram buckets in each semaphore's ``meta``
-hash (``m_*`` fields), so any process can serve the same numbers, whichever
-worker did the work. Serve them with ``celery worker --semaphore-metrics-port
-9808`` (any one worker is enough; every worker that serves them shows the same
-series), or from your own process with `serve()` or by registering
-`SemaphoreCollector`. Needs the ``prometheus`` extra. Counters restart
-from zero when a semaphore's keys expire while idle.
+The store keeps counters and histogram buckets with each semaphore (Redis: its
+``meta`` hash's ``m_*`` fields; PostgreSQL: the row's ``counters``; what counts
+what is the reference model's, `celery_semaphore.core.model.counters`), so any
+process can serve the same numbers, whichever worker did the work. Serve them
+with ``celery worker --semaphore-metrics-port 9808`` (any one worker is enough;
+every worker that serves them shows the same series), or from your own process
+with `serve()` or by registering `SemaphoreCollector`. Needs the ``prometheus``
+extra. Counters restart from zero when a semaphore's keys (or row) expire while
+idle.
 
-A scrape lists the semaphores (SCAN), then reads each with one counts.lua call,
-pipelined: counters and ZCOUNTs, no entry of a line read one by one, so its cost
-grows with the number of semaphores, not with their lines (see docs/operations.md).
+A scrape lists the semaphores (Redis: SCAN), then reads each with one counts.lua
+call, pipelined (PostgreSQL: one query for them all): counters and counts, no entry
+of a line read one by one, so its cost grows with the number of semaphores, not
+with their lines (see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ OUTCOMES = {"m_granted": "granted", "m_refused": "refused", "m_abandoned": "aban
 #: The gauges of each series: the metric's name (after the prefix; its key in a row), its help.
 GAUGES = (
     ("holders", "Permits in use by live holders (a task of weight k uses k)."),
+    ("kept_permits",
+     "Of holders, the permits worker processes keep between tasks (semaphore_keep_idle): "
+     "idle, or running the process's next task of the semaphore."),
     ("limit", "Effective limit (of a family: the sum of its members')."),
     ("waiters", "Live places in line."),
     ("draining", "1 while draining."),
@@ -141,6 +147,7 @@ class SemaphoreCollector:
             seen[name] = (label, counts)
             row = series.setdefault(label, _zeros())
             row["holders"] += status.holder_count
+            row["kept_permits"] += status.kept_count
             row["limit"] += status.effective_limit
             row["waiters"] += status.waiter_count
             row["draining"] = max(row["draining"], 1.0 if status.draining else 0.0)
@@ -250,14 +257,19 @@ def _histogram(row: dict[str, float], kind: str) -> tuple[list[tuple[str, float]
 
 
 class MetricsServer:
-    """The ``/metrics`` HTTP server thread; `close()` stops it and frees the port."""
+    """The ``/metrics`` HTTP server thread; `close()` stops it, frees the port, and
+    closes the store it read if it made it from a URL."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, collector: SemaphoreCollector, owns_store: bool) -> None:
         self._server = server
+        self._collector = collector
+        self._owns_store = owns_store
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        if self._owns_store:
+            self._collector.store.close()
 
 
 def serve(
@@ -276,6 +288,7 @@ def serve(
     )
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SemaphoreCollector(client, namespace, url, per_key))
+    collector = SemaphoreCollector(client, namespace, url, per_key)
+    registry.register(collector)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
-    return MetricsServer(server)
+    return MetricsServer(server, collector, owns_store=isinstance(client, str))

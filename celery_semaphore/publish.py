@@ -176,7 +176,7 @@ def skips_place(
         ticket = room.skip(gate)
     if ticket is None:
         return False
-    headers[WAIT_HEADER] = WaitState({gate.name: ticket}).encode()
+    headers[WAIT_HEADER] = WaitState({gate.name: ticket}, unplaced=True).encode()
     return True
 
 

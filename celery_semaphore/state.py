@@ -174,6 +174,14 @@ class AppState:
     #: since it started. Until it has, a task that cannot reach it fails instead of
     #: retrying (`celery_semaphore.admission`).
     redis_answered: SharedFlag = field(default_factory=SharedFlag)
+    #: Whether this worker's pool processes may keep permits between tasks (its pool
+    #: is prefork, solo or threads; set by the worker bootstep), and this process's
+    #: kept permits (`celery_semaphore.kept_permits.keeper_of`).
+    keeps_permits: bool = False
+    keeper: Any = None
+    #: The gates whose permits this worker's children may keep, noted as their
+    #: requests arrive (`celery_semaphore.worker.kept_of_children`).
+    kept_gates: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     #: Whether the tasks' declared limits were compared (`celery_semaphore.gates`).
     limits_checked: bool = False
     #: The gates' names that one script call cannot reach together, warned of once

@@ -27,7 +27,7 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
-from . import events
+from . import events, kept_permits
 from .publish import confirm_sent, take_places
 from .state import installed_apps
 from .worker import pool_occupancy, release
@@ -53,6 +53,7 @@ def _connect_handlers() -> None:
         task_postrun.connect(pool_occupancy.on_task_end, weak=False)
         worker_process_init.connect(pool_occupancy.on_process_start, weak=False)
         worker_process_shutdown.connect(pool_occupancy.on_process_end, weak=False)
+        worker_process_shutdown.connect(kept_permits.on_process_end, weak=False)
         events.connect()
         _connected.set()
 

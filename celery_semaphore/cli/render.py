@@ -67,6 +67,13 @@ def _next_start_cell(row: dict[str, Any]) -> str:
     return "now" if row["rate_room"] else f"in {row['next_start_in']:.1f}s"
 
 
+def _holders_cell(row: dict[str, Any]) -> str:
+    """The holders, and of them those kept by pool processes between tasks (idle, or
+    running a task of that process: `celery_semaphore.kept_permits`)."""
+    kept = row.get("kept") or 0
+    return f"{row['holders']} ({kept} kept)" if kept else str(row["holders"])
+
+
 def _seconds_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
@@ -74,7 +81,7 @@ def _seconds_cell(value: float | None) -> str:
 STATUS_COLUMNS: list[Column] = [
     ("SEMAPHORE", "<", lambda row: str(row["name"])),
     ("LIMIT", ">", _limit_cell),
-    ("HOLD", ">", lambda row: str(row["holders"])),
+    ("HOLD", ">", _holders_cell),
     ("WAIT", ">", lambda row: str(row["waiters"] + row["in_broker"])),
     ("PARKED", ">", lambda row: str(row["parked"] + row["handed_over"])),
     ("IN PLACE", ">", lambda row: str(row["in_place"])),
@@ -89,8 +96,8 @@ STATUS_COLUMNS: list[Column] = [
 HOLDERS_COLUMNS: list[Column] = [
     ("HOLDER", "<", lambda row: str(row["holder"])),
     ("PERMITS", ">", lambda row: str(row["permits"])),
-    ("TASK", "<", lambda row: str(row.get("task", "-"))),
-    ("WORKER", "<", lambda row: str(row.get("worker", "-"))),
+    ("TASK", "<", lambda row: str(row.get("task", "kept" if "kept_by" in row else "-"))),
+    ("WORKER", "<", lambda row: str(row.get("worker", row.get("kept_by", "-")))),
     ("HELD", ">", lambda row: _seconds_cell(row["held_for"])),
     ("LEASE", ">", lambda row: _seconds_cell(row["lease_left"])),
 ]

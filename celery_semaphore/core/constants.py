@@ -20,6 +20,11 @@ FAIR_TURN = 2**20
 
 HISTOGRAMS = ("wait", "hold")
 
+#: The holder ids of permits kept by a pool process between its tasks start so:
+#: ``kept|<worker>|<pid>[.<thread>]|<weight>|<semaphore>`` (`celery_semaphore.kept_permits`);
+#: the counts a scrape reads tell them apart by it (counts.lua, the model's status).
+KEPT_PREFIX = "kept|"
+
 
 def histogram_fields(kind: str) -> list[str]:
     """The ``meta`` fields of histogram ``kind``'s buckets (not cumulative: one per
@@ -40,4 +45,14 @@ def lua_prelude() -> str:
         "local HISTOGRAMS = {", *tables, "}",
         f"local PRIORITY_STEP = {PRIORITY_STEP}",
         f"local FAIR_TURN = {FAIR_TURN}",
+        f"local KEPT_PREFIX = '{KEPT_PREFIX}'",
     ])  # fmt: skip
+
+
+#: What a store's release did (its reply's first field): nothing (already released
+#: or lost), released, or kept for the holder's process (`SemaphoreModel.keep`).
+NOT_RELEASED, RELEASED, KEPT = 0, 1, 2
+
+#: What a store's ``wait_for_message`` answers when it cannot tell which wake channel
+#: a message came on (the memory store; PostgreSQL behind a pooler that cannot LISTEN).
+ANY_CHANNEL = "*"

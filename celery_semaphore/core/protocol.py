@@ -278,6 +278,12 @@ class SemaphoreSpec:
         """``unused``: the rate grants to give back with a permit its task never used."""
         return requests.Release(validation.check_holder(holder), token, unused)
 
+    def keep(self, holder: str, token: int, kept_as: str, info: str) -> requests.Release:
+        """Keep ``holder``'s permit as ``kept_as`` where nobody waits, else release it."""
+        return requests.Release(
+            validation.check_holder(holder), token, 0, validation.check_holder(kept_as), info
+        )
+
     def renew(
         self, holders: Sequence[tuple[str, int | None, int | None]], lease_ms: int
     ) -> requests.Renew:

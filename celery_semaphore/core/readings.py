@@ -162,5 +162,6 @@ def counts_of(status: SemaphoreStatus, fields: dict[str, str]) -> SemaphoreCount
         rate=status.rate,
         rate_paused_until=status.rate_paused_until,
         fair_keys_waiting=status.fair_keys_waiting,
+        kept_count=status.kept_count,
         fields=fields,
     )

@@ -114,11 +114,15 @@ class Enqueue:
 @dataclass(frozen=True, slots=True)
 class Release:
     """Give a permit back (``token`` None: whatever ``holder`` holds, and its place);
-    ``unused``: the rate's grants to give back with a permit its task never used."""
+    ``unused``: the rate's grants to give back with a permit its task never used;
+    ``keep_as``: keep it as that holder where nobody waits (`SemaphoreModel.keep`),
+    ``keep_info`` beside it."""
 
     holder: str
     token: int | None = None
     unused: int = 0
+    keep_as: str = ""
+    keep_info: str = ""
 
 
 @dataclass(frozen=True, slots=True)

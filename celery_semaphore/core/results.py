@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .constants import KEPT_PREFIX
 from .rates import RateLimit
 
 
@@ -219,6 +220,13 @@ class SemaphoreStatus:
     #: every limit is enforced now, and the counts are from before).
     shadow: frozenset[str] = frozenset()
 
+    @property
+    def kept_count(self) -> int:
+        """Of ``holder_count``, the permits worker processes keep between tasks (idle,
+        or running the process's next task: `celery_semaphore.kept_permits`), as far
+        as ``holders`` lists them."""
+        return kept_permits(self.holders)
+
 
 @dataclass(frozen=True)
 class SemaphoreCounts:
@@ -240,6 +248,8 @@ class SemaphoreCounts:
     rate: RateLimit | None
     rate_paused_until: float | None
     fair_keys_waiting: int
+    #: Of ``holder_count``, the permits worker processes keep between tasks.
+    kept_count: int
     fields: dict[str, str]
 
 
@@ -296,3 +306,8 @@ class Persistence:
 
     every_write: bool | None
     detail: str
+
+
+def kept_permits(holders: list[HolderInfo]) -> int:
+    """The permits of ``holders`` kept by worker processes between tasks."""
+    return sum(h.permits for h in holders if h.holder.startswith(KEPT_PREFIX))

@@ -25,12 +25,14 @@ from celery_semaphore.core.errors import SemaphoreError
 from celery_semaphore.core.operations import OperatedStore, operated_store
 from celery_semaphore.core.urls import mask_url
 from celery_semaphore.gates import warn_disagreeing_limits
+from celery_semaphore.kept_permits import give_back_kept
 from celery_semaphore.patching import admit_every_task
 from celery_semaphore.state import state_of
 
 from . import internals, pool_occupancy
 from .dead_children import DeadChildren, reaped_by_signal
 from .heartbeat import Heartbeat, child_killed
+from .kept_of_children import KeptOfChildren
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +149,13 @@ def check_reachable(app: Any, config: Any) -> None:
     state.redis_answered.set()
 
 
+def keeps_permits(worker: Any) -> bool:
+    """Whether the worker's pool processes may keep permits between tasks: a prefork,
+    solo or thread pool (a greenlet pool's tasks share one thread: not yet)."""
+    module = getattr(worker.pool_cls, "__module__", "") or ""
+    return module.rsplit(".", 1)[-1] in {"prefork", "solo", "thread"}
+
+
 class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Heartbeat thread and metrics endpoint; with queue caps, admission for every task class.
 
@@ -171,6 +180,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.metrics_port = semaphore_metrics_port
         self.metrics_address = semaphore_metrics_address
         self.metrics_server: Any = None
+        self.kept_of_children: KeptOfChildren | None = None
 
     def create(self, worker: Any) -> None:
         """Celery calls this for every step before it starts any, so before the pool
@@ -200,10 +210,12 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         warn_disagreeing_limits(worker.app)
         check_reachable(worker.app, config)
         pool_occupancy.start_for(worker)
+        state_of(worker.app).keeps_permits = keeps_permits(worker)
 
     def start(self, worker: Any) -> None:
+        kept = self.kept_of_children = KeptOfChildren(worker.app, worker.hostname, worker.pool)
         dead_children = self.dead_children = DeadChildren(
-            running_requests, reaped=lambda: reaped_by_signal(worker.pool)
+            running_requests, reaped=lambda: reaped_by_signal(worker.pool), also=kept.look
         )
         self.heartbeat = Heartbeat(
             worker.app,
@@ -249,6 +261,7 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return server
 
     def stop(self, worker: Any) -> None:
+        give_back_kept(worker.app)  # a solo or thread pool's, kept in this process
         if self.dead_children is not None:
             self.dead_children.stop()
             self.dead_children = None
@@ -260,6 +273,8 @@ class SemaphoreStep(bootsteps.StartStopStep):  # type: ignore[misc]
             self.metrics_server = None
 
     def terminate(self, worker: Any) -> None:
+        if self.kept_of_children is not None:
+            self.kept_of_children.release_all()
         if self.heartbeat is not None:
             self.heartbeat.stop()
         self.stop(worker)

@@ -87,9 +87,12 @@ class DeadChildren:
         running: Callable[[], Iterable[Any]],
         interval: float = 0.2,
         reaped: Callable[[], set[int]] = set,
+        also: Callable[[], None] = lambda: None,
     ) -> None:
         self.running = running
         self.reaped = reaped
+        #: Run after each look (the kept permits of children gone: `kept_of_children`).
+        self.also = also
         self.interval = interval
         self._released: set[tuple[str, int]] = set()
         self._stop = threading.Event()
@@ -110,6 +113,7 @@ class DeadChildren:
         while not self._stop.wait(self.interval):
             try:
                 self.look()
+                self.also()
             except Exception:  # never take the worker down; Celery's own path remains
                 logger.exception("celery-semaphore: looking for killed children failed")
 

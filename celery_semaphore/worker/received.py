@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery_semaphore.config import task_config
 from celery_semaphore.formats import GATES_HEADER, QUEUE_HEADER, base_queue, encode_gates
 from celery_semaphore.gates import queue_of, request_gates
+from celery_semaphore.state import state_of
+from celery_semaphore.worker.kept_of_children import note_gate
 
 
 def consumed_queue(consumer: Any, delivery_info: dict[str, Any]) -> str | None:
@@ -20,6 +23,11 @@ def consumed_queue(consumer: Any, delivery_info: dict[str, Any]) -> str | None:
     queues = getattr(getattr(consumer, "task_consumer", None), "queues", None) or ()
     exchange, routing_key = delivery_info.get("exchange"), delivery_info.get("routing_key")
     return base_queue(queue_of(queues, exchange, routing_key))
+
+
+def keeps(task: Any) -> bool:
+    """Whether this worker's processes may keep permits of ``task``'s requests."""
+    return state_of(task.app).keeps_permits and task_config(task).keep_idle > 0
 
 
 def decide_gates(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -35,5 +43,7 @@ def decide_gates(sender: Any = None, request: Any = None, **_: Any) -> None:
         gates = []  # the child computes them again and fails the task with the message
     if gates:
         request.request_dict[GATES_HEADER] = encode_gates(gates)
+        if len(gates) == 1 and keeps(request.task):
+            note_gate(request.task.app, gates[0])
     else:
         request.request_dict.pop(GATES_HEADER, None)

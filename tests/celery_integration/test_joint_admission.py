@@ -139,21 +139,24 @@ def test_on_redis_cluster_a_cap_and_a_rate_on_two_names_hold_together(
         conf["semaphore_namespace"] = where["namespace"] = namespace
     cluster = clusters(extra_conf=conf)
     workers = [cluster.worker(name, concurrency=3) for name in ("w1", "w2")]
-    results = [cluster.app_module.capped_and_paced.delay(0.35, i) for i in range(16)]
-    assert [r.get(timeout=90) for r in results] == list(range(16))
+    # 24 tasks, not 16: the order's measure below varies less (at 16 it fell once to 0.22)
+    total = 24
+    results = [cluster.app_module.capped_and_paced.delay(0.35, i) for i in range(total)]
+    assert [r.get(timeout=90) for r in results] == list(range(total))
     events = cluster.events()
     assert max_overlap(events) <= 2, "the cap, apart-cap: 2"
     begun = sorted((e for e in events if e["event"] == "start"), key=lambda e: e["at"])
     times = [e["at"] for e in begun]
-    assert len(times) == 16, "each task ran once"
+    assert len(times) == total, "each task ran once"
     most = most_in_window(times, 1.0)
     assert most <= 5 + 1 + 1, f"{most} starts in a second: 5/s, burst 1 (+1: the bodies' jitter)"
-    assert times[-1] - times[0] >= 15 / 5 - 0.2, "16 starts at 5/s take 3 s at the least"
+    assert times[-1] - times[0] >= (total - 1) / 5 - 0.2, "starts at 5/s: (n - 1) / 5 s at least"
     # Each task asks at a worker first (two limits: none parks at publish) and parks in
     # the broker's ".asked" parking queue in the order the workers refused it, which six
     # pool processes racing shuffle: 0.53-0.57 under two test suites at once, above 0.6
     # alone (parked in Redis before, handed over in ticket order, it was above 0.6 always).
-    assert kendall_tau([e["tag"] for e in begun]) >= 0.3, "roughly in line order"
+    tau = kendall_tau([e["tag"] for e in begun])
+    assert tau >= 0.3, f"roughly in line order: tau {tau:.3f}"
     logs = "".join(worker.text() for worker in workers)
     assert ("are taken one after the other, not in one step" in logs) == (namespace is None)
     cap = Semaphore(url, "apart-cap", 2, **where)
@@ -161,6 +164,6 @@ def test_on_redis_cluster_a_cap_and_a_rate_on_two_names_hold_together(
         assert cap.status().holder_count == 0, "every permit given back"
         if namespace is not None:
             granted = int(cap.client.hget(cap.keys.meta, "m_granted"))
-            assert granted == 16, "one step: the cap granted once per start, never given back"
+            assert granted == total, "one step: the cap granted once per start, never given back"
     finally:
         cap.close()

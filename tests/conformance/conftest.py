@@ -22,6 +22,7 @@ import redis
 from conformance_driver import Pair, Store
 
 from celery_semaphore import Semaphore
+from celery_semaphore.core.operations import OperatedStore, operated_store
 from celery_semaphore.core.redis import functions, scripts
 
 
@@ -50,6 +51,9 @@ class RedisStore:
         seconds, micros = self.client.time()
         return int(seconds) * 1_000_000 + int(micros)
 
+    def operated(self) -> OperatedStore:
+        return operated_store(self.client, self.url)
+
     def close(self) -> None:
         for sem in self.made:
             sem.client.delete(*sem.keys.script_keys)
@@ -77,6 +81,9 @@ class MemoryStore:
     def now_us(self) -> int:
         return time.time_ns() // 1000
 
+    def operated(self) -> OperatedStore:
+        return operated_store(self.url)
+
     def close(self) -> None:
         for sem in self.made:
             sem.close()
@@ -95,6 +102,7 @@ class PostgresStore:
         self.url = url
         self.connection = psycopg.connect(url, autocommit=True)
         self.made: list[Semaphore] = []
+        self._operated: OperatedStore | None = None
 
     def semaphore(self, limit: int | None, **options: Any) -> Semaphore:
         name = options.pop("name", None) or f"conformance-{uuid.uuid4().hex}"
@@ -109,11 +117,18 @@ class PostgresStore:
         assert row is not None
         return int(row[0])
 
+    def operated(self) -> OperatedStore:
+        if self._operated is None:
+            self._operated = operated_store(self.url)
+        return self._operated
+
     def close(self) -> None:
         for sem in self.made:
             sem.close()
         self.made.clear()
         self.connection.close()
+        if self._operated is not None:
+            self._operated.close()
 
 
 @pytest.fixture(
@@ -154,3 +169,17 @@ def pair(store: Store) -> Callable[..., Pair]:
         return Pair(store, limit, **options)
 
     return make
+
+
+@pytest.fixture
+def listening(store: Store) -> Iterator[Callable[..., Pair]]:
+    """``listening(limit, **options)``: a pair whose store's wake channel is heard."""
+    made: list[Pair] = []
+
+    def make(limit: int | None = 1, **options: Any) -> Pair:
+        made.append(Pair(store, limit, listen=True, **options))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()

@@ -193,3 +193,20 @@ def test_a_handover_that_is_not_the_latest_is_void(publishing: MakePair) -> None
     p.dispatch(("c",))
     assert p.claim("d", "c", p.copies["c"][-1]) is Claimed.VOID, "c was dropped"
     p.check()
+
+
+def test_a_swapped_waiter_is_handed_over_with_the_payload_it_parked(
+    publishing: Callable[..., Pair],
+) -> None:
+    """A place parked at publish carries its ticket in its payload; a claim's swap gives
+    the waiter another ticket, not another payload (found by the state machine: the
+    driver compared the payload against the waiter's ticket after the swap)."""
+    p = publishing(1, shadow=("limit",))
+    p.set_draining(True)
+    p.take_place_or_park("h1", "message of h1", window=0.0)
+    p.take_place_or_park("h0", "message of h0", window=0.0)
+    p.set_draining(False)
+    p.claim("h0", "h1", p.copies["h1"][-1])
+    handed = p.dispatch(())
+    assert handed, "the swapped waiter is handed over again, with its own payload"
+    p.check()

@@ -88,3 +88,81 @@ def test_parked_records_go_with_their_places_and_tombstones_after_an_hour(
     sem.dispatch()
     assert rows(database, "parked") == 0
     sem.close()
+
+
+def test_tables_made_by_an_older_release_get_the_new_columns_when_a_newer_installs(
+    database: str,
+) -> None:
+    """An install finds the tables there (CREATE TABLE IF NOT EXISTS leaves them as they
+    are): a column added since (``counters``) comes by ALTER TABLE ... ADD COLUMN IF NOT
+    EXISTS, and this release's functions write it."""
+    from celery_semaphore.core.postgres.schema import FUNCTIONS, TABLES
+
+    first = Semaphore(database, "first", 1)
+    first.acquire().release()
+    first.close()
+    with psycopg.connect(database, autocommit=True) as connection:
+        # as an older release left them: no counters column, other functions
+        connection.execute(f"DROP SCHEMA {FUNCTIONS} CASCADE")
+        connection.execute(f"ALTER TABLE {TABLES}.semaphores DROP COLUMN counters")
+        connection.execute(f"DELETE FROM {TABLES}.versions")
+    sem = Semaphore(database, "after", 2)
+    sem.acquire().release()
+    with psycopg.connect(database) as connection:
+        row = connection.execute(
+            f"SELECT counters FROM {TABLES}.semaphores WHERE name = 'after'"
+        ).fetchone()
+    assert row is not None and row[0]["m_granted"] == 1
+    sem.close()
+
+
+def test_an_observation_falls_in_the_bucket_the_model_puts_it_in(database: str) -> None:
+    """The histogram's bucket of a wait or hold (``observe()``) at and around every bound
+    is the model's (`Counters.observe`): the conformance suite compares only how many
+    observations each histogram has, since the two sides' clocks differ by a few ms."""
+    from celery_semaphore.core.constants import HISTOGRAM_BOUNDS_MS
+    from celery_semaphore.core.model.counters import Counters
+    from celery_semaphore.core.postgres.schema import FUNCTIONS
+
+    sem = Semaphore(database, "installs", 1)
+    sem.status()  # the functions are installed at the first call
+    sem.close()
+    values = sorted({0, 1, *(b + d for b in HISTOGRAM_BOUNDS_MS for d in (-1, 0, 1))})
+    with psycopg.connect(database) as connection:
+        for ms in values:
+            row = connection.execute(
+                f"SELECT {FUNCTIONS}.observe('{{}}', 'wait', %s)", (ms,)
+            ).fetchone()
+            assert row is not None
+            expected = Counters()
+            expected.observe("wait", ms)
+            assert row[0] == dict(expected), ms
+
+
+def test_handover_tokens_keep_increasing_when_the_clock_steps_back(database: str) -> None:
+    """The last handover token is kept with the semaphore, and a new one is past it
+    (max(last + 1, now)), so a copy handed over later never carries an older token even
+    if the database's clock stepped back meanwhile (as here: the kept token set ahead)."""
+    told: list[Any] = []
+    sem = Semaphore(database, "tokens", 1, on_handover=told.extend)
+    permit = sem.acquire()
+    for holder in ("first", "second", "third", "fourth"):
+        sem.park(holder, "payload")
+    permit.release()
+    assert told, "the release handed over the head of the line"
+    with psycopg.connect(database, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT handover FROM celery_semaphore.semaphores WHERE name = 'tokens'"
+        ).fetchone()
+        assert row == (max(h.token for h in told),), "the last token is kept with the semaphore"
+        ahead = row[0] + 3_600_000_000  # an hour of µs: the clock 'stepped back' an hour
+        connection.execute(
+            "UPDATE celery_semaphore.semaphores SET handover = %s WHERE name = 'tokens'", (ahead,)
+        )
+    before = len(told)
+    first = next(h for h in told if h.holder == "first")
+    sem.attempt("first", handover=first.token).release()
+    later = told[before:]
+    assert later, "the release handed over the next"
+    assert [h.token for h in later] == list(range(ahead + 1, ahead + 1 + len(later)))
+    sem.close()

@@ -44,23 +44,25 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
-def test_quick_backlog_on_postgres(
-    rabbitmq_vhost: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def quick_run_on_postgres(
+    script: Path, vhost: str, *arguments: str, timeout: float = 240
+) -> dict[str, Any]:
+    """``script --quick --json`` on RabbitMQ (``vhost``) with the semaphores in a
+    PostgreSQL cluster of the script's own: its results, once the report is seen to say
+    so, with no result backend (no Redis in the plugin's path) and the cluster stopped."""
     done = subprocess.run(
         [
-            sys.executable, str(SCRIPT), "--quick", "--json", "--scenario", "backlog",
-            "--broker", "amqp", "--amqp-url", f"{AMQP}/{rabbitmq_vhost}",
+            sys.executable, str(script), "--quick", "--json", *arguments,
+            "--broker", "amqp", "--amqp-url", f"{AMQP}/{vhost}",
             "--semaphore-store", "postgres",
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    results = json.loads(done.stdout)
-
+    results: dict[str, Any] = json.loads(done.stdout)
     where = results["topology"]
     assert results["semaphore_store"] == where["semaphore_store"] == "postgres"
     assert results["semaphore_redis"] is None
@@ -69,7 +71,13 @@ def test_quick_backlog_on_postgres(
     assert "a cluster of our own" in where["semaphore_postgres"]
     assert results["environment"]["postgres_server"]
     assert not running(where["semaphore_postgres_pid"])  # stopped at the end
+    return results
 
+
+def test_quick_backlog_on_postgres(
+    rabbitmq_vhost: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = quick_run_on_postgres(SCRIPT, rabbitmq_vhost, "--scenario", "backlog")
     n, limit = results["backlog_settings"]["tasks"], results["backlog_settings"]["limit"]
     backlog = results["backlog"]
     for name in MODES:

@@ -64,3 +64,10 @@ def test_quick_run_reports_every_figure_and_never_exceeds_the_limit():
     assert noop["plain_per_s"] > 0
     assert noop["limited_per_s"] > 0
     assert noop["ratio"] == pytest.approx(noop["limited_per_s"] / noop["plain_per_s"])
+    assert noop["kept_per_s"] > 0
+    assert noop["kept_ratio"] == pytest.approx(noop["kept_per_s"] / noop["plain_per_s"])
+    calls = noop["store_calls_per_task"]  # the semaphores are in Redis: counted
+    assert set(calls) == {"plain", "limited", "kept"}
+    assert all(value is not None and value >= 0 for value in calls.values()), calls
+    assert calls["limited"] >= 1  # at least an acquire per task
+    assert noop["verdicts"]["noop_kept_calls"] is not None

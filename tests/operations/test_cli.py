@@ -842,3 +842,23 @@ def test_waiters_show_each_fair_key_and_by_key_group_them(redis_url, fair_line, 
         [key or "-", str(g["waiting"]), str(g["first_position"])] for key, g in expected.items()
     ]
     assert len({len(row) for row in table}) == 1, table
+
+
+def test_status_and_holders_show_kept_permits_apart(redis_url):
+    sem = Semaphore(redis_url, "kept-apart", 4)
+    try:
+        permit = sem.attempt("task-1")
+        assert isinstance(permit, Permit)
+        assert isinstance(sem.attempt("task-2"), Permit)
+        info = json.dumps({"kept_by": "w1@host", "pid": 4242})
+        kept = permit.keep("kept|w1@host|4242|1|kept-apart", info)
+        assert isinstance(kept, Permit)
+        (status,) = json.loads(run(redis_url, "status", "kept-apart", "--json").stdout)
+        assert (status["holders"], status["kept"], status["utilization"]) == (2, 1, 0.5)
+        out = run(redis_url, "status", "kept-apart")
+        assert "2 (1 kept)" in out.stdout, out.stdout
+        out = run(redis_url, "holders", "kept-apart")
+        row = next(line for line in out.stdout.splitlines() if line.startswith("kept|"))
+        assert row.split()[2:4] == ["kept", "w1@host"], row
+    finally:
+        sem.close()

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_semaphore import Semaphore
+from celery_semaphore.core.constants import KEPT_PREFIX
 from celery_semaphore.metrics import SemaphoreCollector
 from devkit.redis_servers import RedisServer
 
@@ -170,6 +171,11 @@ def exported() -> set[str]:
             client, "tried", 1, rate="1/m", shadow=["limit", "rate"], namespace=NAMESPACE
         )
         assert all(tried.try_acquire(f"t{i}") for i in range(3))  # over both: counted only
+        kept = Semaphore(client, "kept", 3, namespace=NAMESPACE)
+        permit = kept.try_acquire("ran", weight=2)
+        assert permit is not None
+        assert not isinstance(permit.keep(f"{KEPT_PREFIX}w|1|2|kept"), bool)
+        assert kept.try_acquire("runs") is not None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SemaphoreCollector(client, NAMESPACE))
         text = generate_latest(registry).decode()
@@ -195,6 +201,10 @@ def exported() -> set[str]:
             {"rate_delay_seconds_total": 180}.get(name, 2), abs=1
         ), name
     assert shadow["celery_semaphore_shadow_limit_peak"] == 3
+    idle = {s.name: s.value for s in samples if s.labels.get("semaphore") == "kept"}
+    assert idle["celery_semaphore_holders"] == 3
+    assert idle["celery_semaphore_kept_permits"] == 2  # of weight 2, kept between tasks
+    assert busy["celery_semaphore_kept_permits"] == 0
     return {sample.name for sample in samples}
 
 

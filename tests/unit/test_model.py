@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from celery_semaphore.core.constants import KEPT, RELEASED
 from celery_semaphore.core.model import (
     FAIR_TURN,
     PLAIN_ASKED,
@@ -23,6 +24,7 @@ from celery_semaphore.core.model import (
     ParkIfFar,
     Part,
     Rate,
+    Recall,
     Record,
     Refused,
     RefusedAll,
@@ -631,7 +633,7 @@ def test_a_release_grants_the_waiters_in_place_at_the_head_and_wakes_the_rest() 
     model.release(one, "b", T0 + 10 * MS)
     assert model.published == [WakeUp(model.waiters["d"].ticket)], "d asks itself: woken"
     model.set_override(5, T0 + 11 * MS, one)
-    assert model.published == [WakeUp(None)], "more free than wait: anyone"
+    assert model.published == [Recall(), WakeUp(None)], "kept permits back; anyone may ask"
 
 
 def test_asking_without_waiting_in_place_clears_the_mark() -> None:
@@ -713,3 +715,35 @@ def test_a_set_grants_all_or_none_with_one_ticket() -> None:
     both = acquire_all(parts, "y", T0 + 4)
     assert isinstance(both, list) and len(both) == 2
     assert set(a.holders) == set(b.holders) == {"y"} and a.line() == b.line() == []
+
+
+def test_a_permit_is_kept_only_while_nobody_waits_and_a_new_line_recalls_it() -> None:
+    model, two = SemaphoreModel(), Caller(limit=2)
+    granted = attempt(model, "a", caller=two)
+    assert isinstance(granted, Granted)
+    kept = model.keep(two, "a", T0 + MS, token=granted.token, kept_as="kept|w|1|1|s", info="k")
+    assert kept == KEPT
+    assert list(model.holders) == ["kept|w|1|1|s"], "the process's holder, not the task's"
+    assert model.holders["kept|w|1|1|s"].token == granted.token
+    second = attempt(model, "b", T0 + 2 * MS, two)
+    assert isinstance(second, Granted)
+    attempt(model, "c", T0 + 3 * MS, two)
+    assert model.published == [Recall()], "the first waiter of an empty line recalls"
+    attempt(model, "d", T0 + 4 * MS, two)
+    assert model.published == [], "once a line"
+    again = model.keep(two, "b", T0 + 5 * MS, token=second.token, kept_as="kept|w|2|1|s", info="")
+    assert again == RELEASED, "c waits: released, and its turn follows"
+    assert "b" not in model.holders
+
+
+def test_no_permit_is_kept_over_a_lowered_limit_nor_twice_under_one_name() -> None:
+    model, two = SemaphoreModel(), Caller(limit=2)
+    a = attempt(model, "a", caller=two)
+    b = attempt(model, "b", T0 + 1, two)
+    assert isinstance(a, Granted) and isinstance(b, Granted)
+    assert model.keep(two, "a", T0 + 2, token=a.token, kept_as="kept|x", info="") == KEPT
+    assert model.keep(two, "b", T0 + 3, token=b.token, kept_as="kept|x", info="") == RELEASED
+    model.set_override(0, T0 + 4, two)
+    assert model.published[0] == Recall(), "an operator's change recalls kept permits"
+    c = attempt(model, "c", T0 + 5, Caller(limit=5))
+    assert isinstance(c, Refused), "the override holds"

@@ -129,7 +129,8 @@ def counts(limit: int = 100, held: int = 0, waiting: int = 0, **more: object) ->
         "name": "api", "declared_limit": limit, "effective_limit": limit, "draining": False,
         "holder_count": held, "waiter_count": waiting, "server_time": time.time() + 0.005,
         "parked_count": 0, "handed_over_count": 0, "sent_count": 0, "rate": None,
-        "rate_paused_until": None, "fair_keys_waiting": 0, "fields": {}, **more,
+        "rate_paused_until": None, "fair_keys_waiting": 0, "kept_count": 0, "fields": {},
+        **more,
     }  # fmt: skip
     return SemaphoreCounts(**fields)  # type: ignore[arg-type]
 

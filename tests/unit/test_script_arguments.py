@@ -91,8 +91,10 @@ def test_acquire_and_release_are_packed_by_name() -> None:
     args, _ = read("release", arguments.release_args(s, Release("h", 42, unused=2)))
     assert args == dict(
         holder="h", token=42, idle_ms=s.idle_ms, channel=channel_of(s),
-        dispatch="500|30000|200", declared=3, unused=2, shadow="r",
+        dispatch="500|30000|200", declared=3, unused=2, shadow="r", keep_as="", keep_info="",
     )  # fmt: skip
+    kept = read("release", arguments.release_args(s, s.keep("h", 42, "kept|w|1|1|x", "k")))[0]
+    assert (kept["token"], kept["keep_as"], kept["keep_info"]) == (42, "kept|w|1|1|x", "k")
     assert read("release", arguments.release_args(s, Release("h")))[0]["token"] == ""
     assert read("release", arguments.release_args(s, Release("h")))[0]["unused"] == ""
 

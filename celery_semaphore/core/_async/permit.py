@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from celery_semaphore.core.constants import KEPT, RELEASED
+
 if TYPE_CHECKING:
     from celery_semaphore.core._async.semaphore import AsyncSemaphore
 
@@ -53,6 +55,21 @@ class AsyncPermit:
         return await self.semaphore._release(
             self.holder, self.fencing_token, unused=self.rate_weight
         )
+
+    async def keep(self, kept_as: str, info: str = "") -> AsyncPermit | bool:
+        """Its task ended: keep the permit for this process's next task, as holder
+        ``kept_as`` (same token and lease: the kept permit is returned), if nobody waits
+        for the semaphore and it has no rate and no shadow limit; else give it back
+        (whether it was released, as `release`). The keeper renews the kept permit, and
+        gives it back when a line forms, when idle, and when it stops
+        (`celery_semaphore.kept_permits`)."""
+        code = await self.semaphore._keep(self, kept_as, info)
+        if code != KEPT:
+            return code == RELEASED
+        return AsyncPermit(
+            self.semaphore, kept_as, self.fencing_token, self.expires_at,
+            weight=self.weight, rate_weight=self.rate_weight,
+        )  # fmt: skip
 
     async def renew(self, lease_timeout: float | None = None) -> bool:
         """Extend the lease from now; False once the permit is lost (never resurrects it)."""

@@ -31,6 +31,7 @@ from celery_semaphore.core import protocol, validation, wakeups
 from celery_semaphore.core._async.permit import AsyncPermit
 from celery_semaphore.core._async.store import AsyncStore
 from celery_semaphore.core.ask import Ask, AskFields, ask_of
+from celery_semaphore.core.constants import RELEASED
 from celery_semaphore.core.errors import SemaphoreConnectionError, SemaphoreTimeout
 from celery_semaphore.core.on_handover import (
     OnHandover,
@@ -173,6 +174,8 @@ class AsyncSemaphore:
             f"celery_semaphore_held_{id(self)}", default=()
         )
 
+    #: What its store's calls take (`protocol.SemaphoreSpec`).
+    spec = property(lambda self: self._spec)
     name = property(lambda self: self._spec.name)
     limit = property(lambda self: self._spec.limit)
     rate = property(lambda self: self._spec.rate)
@@ -537,6 +540,13 @@ class AsyncSemaphore:
 
     async def _release(self, holder: str, token: int | None, *, unused: int = 0) -> bool:
         request = self._spec.release(holder, token, unused=unused)
+        released, handovers = await self.store.release(self._spec, request)
+        await self._hand_over(handovers)
+        return released == RELEASED
+
+    async def _keep(self, permit: AsyncPermit, kept_as: str, info: str) -> int:
+        """`KEPT` if ``permit`` is now kept as ``kept_as``, else whether it was released."""
+        request = self._spec.keep(permit.holder, permit.fencing_token, kept_as, info)
         released, handovers = await self.store.release(self._spec, request)
         await self._hand_over(handovers)
         return released

@@ -92,8 +92,9 @@ class AsyncStore(Protocol):
         """Hand over what is due, after dropping ``drop`` if parked or handed over."""
         ...
 
-    async def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
-        """Whether a permit was released."""
+    async def release(self, spec: SemaphoreSpec, request: Release) -> tuple[int, list[Handover]]:
+        """Whether a permit was released (`constants.RELEASED`), kept (``keep_as``:
+        `constants.KEPT`) or neither."""
         ...
 
     async def renew(
@@ -130,6 +131,17 @@ class AsyncStore(Protocol):
     ) -> Grant | None:
         """Sleep until a wake-up that may admit ``ticket`` (None), a permit granted to
         ``holder`` in place (the Grant), or ``seconds`` pass (None)."""
+        ...
+
+    async def wait_for_message(self, subscription: Any, seconds: float) -> str | None:
+        """The wake channel (`wake_channel`) a message comes on within ``seconds``,
+        `ANY_CHANNEL` if the store cannot tell which, None if none comes (a process that
+        keeps permits of that semaphore gives them back: every message there means a
+        line or a change, `celery_semaphore.kept_permits`)."""
+        ...
+
+    def wake_channel(self, spec: SemaphoreSpec) -> str:
+        """The name of ``spec``'s wake channel, as `wait_for_message` tells it."""
         ...
 
     async def unlisten(self, subscription: Any, *, keep: bool) -> None:

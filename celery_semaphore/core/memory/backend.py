@@ -232,12 +232,19 @@ def dispatch(backend: Backend, spec: SemaphoreSpec, drop: Sequence[str]) -> list
         return backend.told(spec, modelled)
 
 
-def release(backend: Backend, spec: SemaphoreSpec, asked: Release) -> tuple[bool, list[Handover]]:
+def release(backend: Backend, spec: SemaphoreSpec, asked: Release) -> tuple[int, list[Handover]]:
     with backend.lock:
         modelled = backend.model_of(spec)
-        released = modelled.release(
-            caller_of(spec), asked.holder, now_us(), asked.token, unused=asked.unused
-        )
+        released: int
+        if asked.keep_as and asked.token is not None:
+            released = modelled.keep(
+                caller_of(spec), asked.holder, now_us(), token=asked.token,
+                kept_as=asked.keep_as, info=asked.keep_info,
+            )  # fmt: skip
+        else:
+            released = modelled.release(
+                caller_of(spec), asked.holder, now_us(), asked.token, unused=asked.unused
+            )
         return released, backend.told(spec, modelled)
 
 
@@ -346,6 +353,8 @@ def wake_up_in(
                 return True, Grant(
                     message.token, message.expires_ms / 1000, message.waited_ms / 1000
                 )
+        elif isinstance(message, model.Recall):
+            continue
         elif message.ticket is None or not ticket or ticket <= message.ticket:
             return True, None
     return False, None

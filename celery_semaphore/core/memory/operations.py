@@ -89,9 +89,15 @@ class MemoryOperations:
                 if modelled is None or modelled.recorded_limit is None:
                     continue
                 read = semaphore_status(name, modelled.status(NO_DECLARATION, backend.now_us()))
-                family = self._backend.families.get((namespace, name), "")
-                # the metrics' counters are not kept by the model: ''
-                found.append(counts_of(read, {f: family if f == "family" else "" for f in fields}))
+                kept = {
+                    "family": self._backend.families.get((namespace, name), ""),
+                    "m_shadow_limit": str(modelled.shadow_limit_refusals),
+                    "m_shadow_rate": str(modelled.shadow_rate_refusals),
+                    "m_shadow_wait_ms": str(modelled.shadow_wait_ms),
+                    "m_shadow_peak": str(modelled.shadow_peak),
+                    **{field: str(n) for field, n in modelled.counters.items()},
+                }
+                found.append(counts_of(read, {f: kept.get(f, "") for f in fields}))
         return found
 
     def parked_counts(self, namespace: str, names: Sequence[str]) -> dict[str, int]:

@@ -50,6 +50,11 @@ Covered (exactly, for the same clock readings the scripts take):
   ``note_lost``; `SemaphoreModel.lose_data` is the loss;
 - several semaphores at once (joint.py, acquire_all.lua): all or none, one ticket in
   every line, the refusal's places, held back or leaving the lines that would admit;
+- kept permits (`SemaphoreModel.keep`, release.lua with ARG.keep_as): a task's process
+  keeps the permit for its next task, as a holder of its own, only while nobody waits,
+  admissions run, the holders are within the limit and there is no rate and no shadow
+  limit; the first waiter of an empty line publishes `Recall` (stand_in_line(),
+  take_place), so the processes give kept permits back;
 - ``status()``: every field above, as status.lua reads it (live entries only).
 
 The clock enters the handover window through the average hold time (meta.hold_ms):
@@ -84,6 +89,7 @@ from .replies import (
     HolderRow,
     ParkedPlace,
     Published,
+    Recall,
     Refused,
     RefusedAll,
     Stale,
@@ -117,6 +123,7 @@ __all__ = [
     "Part",
     "Published",
     "Rate",
+    "Recall",
     "Record",
     "Refused",
     "RefusedAll",

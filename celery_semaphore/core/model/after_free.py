@@ -63,6 +63,8 @@ def grant_in_place(
         model.holders[holder] = Holding(model.fence, now_ms, expires_ms, ask.permits, waiting.info)
         permits, room, spent = permits - ask.permits, room - ask.grants, spent + ask.grants
         told.append(GrantedInPlace(holder, model.fence, expires_ms, now_ms - waiting.since_ms))
+        model.counters.observe("wait", now_ms - waiting.since_ms)
+    model.counters.bump("m_granted", len(told))
     in_force = model.effective_rate(rate)
     if told and in_force is not None:
         model.tat = gcra.spend(in_force, model.tat, spent, now_us)
@@ -159,9 +161,11 @@ def dispatch(
         state = None if record is None else record.state
         if state in (State.HANDED, State.PARKED) and holder in model.waiters:
             previous = record.token if record is not None and state is State.HANDED else 0
+            model.counters.bump("m_handover_retried", state is State.HANDED)
             out.append(hand_over(model, holder, cfg, 0, now_us, mark=previous))
         else:
             model.parking.forget(holder)
+    model.counters.bump("m_handed_over", len(out))
     return out
 
 

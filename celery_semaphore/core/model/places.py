@@ -12,7 +12,7 @@ from . import rate as gcra
 from .entries import Waiting
 from .order import PLAIN_ASKED, Asked
 from .parking import ParkIfFar
-from .replies import NOTHING, Caller, Enqueued, ParkedPlace
+from .replies import NOTHING, Caller, Enqueued, ParkedPlace, Recall
 
 if TYPE_CHECKING:
     from .semaphore import SemaphoreModel
@@ -52,6 +52,8 @@ def take_place(
     waiting = model.waiters.get(holder)
     new = waiting is None
     if waiting is None:
+        if not model.waiters:
+            model.published.append(Recall())
         waiting = Waiting(model.new_ticket(ask, now_us), 0, now_ms, info)
         model.waiters[holder] = waiting
     ahead = model.ahead_of(waiting.ticket)
@@ -82,6 +84,7 @@ def take_place(
                 holder, park_if_far.head + str(waiting.ticket) + park_if_far.tail,
                 released=model.released, due_ms=park_if_far.due_ms, now_ms=now_ms,
             )  # fmt: skip
+            model.counters.bump("m_parked")
             model.handovers = model.dispatch_due(
                 park_if_far.dispatch, now_us, limit=None, rate=caller.rate,
                 shadow=caller.shadow,
@@ -125,6 +128,7 @@ def park(
     model.parking.leave_payload(
         holder, payload, released=model.released, due_ms=due_ms, now_ms=now_ms
     )
+    model.counters.bump("m_parked")
     position = len(model.ahead_of(place)) + 1
     follow = model.after_free if reclaimed else model.dispatch_due
     model.handovers = follow(caller.dispatch, now_us, limit=None, rate=NOTHING)

@@ -139,8 +139,15 @@ class WakeUp:
     ticket: int | None
 
 
+@dataclass(frozen=True)
+class Recall:
+    """A wake message ("k"): the first waiter joined an empty line, so the processes
+    that keep permits of this semaphore give back those idle now and the others when
+    their tasks end (`SemaphoreModel.keep`). It admits nobody."""
+
+
 #: What a call publishes on the semaphore's wake channel, in order.
-Published = GrantedInPlace | WakeUp
+Published = GrantedInPlace | WakeUp | Recall
 
 
 @dataclass(frozen=True)

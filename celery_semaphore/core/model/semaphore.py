@@ -12,9 +12,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from . import places, reading
+from . import kept, places, reading
 from . import rate as gcra
 from .after_free import dispatch, grant_in_place, wake
+from .counters import Counters, weight_class
 from .entries import Gate, Holding, Judgement, Waiting
 from .epochs import Epochs
 from .order import (
@@ -39,6 +40,7 @@ from .replies import (
     Declared,
     Granted,
     Published,
+    Recall,
     Refused,
     Stale,
     Status,
@@ -98,8 +100,8 @@ class SemaphoreModel:
         self.hold_ms: int | None = None
         #: Whether a weighted waiter was ever recorded (meta.n_weighted exists).
         self.weighted_ever = False
-        #: Permits found lost by a caller renewing by id (meta.m_lost, `note_lost`).
-        self.lost_noted = 0
+        #: The metrics' counters and histograms (meta's m_* fields; see counters.py).
+        self.counters = Counters()
 
     # Data loss (lua/common_epoch.lua; see epochs.py) --------------------------------
 
@@ -133,7 +135,7 @@ class SemaphoreModel:
         """Count ``count`` permits found lost by a caller that renews by id (an HINCRBY
         of meta.m_lost, no script: no epoch, no reclaim). A metric no rule reads (nor
         does dispatch.lua look for it when it asks whether meta exists)."""
-        self.lost_noted += count
+        self.counters.bump("m_lost", count)
 
     # The limits -----------------------------------------------------------------
 
@@ -233,6 +235,7 @@ class SemaphoreModel:
         self.put_fair(ask.fair_key, counted, existed=True)
         grants, minute, before = roll_minute(*self.fair_grants, now_ms)
         self.fair_grants = (grants + 1, minute, before)
+        self.counters.bump(f"m_fair_granted_c{weight_class(ask.fair_weight)}")
 
     def weigh_waiter(self, waiter: str, ask: Asked) -> None:
         """Records a waiter's ask while it is in line, if it is not the default, and
@@ -261,7 +264,10 @@ class SemaphoreModel:
     ) -> None:
         """Puts ``holder`` in line at ``ticket`` for ``lease_ms``, keeping when it first
         asked (stand_in_line()): a place is kept only by asking again within the lease.
-        ``ask`` None keeps the recorded one (a parking that names none)."""
+        ``ask`` None keeps the recorded one (a parking that names none). The first
+        waiter of an empty line publishes `Recall`: kept permits go back."""
+        if not self.waiters:
+            self.published.append(Recall())
         if ask is not None:
             self.weigh_waiter(holder, ask)
         since = self.waiters[holder].since_ms if holder in self.waiters else now_ms
@@ -291,6 +297,7 @@ class SemaphoreModel:
         gone = [h for h, holding in self.holders.items() if holding.expires_ms <= now_ms]
         for holder in gone:
             self.released += self.holders.pop(holder).permits
+        self.counters.bump("m_expired", len(gone))
         lapsed = [w for w, waiting in self.waiters.items() if waiting.expires_ms <= now_ms]
         for waiter in lapsed:
             self.leave_line(waiter, "forget")
@@ -454,6 +461,9 @@ class SemaphoreModel:
         judged = gate.judged
         assert judged is not None
         queued = 0
+        if not judged.admitted:  # this semaphore refused it (not a set's other one)
+            self.counters.bump("m_refused")
+            self.counters.bump("m_throttled", judged.need_permits <= judged.free)
         if waiter_lease_ms > 0 and place is not None:
             self.stand_in_line(
                 gate.holder, place, lease_ms=waiter_lease_ms, info=info, ask=ask, now_ms=now_ms
@@ -503,6 +513,8 @@ class SemaphoreModel:
         acquired = now_ms if holding is None else holding.acquired_ms
         self.holders[holder] = Holding(token, acquired, now_ms + lease_ms, permits, info)
         gate.granted = True
+        self.counters.bump("m_granted")
+        self.counters.observe("wait", waited)
         late_ms = 0
         if "l" in judged.would:
             self.shadow_limit_refusals += 1
@@ -526,15 +538,33 @@ class SemaphoreModel:
         holder's place in line. ``unused``: the permit's task never started, so the
         rate's grants it spent are given back too. Then, if anything was freed and
         someone waits, what follows freed capacity (handovers)."""
-        now_ms = now_us // 1000
         self.begin(caller.pause_ms, now_us)
-        reclaimed = self.reclaim(now_ms)
+        reclaimed = self.reclaim(now_us // 1000)
+        return self.give_back(caller, holder, now_us, token, unused=unused, reclaimed=reclaimed)
+
+    #: release.lua with ARG.keep_as: see `kept.keep`.
+    keep = kept.keep
+
+    def give_back(
+        self,
+        caller: Caller,
+        holder: str,
+        now_us: int,
+        token: int | None,
+        *,
+        unused: int = 0,
+        reclaimed: int = 0,
+    ) -> bool:
+        """The rest of `release` (after begin() and reclaim(), which found
+        ``reclaimed``)."""
+        now_ms = now_us // 1000
         waiting = len(self.waiters)
         holding = self.holders.get(holder)
         released = holding is not None and (token is None or holding.token in (token, 0))
         if holding is not None and released:
             del self.holders[holder]
             self.note_hold(now_ms - holding.acquired_ms)
+            self.counters.observe("hold", now_ms - holding.acquired_ms)
             self.released += holding.permits
             rate = self.effective_rate(NOTHING)
             if unused > 0 and rate is not None and self.tat is not None:
@@ -543,6 +573,7 @@ class SemaphoreModel:
         if token is None:
             self.sent.pop(holder, None)
             left = waiting > 0 and self.leave_line(holder, "forget")
+            self.counters.bump("m_abandoned", left)
         if (released or reclaimed or left) and waiting > 0:
             self.handovers = self.after_free(
                 caller.dispatch, now_us, limit=caller.limit, rate=NOTHING, shadow=caller.shadow
@@ -576,6 +607,7 @@ class SemaphoreModel:
         self.begin(pause_ms, now_us)
         reclaimed = self.reclaim(now_ms)
         lost = []
+        lost_permits = 0  # those it came with a token for (m_lost)
         for holder, token in holders:
             holding = self.holders.get(holder)
             if holding is not None and (token is None or holding.token in (token, 0)):
@@ -585,6 +617,9 @@ class SemaphoreModel:
                 self.restore_holder(holder, token or 0, held, now_ms + lease_ms, now_ms)
             else:
                 lost.append(holder)
+                lost_permits += token is not None
+        self.counters.bump("m_renewed", len(holders) - len(lost) - len(self.restored))
+        self.counters.bump("m_lost", lost_permits)
         if reclaimed:
             self.handovers = self.after_free(dispatch, now_us, limit=None, rate=NOTHING)
         return now_ms + lease_ms, lost
@@ -608,8 +643,12 @@ class SemaphoreModel:
     # over what is due (so a raised limit or an ended drain hands over at once) ------
 
     def configured(self, now_us: int, caller: Caller | None) -> None:
+        """After a runtime setting changed: kept permits are recalled (kept, they would
+        start tasks past a lowered limit, a drain or a rate), then what follows freed
+        capacity (a raised limit or an ended drain admits waiters at once)."""
         self.begin(PAUSE_AFTER_LOSS_MS if caller is None else caller.pause_ms, now_us)
         self.reclaim(now_us // 1000)
+        self.published.append(Recall())
         rate = NOTHING if caller is None or caller.rate is None else caller.rate
         cfg = None if caller is None else caller.dispatch
         self.handovers = self.after_free(cfg, now_us, limit=None, rate=rate)
@@ -690,6 +729,7 @@ class SemaphoreModel:
             if self.parking.state_of(holder) in (State.PARKED, State.HANDED):
                 self.leave_line(holder, "forget")
                 dropped += 1
+        self.counters.bump("m_abandoned", dropped)
         reclaimed = self.reclaim(now_us // 1000)
         follow = self.after_free if reclaimed or dropped else self.dispatch_due
         self.handovers = follow(caller.dispatch, now_us, limit=None, rate=NOTHING)

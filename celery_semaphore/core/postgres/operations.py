@@ -24,6 +24,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from celery_semaphore.core.constants import KEPT_PREFIX
 from celery_semaphore.core.model.rate import Rate
 from celery_semaphore.core.postgres._sync.store import PostgresStore
 from celery_semaphore.core.postgres.connection import connect, needs_psycopg, translate
@@ -72,7 +73,7 @@ FAMILIES = (
 #: [now ms, [[name, recorded limit, override, draining, family, expired, lost noted,
 #: permits held, waiters, parked, handed over, sent, rate interval µs, burst, paused
 #: until ms, fair keys with waiters, the shadow counters (limit refusals, rate
-#: refusals, rate wait ms, peak)]...]]: tasks sent within the sent horizon
+#: refusals, rate wait ms, peak), the other counters]...]]: tasks sent within the sent horizon
 #: (`SemaphoreSpec.sent_horizon_ms`), the rate in force for a caller that declares none
 #: (the override, else the recorded one).
 COUNTS = f"""
@@ -89,7 +90,10 @@ SELECT jsonb_build_array(now.ms, coalesce(jsonb_agg(jsonb_build_array(
   CASE WHEN m.override_interval_us IS NOT NULL THEN m.override_burst ELSE m.rate_burst END,
   CASE WHEN m.rate_pause_ms > now.ms THEN m.rate_pause_ms END,
   (SELECT count(*) FROM {TABLES}.fair_keys f WHERE f.semaphore = m.id),
-  m.shadow_limit_refusals, m.shadow_rate_refusals, m.shadow_wait_ms, m.shadow_peak
+  m.shadow_limit_refusals, m.shadow_rate_refusals, m.shadow_wait_ms, m.shadow_peak,
+  m.counters,
+  (SELECT coalesce(sum(h.permits), 0) FROM {TABLES}.holders h
+    WHERE h.semaphore = m.id AND h.expires_ms > now.ms AND starts_with(h.holder, '{KEPT_PREFIX}'))
 )) FILTER (WHERE m.id IS NOT NULL), '[]'))
 FROM (SELECT {NOW_MS} AS ms) now
 LEFT JOIN {TABLES}.semaphores m
@@ -240,9 +244,10 @@ class PostgresOperatedStore(PostgresStore):
 def _counts(row: list[Any], now_ms: int, fields: Sequence[str]) -> SemaphoreCounts:
     (name, recorded, override, draining, family, expired, lost, held, waiting, parked,
      handed, sent, interval_us, burst, paused_until_ms, fair_keys, shadow_limit,
-     shadow_rate, shadow_wait_ms, shadow_peak) = row  # fmt: skip
+     shadow_rate, shadow_wait_ms, shadow_peak, counters, kept_permits) = row  # fmt: skip
     # the Redis store's ``meta`` counters a row keeps too (the metrics read them)
     kept = {
+        **{field: str(n) for field, n in counters.items()},
         "family": family,
         "m_expired": str(expired),
         "m_lost": str(lost),
@@ -265,5 +270,6 @@ def _counts(row: list[Any], now_ms: int, fields: Sequence[str]) -> SemaphoreCoun
         rate=None if interval_us is None else rate_limit(Rate(interval_us, burst)),
         rate_paused_until=None if paused_until_ms is None else paused_until_ms / 1000,
         fair_keys_waiting=fair_keys,
+        kept_count=kept_permits,
         fields={field: kept.get(field, "") for field in fields},
     )

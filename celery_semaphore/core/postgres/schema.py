@@ -16,6 +16,7 @@ import hashlib
 from importlib import resources
 from typing import Any
 
+from celery_semaphore.core.constants import HISTOGRAM_BOUNDS_MS
 from celery_semaphore.core.errors import SemaphoreBackendError
 from celery_semaphore.core.postgres.connection import needs_psycopg
 
@@ -29,7 +30,10 @@ def _read(name: str) -> str:
 
 
 _TABLES_SQL = _read("tables.sql")
-_FUNCTIONS_SQL = _read("functions.sql")
+#: The histograms' bounds (constants.py) written in, as the Lua prelude has them.
+_FUNCTIONS_SQL = _read("functions.sql").replace(
+    "@BUCKETS@", "ARRAY[" + ", ".join(str(bound) for bound in HISTOGRAM_BOUNDS_MS) + "]"
+)
 #: The version of the SQL (tables and functions): a hash of its text.
 VERSION = hashlib.sha1((_TABLES_SQL + _FUNCTIONS_SQL).encode()).hexdigest()[:12]
 #: The schema of this release's functions.

@@ -147,6 +147,8 @@ class ReleaseArgs(NamedTuple):
     declared: int  #: the caller's limit: what follows the release stays under it
     unused: IntOrEmpty  #: n > 0: the permit is given back unused (n: its rate grants)
     shadow: str  #: the caller's shadow limits
+    keep_as: str  #: '', or the holder id its process keeps the permit as (nobody waits)
+    keep_info: str  #: the kept permit's info
 
 
 class RenewArgs(NamedTuple):
@@ -406,6 +408,8 @@ def release_args(spec: SemaphoreSpec, asked: Release) -> list[Any]:
             declared=spec.limit,
             unused=asked.unused or "",
             shadow=spec.shadow_codes,
+            keep_as=asked.keep_as,
+            keep_info=asked.keep_info,
         )
     )
 
@@ -529,7 +533,7 @@ def parse_dispatch(reply: Sequence[Any]) -> list[Handover]:
     return read(DispatchReply, reply).handovers
 
 
-def parse_release(reply: Sequence[Any]) -> tuple[bool, list[Handover]]:
+def parse_release(reply: Sequence[Any]) -> tuple[int, list[Handover]]:
     released = read(ReleaseReply, reply)
     return released.released, released.handovers
 

@@ -201,7 +201,7 @@ class DispatchReply(NamedTuple):
 class ReleaseReply(NamedTuple):
     """release.lua."""
 
-    released: bool
+    released: int  #: 0, 1, or 2: kept (`celery_semaphore.core.model.replies.KEPT`)
     held_ms: int
     handovers: list[Handover]
 
@@ -305,6 +305,7 @@ class CountsReply(NamedTuple):
     rate: str  # "<interval µs>|<burst>", or '': none
     rate_paused_until_ms: int  # 0: no pause
     fair_keys_waiting: int
+    kept_count: int  # permits held by kept holders (KEPT_PREFIX)
     values: list[str]  # of the fields asked, in order
 
 
@@ -326,6 +327,7 @@ def parse_counts(name: str, fields: Sequence[str], reply: Sequence[Any]) -> Sema
         if counts.rate_paused_until_ms
         else None,
         fair_keys_waiting=counts.fair_keys_waiting,
+        kept_count=counts.kept_count,
         fields=dict(zip(fields, counts.values, strict=True)),
     )
 

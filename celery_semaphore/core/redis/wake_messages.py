@@ -2,7 +2,9 @@
 ``SemaphoreKeys.channel``): a release publishes either the highest ticket now
 admissible (every waiter up to it asks again) or
 ``g|<holder>|<token>|<expires ms>|<waited ms>``: a permit granted straight to that
-waiter (grant_in_place() in common_after_free.lua).
+waiter (grant_in_place() in common_after_free.lua); a new line publishes ``k``
+(stand_in_line() in common_line.lua): it admits nobody, and tells the processes that
+keep permits to give them back.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from celery_semaphore.core.results import Grant
 from .replies import text
 
 GRANT_PREFIX = "g|"  # a wake-up message that grants a waiter in place its permit
+RECALL = "k"  # the first waiter joined an empty line: kept permits go back
 
 
 def admits(message: Any, ticket: int) -> bool:
@@ -21,7 +24,7 @@ def admits(message: Any, ticket: int) -> bool:
     ``ticket``; a waiter with no ticket, or an unreadable message, tries anyway.
     A grant (`grant_in()`) admits nobody else."""
     data = text(message.get("data", "")) if isinstance(message, dict) else ""
-    if data.startswith(GRANT_PREFIX):
+    if data.startswith(GRANT_PREFIX) or data == RECALL:
         return False
     try:
         bound = float(data)

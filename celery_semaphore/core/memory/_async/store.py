@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery_semaphore.core import model
+from celery_semaphore.core.constants import ANY_CHANNEL
 from celery_semaphore.core.errors import SemaphoreConnectionError
 from celery_semaphore.core.memory import backend
 from celery_semaphore.core.memory.operations import AsyncMemoryOperations
@@ -105,7 +107,7 @@ class AsyncMemoryStore(AsyncMemoryOperations):
     async def dispatch(self, spec: SemaphoreSpec, drop: tuple[str, ...]) -> list[Handover]:
         return backend.dispatch(self._backend, spec, drop)
 
-    async def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
+    async def release(self, spec: SemaphoreSpec, request: Release) -> tuple[int, list[Handover]]:
         return backend.release(self._backend, spec, request)
 
     async def renew(
@@ -136,16 +138,33 @@ class AsyncMemoryStore(AsyncMemoryOperations):
         self, subscription: Any, ticket: int, holder: str, seconds: float
     ) -> Grant | None:
         """Until a message published since the waiter last looked wakes it (see
-        `backend.wake_up_in`), or ``seconds`` pass: it looks every `LOOK_EVERY` s."""
+        `backend.wake_up_in`), or ``seconds`` pass."""
         deadline = time.monotonic() + seconds
+        while (messages := await self._next_messages(subscription, deadline)) is not None:
+            woken, grant = backend.wake_up_in(messages, ticket, holder)
+            if woken:
+                return grant
+        return None
+
+    async def wait_for_message(self, subscription: Any, seconds: float) -> str | None:
+        """`ANY_CHANNEL` (it does not say which) once a message comes."""
+        messages = await self._next_messages(subscription, time.monotonic() + seconds)
+        return None if messages is None else ANY_CHANNEL
+
+    def wake_channel(self, spec: SemaphoreSpec) -> str:
+        return f"{spec.namespace}:{spec.name}"
+
+    async def _next_messages(
+        self, subscription: Any, deadline: float
+    ) -> list[tuple[int, model.Published]] | None:
+        """The messages published since the subscriber last looked, once there are
+        any (it looks every `LOOK_EVERY` s), or None at ``deadline``."""
         while True:
             with self._backend.lock:
                 messages = self._backend.messages.since(subscription.seen, subscription.keys)
             if messages:
                 subscription.seen = messages[-1][0]
-                woken, grant = backend.wake_up_in(messages, ticket, holder)
-                if woken:
-                    return grant
+                return messages
             left = deadline - time.monotonic()
             if left <= 0:
                 return None

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from celery_semaphore.core.constants import ANY_CHANNEL
 from celery_semaphore.core.errors import SemaphoreConnectionError, StaleHandover
 from celery_semaphore.core.model.replies import Granted
 from celery_semaphore.core.postgres import replies
@@ -98,7 +99,7 @@ ENQUEUE = _call("enqueue", 23)
 PARK = _call("park", 16)
 CLAIM = _call("claim", 5)
 DISPATCH = _call("dispatch", 4)
-RELEASE = _call("release", 8)
+RELEASE = _call("release", 10)
 RENEW = _call("renew", 6)
 CONFIGURE = _call("configure", 8)
 STATUS = _call("status", 8)
@@ -345,12 +346,13 @@ class AsyncPostgresStore:
         _, handed = await self._one(DISPATCH, (spec.namespace, spec.name, list(drop), cfg_of(spec)))
         return replies.handovers(handed)
 
-    async def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
+    async def release(self, spec: SemaphoreSpec, request: Release) -> tuple[int, list[Handover]]:
         released, handed = await self._one(RELEASE, (
             spec.namespace, spec.name, request.holder, request.token, spec.limit,
-            spec.shadow_codes, request.unused, cfg_of(spec),
+            spec.shadow_codes, request.unused, cfg_of(spec), request.keep_as,
+            request.keep_info,
         ))  # fmt: skip
-        return bool(released), replies.handovers(handed)
+        return int(released), replies.handovers(handed)
 
     async def renew(
         self, spec: SemaphoreSpec, request: Renew
@@ -464,6 +466,24 @@ class AsyncPostgresStore:
         except psycopg.Error as error:
             raise translate(error, self.url) from error
         return None
+
+    async def wait_for_message(self, subscription: Any, seconds: float) -> str | None:
+        """`POLLING` (no LISTEN through this pooler) hears nothing: `ANY_CHANNEL` after
+        ``seconds``, so a process gives its kept permits back rather than keep them past
+        a line."""
+        if subscription is POLLING:
+            await asyncio.sleep(seconds)
+            return ANY_CHANNEL
+        psycopg = needs_psycopg()
+        try:
+            async for notify in subscription.notifies(timeout=seconds):
+                return str(notify.channel)
+        except psycopg.Error as error:
+            raise translate(error, self.url) from error
+        return None
+
+    def wake_channel(self, spec: SemaphoreSpec) -> str:
+        return channel_of(spec)
 
     async def unlisten(self, subscription: Any, *, keep: bool) -> None:
         """Keep the connection for the next wait (after UNLISTEN), or close it. None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from celery_semaphore.core.constants import ANY_CHANNEL
 from celery_semaphore.core.errors import SemaphoreConnectionError, StaleHandover
 from celery_semaphore.core.model.replies import Granted
 from celery_semaphore.core.postgres import replies
@@ -99,7 +100,7 @@ ENQUEUE = _call("enqueue", 23)
 PARK = _call("park", 16)
 CLAIM = _call("claim", 5)
 DISPATCH = _call("dispatch", 4)
-RELEASE = _call("release", 8)
+RELEASE = _call("release", 10)
 RENEW = _call("renew", 6)
 CONFIGURE = _call("configure", 8)
 STATUS = _call("status", 8)
@@ -344,12 +345,13 @@ class PostgresStore:
         _, handed = self._one(DISPATCH, (spec.namespace, spec.name, list(drop), cfg_of(spec)))
         return replies.handovers(handed)
 
-    def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
+    def release(self, spec: SemaphoreSpec, request: Release) -> tuple[int, list[Handover]]:
         released, handed = self._one(RELEASE, (
             spec.namespace, spec.name, request.holder, request.token, spec.limit,
-            spec.shadow_codes, request.unused, cfg_of(spec),
+            spec.shadow_codes, request.unused, cfg_of(spec), request.keep_as,
+            request.keep_info,
         ))  # fmt: skip
-        return bool(released), replies.handovers(handed)
+        return int(released), replies.handovers(handed)
 
     def renew(
         self, spec: SemaphoreSpec, request: Renew
@@ -463,6 +465,24 @@ class PostgresStore:
         except psycopg.Error as error:
             raise translate(error, self.url) from error
         return None
+
+    def wait_for_message(self, subscription: Any, seconds: float) -> str | None:
+        """`POLLING` (no LISTEN through this pooler) hears nothing: `ANY_CHANNEL` after
+        ``seconds``, so a process gives its kept permits back rather than keep them past
+        a line."""
+        if subscription is POLLING:
+            time.sleep(seconds)
+            return ANY_CHANNEL
+        psycopg = needs_psycopg()
+        try:
+            for notify in subscription.notifies(timeout=seconds):
+                return str(notify.channel)
+        except psycopg.Error as error:
+            raise translate(error, self.url) from error
+        return None
+
+    def wake_channel(self, spec: SemaphoreSpec) -> str:
+        return channel_of(spec)
 
     def unlisten(self, subscription: Any, *, keep: bool) -> None:
         """Keep the connection for the next wait (after UNLISTEN), or close it. None:

@@ -28,6 +28,35 @@ LANGUAGE sql IMMUTABLE AS $$
   SELECT greatest(coalesce(last, 0) + 1, now_us)
 $$;
 
+-- The metrics' counters (model/counters.py, `Counters`; the Redis store's meta m_*
+-- fields): ``n`` more of ``field`` in a row's ``counters``.
+-- Both are written to be inlined by the planner (a single expression, no call nested
+-- in another's argument: an argument that is a call would be evaluated once per use),
+-- and declared STABLE, as jsonb_build_object is: a function is inlined only where it is
+-- declared no less volatile than what it calls. Not inlined, each call cost ~35 µs.
+CREATE FUNCTION @F@.bump(c jsonb, field text, n bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN n > 0
+    THEN c || jsonb_build_object(field, coalesce((c ->> field)::bigint, 0) + n)
+    ELSE c END
+$$;
+
+-- One observation of ``ms`` in histogram ``kind`` (Counters.observe): the first bucket
+-- whose bound is at least ``ms`` (else the last: the bucket's index is how many bounds
+-- are below ``ms``, width_bucket's count of those at most ms - 1), and its sum. The
+-- bounds are constants.HISTOGRAM_BOUNDS_MS, written in by schema.py.
+CREATE FUNCTION @F@.observe(c jsonb, kind text, ms bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT c
+    || jsonb_build_object('m_' || kind || '_b' || width_bucket(ms - 1, @BUCKETS@::bigint[]),
+         coalesce((c ->> ('m_' || kind || '_b' || width_bucket(ms - 1, @BUCKETS@::bigint[])))
+                  ::bigint, 0) + 1)
+    || CASE WHEN ms >= 1
+         THEN jsonb_build_object('m_' || kind || '_sum',
+                                 coalesce((c ->> ('m_' || kind || '_sum'))::bigint, 0) + ms)
+         ELSE '{}'::jsonb END
+$$;
+
 -- The channel a semaphore's waiters LISTEN on (core/postgres/listening.py names it too).
 CREATE FUNCTION @F@.channel(ns text, nm text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
   SELECT 'cs_' || md5(ns || '/' || nm)
@@ -155,7 +184,8 @@ BEGIN
     rate_burst = m.rate_burst, override_interval_us = m.override_interval_us,
     override_burst = m.override_burst, tat = m.tat, rate_pause_ms = m.rate_pause_ms,
     released = m.released, hold_ms = m.hold_ms,
-    expired = m.expired, lost_noted = m.lost_noted,
+    expired = m.expired, lost_noted = m.lost_noted, counters = m.counters,
+    handover = m.handover,
     shadow_limit_refusals = m.shadow_limit_refusals,
     shadow_rate_refusals = m.shadow_rate_refusals, shadow_wait_ms = m.shadow_wait_ms,
     shadow_peak = m.shadow_peak, fair_clock = m.fair_clock, fair_low = m.fair_low,
@@ -217,10 +247,13 @@ RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- A grant to a waiter of fair key ``k`` is counted per minute, in its key's record
--- (while it has one) and for all keys (SemaphoreModel.count_fair_grant).
-CREATE FUNCTION @F@.count_fair_grant(m @T@.semaphores, k text, now_ms bigint)
+-- (while it has one) and for all keys (SemaphoreModel.count_fair_grant), and in the
+-- metrics by the class of its fair weight (the fourth field of its ask's text
+-- ``ask_``, order.Asked.text; counters.weight_class).
+CREATE FUNCTION @F@.count_fair_grant(m @T@.semaphores, k text, ask_ text, now_ms bigint)
 RETURNS @T@.semaphores LANGUAGE plpgsql AS $$
 DECLARE
+  fw integer := coalesce(nullif(split_part(ask_, '|', 4), '')::integer, 1);
   f @T@.fair_keys;
   cur bigint := now_ms / 60000;
 BEGIN
@@ -248,6 +281,9 @@ BEGIN
     m.fair_minute := cur;
   END IF;
   m.fair_grants := m.fair_grants + 1;
+  m.counters := @F@.bump(m.counters,
+    'm_fair_granted_c' || CASE WHEN fw >= 16 THEN 4 WHEN fw >= 8 THEN 3 WHEN fw >= 4 THEN 2
+                               WHEN fw >= 2 THEN 1 ELSE 0 END, 1);
   RETURN m;
 END $$;
 
@@ -449,6 +485,9 @@ BEGIN
   RETURN jsonb_build_array(h, tok, payload_, delay_ms);
 END $$;
 
+-- A semaphore's row after a step, and the handovers the step made.
+CREATE TYPE @F@.freed AS (m @T@.semaphores, handovers jsonb);
+
 -- The parked waiters now due, handed over (after_free.dispatch, parking.window): for a
 -- caller that publishes (``cfg``), among the first waiters of the line, a parked one
 -- whose permits and grants, with those ahead, fit in the free permits and the rate's
@@ -458,11 +497,11 @@ END $$;
 -- did not arrive by their deadline (again, with a new token), and parked ones whose
 -- due time came; a due record of one no longer in line (or an aged tombstone) is
 -- forgotten. Only the limits that bind count (``codes``; NULL: the recorded ones).
--- The handovers, in the order made.
+-- The row (its counters) and the handovers, in the order made.
 CREATE FUNCTION @F@.dispatch_due(
   m @T@.semaphores, cfg bigint[], declared integer, codes text, declares boolean,
   di bigint, db integer, now_us bigint
-) RETURNS jsonb LANGUAGE plpgsql AS $$
+) RETURNS @F@.freed LANGUAGE plpgsql AS $$
 DECLARE
   now_ms bigint := now_us / 1000;
   max_block bigint := cfg[1];
@@ -487,9 +526,9 @@ DECLARE
   w record;
 BEGIN
   IF cfg IS NULL OR NOT EXISTS (SELECT 1 FROM @T@.parked WHERE semaphore = m.id) THEN
-    RETURN out_;
+    RETURN ROW(m, out_);
   END IF;
-  SELECT handover INTO last FROM @T@.semaphores WHERE id = m.id;
+  last := m.handover;
   codes := coalesce(codes, m.recorded_shadow);
   binding := CASE WHEN position('l' IN codes) > 0 THEN 'Infinity'::float8
                   ELSE @F@.effective_limit(m, declared) END;
@@ -552,6 +591,7 @@ BEGIN
     WHERE p.semaphore = m.id AND p.due_ms <= now_ms ORDER BY p.due_ms, p.holder
   LOOP
     IF w.state IN ('h', 'p') AND w.in_line THEN
+      m.counters := @F@.bump(m.counters, 'm_handover_retried', (w.state = 'h')::integer);
       last := @F@.seq_after(last, now_us);
       out_ := out_ || jsonb_build_array(@F@.hand_over(m.id, w.holder, last, deadline, 0,
         now_ms, CASE WHEN w.state = 'h' THEN w.token ELSE 0 END));
@@ -559,10 +599,9 @@ BEGIN
       DELETE FROM @T@.parked WHERE semaphore = m.id AND holder = w.holder;
     END IF;
   END LOOP;
-  IF jsonb_array_length(out_) > 0 THEN
-    UPDATE @T@.semaphores SET handover = last WHERE id = m.id;
-  END IF;
-  RETURN out_;
+  m.handover := last;
+  m.counters := @F@.bump(m.counters, 'm_handed_over', jsonb_array_length(out_));
+  RETURN ROW(m, out_);
 END $$;
 
 -- Free permits go straight to the waiters in place at the head of the line, in order,
@@ -587,7 +626,8 @@ BEGIN
   free := @F@.effective_limit(m, declared) - @F@.permits_held(m.id);
   SELECT grants INTO room FROM @F@.room(m, declares, di, db, now_us);
   FOR w IN
-    SELECT x.holder, x.permits, x.grants, p.mark AS in_place_ms, x.since_ms, x.info, x.fair_key
+    SELECT x.holder, x.permits, x.grants, p.mark AS in_place_ms, x.since_ms, x.info, x.fair_key,
+      x.ask
     FROM @T@.waiters x LEFT JOIN @T@.parked p
       ON p.semaphore = x.semaphore AND p.holder = x.holder AND p.state = 'w'
     WHERE x.semaphore = m.id ORDER BY x.ticket, x.holder
@@ -597,7 +637,7 @@ BEGIN
     room := room - w.grants;
     spent := spent + w.grants;
     fence := @F@.seq_after(fence, now_us);
-    m := @F@.count_fair_grant(m, w.fair_key, now_ms);
+    m := @F@.count_fair_grant(m, w.fair_key, w.ask, now_ms);
     DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = w.holder;
     IF w.fair_key IS NOT NULL THEN
       PERFORM @F@.count_fair(m.id, w.fair_key, -1);
@@ -611,6 +651,8 @@ BEGIN
     free := free - w.permits;
     PERFORM pg_notify(@F@.channel(m.namespace, m.name), concat_ws('|', 'g', w.holder,
       fence, now_ms + w.in_place_ms, now_ms - w.since_ms));
+    m.counters := @F@.bump(m.counters, 'm_granted', 1);
+    m.counters := @F@.observe(m.counters, 'wait', now_ms - w.since_ms);
   END LOOP;
   m.fence := fence;
   SELECT * INTO r FROM @F@.effective_rate(m, declares, di, db);
@@ -639,8 +681,7 @@ DECLARE
   last bigint;
   w record;
 BEGIN
-  SELECT count(*) INTO line_length FROM @T@.waiters WHERE semaphore = m.id;
-  IF m.draining OR line_length = 0 THEN
+  IF m.draining THEN
     RETURN;
   END IF;
   codes := coalesce(codes, m.recorded_shadow);
@@ -650,13 +691,20 @@ BEGIN
   IF position('r' IN codes) = 0 THEN
     SELECT grants INTO room FROM @F@.room(m, declares, di, db, now_us);
   END IF;
-  free := least(free_permits, room, line_length + 1);  -- least() passes over NULLs
+  free := least(free_permits, room);  -- least() passes over NULLs
   IF free_permits IS NULL THEN
     free := least(free, 1000);
   END IF;
   IF free <= 0 THEN
     RETURN;
   END IF;
+  -- the line's length counts only up to free + 1 (a release must not read a long line)
+  SELECT count(*) INTO line_length
+    FROM (SELECT 1 FROM @T@.waiters WHERE semaphore = m.id LIMIT free + 1) x;
+  IF line_length = 0 THEN
+    RETURN;
+  END IF;
+  free := least(free, line_length + 1);
   FOR w IN
     SELECT ticket, permits, grants FROM @T@.waiters WHERE semaphore = m.id
     ORDER BY ticket, holder LIMIT free
@@ -675,9 +723,6 @@ BEGIN
     CASE WHEN n = listed AND listed < free THEN 'inf' ELSE last::text END);
 END $$;
 
--- A semaphore's row after a step, and the handovers the step made.
-CREATE TYPE @F@.freed AS (m @T@.semaphores, handovers jsonb);
-
 -- What follows freed capacity (SemaphoreModel.after_free): the waiters in place granted,
 -- the others woken, then the parked waiters now due handed over.
 CREATE FUNCTION @F@.after_free(
@@ -687,7 +732,7 @@ CREATE FUNCTION @F@.after_free(
 BEGIN
   m := @F@.grant_in_place(m, declared, declares, di, db, now_us);
   PERFORM @F@.wake(m, declared, codes, declares, di, db, now_us);
-  RETURN ROW(m, @F@.dispatch_due(m, cfg, declared, codes, declares, di, db, now_us));
+  RETURN @F@.dispatch_due(m, cfg, declared, codes, declares, di, db, now_us);
 END $$;
 
 -- One semaphore's part in one acquire (the model's `Gate`: admit.lua's ``s``): the
@@ -696,7 +741,7 @@ END $$;
 CREATE TYPE @F@.gate AS (
   holder text, came_by bigint, reclaimed integer, held boolean, hold_permits integer, hold_acquired bigint,
   in_line boolean, w_since bigint, w_ask text, w_key text, ticket bigint,
-  ahead integer, count_ integer, need_k integer, need_j integer, would text,
+  ahead integer, count_ integer, free integer, need_k integer, need_j integer, would text,
   admitted boolean, room_grants bigint, room_next bigint, rate_interval bigint,
   left_ boolean
 );
@@ -769,6 +814,7 @@ BEGIN
   SELECT count(*) INTO g.ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < weigh_at;
   g.count_ := @F@.permits_held(m.id);
   free := CASE WHEN m.draining THEN 0 ELSE @F@.effective_limit(m, declared) - g.count_ END;
+  g.free := free;
   SELECT * INTO room FROM @F@.room(m, true, rate_i, rate_b, now_us);
   SELECT * INTO rate FROM @F@.effective_rate(m, true, rate_i, rate_b);
   g.room_grants := room.grants;
@@ -816,7 +862,7 @@ DECLARE
 BEGIN
   m.fence := token;
   IF g.in_line THEN
-    m := @F@.count_fair_grant(m, g.w_key, now_ms);
+    m := @F@.count_fair_grant(m, g.w_key, g.w_ask, now_ms);
     waited := now_ms - g.w_since;
     DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = g.holder;
     PERFORM @F@.weigh(m.id, g.w_ask, g.w_key, NULL, NULL);
@@ -833,6 +879,8 @@ BEGIN
     ON CONFLICT (semaphore, holder) DO UPDATE SET
       token = excluded.token, acquired_ms = excluded.acquired_ms,
       expires_ms = excluded.expires_ms, permits = excluded.permits, info = excluded.info;
+  m.counters := @F@.bump(m.counters, 'm_granted', 1);
+  m.counters := @F@.observe(m.counters, 'wait', waited);
   IF position('l' IN g.would) > 0 THEN
     m.shadow_limit_refusals := m.shadow_limit_refusals + 1;
     m.shadow_peak := greatest(m.shadow_peak, g.count_ + coalesce(g.hold_permits, want_k));
@@ -847,8 +895,21 @@ BEGIN
                                     late_ms))::@F@.gated;
 END $$;
 
+-- A waiter stands in line (SemaphoreModel.stand_in_line, places.take_place): the first
+-- of an empty line notifies 'k' on the channel, so the processes that keep permits
+-- give them back (see "Kept permits" at release). ``in_line``: it is in line already.
+CREATE FUNCTION @F@.stand_in_line(m @T@.semaphores, in_line boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF NOT coalesce(in_line, false)
+     AND NOT EXISTS (SELECT 1 FROM @T@.waiters WHERE semaphore = m.id) THEN
+    PERFORM pg_notify(@F@.channel(m.namespace, m.name), 'k');
+  END IF;
+END $$;
+
 -- Not granted (SemaphoreModel.refuse): queueing (``waiter_ms`` > 0), it stands in line
--- at ``place``, waiting in place for a permit of ``in_place_ms`` if given.
+-- at ``place``, waiting in place for a permit of ``in_place_ms`` if given; the first
+-- waiter of an empty line notifies 'k' (`stand_in_line`).
 -- Reply: [0, ticket (0: not queued), position, permits held, effective limit,
 -- draining, earliest lease end ms (0: none), now ms, average hold ms (0: none), µs
 -- until the rate's slot (NULL: no rate), end of a RateLimited pause ms (0: none)].
@@ -861,7 +922,12 @@ DECLARE
   now_ms bigint := now_us / 1000;
   earliest bigint;
 BEGIN
+  IF NOT g.admitted THEN  -- this semaphore refused it (not a set's other one)
+    m.counters := @F@.bump(m.counters, 'm_refused', 1);
+    m.counters := @F@.bump(m.counters, 'm_throttled', (g.need_k <= g.free)::integer);
+  END IF;
   IF waiter_ms > 0 AND place IS NOT NULL THEN
+    PERFORM @F@.stand_in_line(m, g.in_line);
     PERFORM @F@.weigh(m.id, CASE WHEN g.in_line THEN g.w_ask END, g.w_key, ask_, fair_key_);
     INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info,
                                   ask, permits, grants, fair_key)
@@ -915,7 +981,7 @@ BEGIN
     RETURN @F@.after_free(m, cfg, declared, shadow_, true, rate_i, rate_b, now_us);
   END IF;
   IF granted AND g.room_grants IS NOT NULL AND position('r' IN shadow_) = 0 THEN
-    RETURN ROW(m, @F@.dispatch_due(m, cfg, declared, shadow_, true, rate_i, rate_b, now_us));
+    RETURN @F@.dispatch_due(m, cfg, declared, shadow_, true, rate_i, rate_b, now_us);
   END IF;
   RETURN ROW(m, '[]'::jsonb);
 END $$;
@@ -1137,6 +1203,7 @@ DECLARE
   p record;
   far boolean := false;
   handed jsonb := '[]';
+  f @F@.freed;
 BEGIN
   m := @F@.open(ns, nm, idle, now_ms, true);
   r := @F@.reclaim(m.id, now_ms);
@@ -1157,6 +1224,7 @@ BEGIN
     SELECT * INTO p FROM @F@.place(m, priority, fair_key_, fair_weight_, now_us);
     m := @F@.take_ticket(m, fair_key_, p.seq, p.head, p.low, p.existed, p.tail,
                          p.urgent_tail, p.tie);
+    PERFORM @F@.stand_in_line(m, false);
     INSERT INTO @T@.waiters (semaphore, holder, ticket, expires_ms, since_ms, info, ask,
                              permits, grants, fair_key)
       VALUES (m.id, h, p.ticket, now_ms + waiter_ms, now_ms, info_, ask_, want_k, want_j,
@@ -1189,7 +1257,10 @@ BEGIN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
     PERFORM @F@.leave_payload(m.id, h, far_head || w.ticket || far_tail, m.released,
                               far_due_ms, now_ms);
-    handed := @F@.dispatch_due(m, cfg, NULL, shadow_, true, rate_i, rate_b, now_us);
+    m.counters := @F@.bump(m.counters, 'm_parked', 1);
+    f := @F@.dispatch_due(m, cfg, NULL, shadow_, true, rate_i, rate_b, now_us);
+    m := f.m;
+    handed := f.handovers;
   ELSIF is_new THEN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND sent_ms <= now_ms - sent_horizon_ms;
     INSERT INTO @T@.sent (semaphore, holder, sent_ms) VALUES (m.id, h, now_ms)
@@ -1200,22 +1271,32 @@ BEGIN
     m.draining, slot, far, handed);
 END $$;
 
--- Give a permit back (SemaphoreModel.release): [released, handovers]. Idempotent: a
--- second release, an unknown or reclaimed holder, or a stale token releases nothing.
--- Without a token (by id) it also drops the holder's place in line (and, while anyone
--- waits, its parked record). ``unused``: the rate's grants to give back with a permit
--- whose task never started.
+-- Give a permit back (SemaphoreModel.release): [released 0/1 (2: kept), handovers].
+-- Idempotent: a second release, an unknown or reclaimed holder, or a stale token
+-- releases nothing. Without a token (by id) it also drops the holder's place in line
+-- (and, while anyone waits, its parked record). ``unused``: the rate's grants to give
+-- back with a permit whose task never started.
+--
+-- Kept permits (kept.keep): with ``keep_as`` ('' or NULL: none) and a token, the
+-- permit held with exactly that token moves to holder ``keep_as`` (same token, permits
+-- and lease end; first held now, ``keep_info`` beside it) when ``keep_as`` holds
+-- nothing, nobody waits, admissions are not paused (draining), the permits held are
+-- within the limit, and there is no rate (recorded or override) and no shadow limit
+-- (the caller's or the recorded one); no counter moves. Else it is released as
+-- without. The first waiter of an empty line notifies 'k' (stand_in_line), so the
+-- processes give kept permits back.
 CREATE FUNCTION @F@.release(
   ns text, nm text, h text, tok bigint, declared integer, shadow_ text, unused integer,
-  cfg bigint[]
+  cfg bigint[], keep_as text, keep_info text
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
   now_us bigint := @F@.now_us();
   now_ms bigint := now_us / 1000;
   m @T@.semaphores;
   r record;
-  waiting integer;
+  waiting boolean;  -- anyone in line
   hold @T@.holders;
+  held boolean;
   released boolean;
   left_ boolean := false;
   gone_key text;
@@ -1225,14 +1306,27 @@ DECLARE
 BEGIN
   m := @F@.open(ns, nm, NULL, now_ms, false);
   IF m.id IS NULL THEN
-    RETURN jsonb_build_array(false, handed);
+    RETURN jsonb_build_array(0, handed);
   END IF;
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
   m.expired := m.expired + r.gone;
-  SELECT count(*) INTO waiting FROM @T@.waiters WHERE semaphore = m.id;
+  waiting := EXISTS (SELECT 1 FROM @T@.waiters WHERE semaphore = m.id);
   SELECT * INTO hold FROM @T@.holders WHERE semaphore = m.id AND holder = h;
-  released := FOUND AND (tok IS NULL OR hold.token = tok OR hold.token = 0);
+  held := FOUND;
+  IF coalesce(keep_as, '') <> '' AND held AND hold.token = tok AND NOT waiting
+     AND NOT m.draining AND coalesce(shadow_, '') = '' AND m.recorded_shadow = ''
+     AND @F@.permits_held(m.id) <= @F@.effective_limit(m, declared)
+     AND (SELECT interval_us FROM @F@.effective_rate(m, false, NULL, NULL)) IS NULL
+     AND NOT EXISTS (SELECT 1 FROM @T@.holders WHERE semaphore = m.id AND holder = keep_as)
+  THEN
+    UPDATE @T@.holders SET holder = keep_as, acquired_ms = now_ms,
+      info = coalesce(keep_info, '')
+      WHERE semaphore = m.id AND holder = h;
+    PERFORM @F@.save(m, now_ms, NULL);
+    RETURN jsonb_build_array(2, handed);
+  END IF;
+  released := held AND (tok IS NULL OR hold.token = tok OR hold.token = 0);
   IF released THEN
     DELETE FROM @T@.holders WHERE semaphore = m.id AND holder = h;
     -- The moving average of hold times, as the model stores it (order.stored: a float
@@ -1241,6 +1335,7 @@ BEGIN
       ELSE round(0.8::float8 * m.hold_ms + 0.2::float8 * (now_ms - hold.acquired_ms))::bigint
     END;
     m.released := m.released + hold.permits;
+    m.counters := @F@.observe(m.counters, 'hold', now_ms - hold.acquired_ms);
     SELECT * INTO rate FROM @F@.effective_rate(m, false, NULL, NULL);
     IF unused > 0 AND rate.interval_us IS NOT NULL AND m.tat IS NOT NULL THEN
       m.tat := m.tat - unused * rate.interval_us;
@@ -1248,23 +1343,24 @@ BEGIN
   END IF;
   IF tok IS NULL THEN
     DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
-    IF waiting > 0 THEN
+    IF waiting THEN
       DELETE FROM @T@.waiters WHERE semaphore = m.id AND holder = h
         RETURNING fair_key INTO gone_key;
       left_ := FOUND;
+      m.counters := @F@.bump(m.counters, 'm_abandoned', left_::integer);
       IF gone_key IS NOT NULL THEN
         PERFORM @F@.count_fair(m.id, gone_key, -1);
       END IF;
       DELETE FROM @T@.parked WHERE semaphore = m.id AND holder = h;
     END IF;
   END IF;
-  IF (released OR r.gone + r.lapsed > 0 OR left_) AND waiting > 0 THEN
+  IF (released OR r.gone + r.lapsed > 0 OR left_) AND waiting THEN
     f := @F@.after_free(m, cfg, declared, shadow_, false, NULL, NULL, now_us);
     m := f.m;
     handed := f.handovers;
   END IF;
   PERFORM @F@.save(m, now_ms, NULL);
-  RETURN jsonb_build_array(released, handed);
+  RETURN jsonb_build_array(released::integer, handed);
 END $$;
 
 -- Compare-and-extend (SemaphoreModel.renew): each holder still live with its token
@@ -1295,8 +1391,12 @@ BEGIN
         AND (toks[i] IS NULL OR token = toks[i] OR token = 0);
     IF NOT FOUND THEN
       lost := lost || hs[i];
+      -- permits found lost: m_lost, as note_lost counts them
+      m.lost_noted := m.lost_noted + (toks[i] IS NOT NULL)::integer;
     END IF;
   END LOOP;
+  m.counters := @F@.bump(m.counters, 'm_renewed',
+                         coalesce(cardinality(hs), 0) - cardinality(lost));
   IF r.gone + r.lapsed > 0 THEN
     f := @F@.after_free(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
     m := f.m;
@@ -1350,6 +1450,8 @@ BEGIN
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
   m.expired := m.expired + r.gone;
+  -- kept permits go back: they would start tasks past the new setting
+  PERFORM pg_notify(@F@.channel(m.namespace, m.name), 'k');
   f := @F@.after_free(m, cfg, NULL, NULL, declares, rate_i, rate_b, now_us);
   PERFORM @F@.save(f.m, now_ms, idle);
   RETURN jsonb_build_array(previous, f.handovers);
@@ -1407,8 +1509,8 @@ BEGIN
      FROM (SELECT * FROM @T@.waiters WHERE semaphore = m.id AND expires_ms > now_ms
            ORDER BY ticket, holder LIMIT most) x
      LEFT JOIN @T@.parked p ON p.semaphore = m.id AND p.holder = x.holder),
-    (SELECT count(*) FILTER (WHERE state = 'p') FROM @T@.parked WHERE semaphore = m.id),
-    (SELECT count(*) FILTER (WHERE state = 'h') FROM @T@.parked WHERE semaphore = m.id),
+    (SELECT count(*) FROM @T@.parked WHERE semaphore = m.id AND state = 'p'),
+    (SELECT count(*) FROM @T@.parked WHERE semaphore = m.id AND state = 'h'),
     (SELECT count(*) FROM @T@.sent WHERE semaphore = m.id AND sent_ms >= horizon),
     (SELECT coalesce(jsonb_agg(jsonb_build_array(s.holder, s.sent_ms)
        ORDER BY s.sent_ms, s.holder), '[]')
@@ -1487,7 +1589,8 @@ BEGIN
                          p.urgent_tail, p.tie);
     place := p.ticket;
   END IF;
-  IF ask_ IS NOT NULL THEN  -- SemaphoreModel.stand_in_line
+  PERFORM @F@.stand_in_line(m, w.holder IS NOT NULL);  -- SemaphoreModel.stand_in_line
+  IF ask_ IS NOT NULL THEN
     PERFORM @F@.weigh(m.id, w.ask, w.fair_key, ask_, fair_key_);
   END IF;
   INSERT INTO @T@.waiters AS x (semaphore, holder, ticket, expires_ms, since_ms, info, ask,
@@ -1501,11 +1604,12 @@ BEGIN
       fair_key = CASE WHEN ask_ IS NULL THEN x.fair_key ELSE excluded.fair_key END;
   DELETE FROM @T@.sent WHERE semaphore = m.id AND holder = h;
   PERFORM @F@.leave_payload(m.id, h, payload_, m.released, due_ms_, now_ms);
+  m.counters := @F@.bump(m.counters, 'm_parked', 1);
   SELECT count(*) INTO ahead FROM @T@.waiters WHERE semaphore = m.id AND ticket < place;
   IF r.gone + r.lapsed > 0 THEN
     f := @F@.after_free(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
   ELSE
-    f := ROW(m, @F@.dispatch_due(m, cfg, NULL, NULL, false, NULL, NULL, now_us));
+    f := @F@.dispatch_due(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
   END IF;
   PERFORM @F@.save(f.m, now_ms, idle);
   RETURN jsonb_build_array(place, ahead + 1, f.handovers);
@@ -1542,13 +1646,14 @@ BEGIN
       gone_key := NULL;
     END IF;
   END LOOP;
+  m.counters := @F@.bump(m.counters, 'm_abandoned', dropped);
   r := @F@.reclaim(m.id, now_ms);
   m.released := m.released + r.freed;
   m.expired := m.expired + r.gone;
   IF r.gone + r.lapsed > 0 OR dropped > 0 THEN
     f := @F@.after_free(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
   ELSE
-    f := ROW(m, @F@.dispatch_due(m, cfg, NULL, NULL, false, NULL, NULL, now_us));
+    f := @F@.dispatch_due(m, cfg, NULL, NULL, false, NULL, NULL, now_us);
   END IF;
   PERFORM @F@.save(f.m, now_ms, NULL);
   RETURN jsonb_build_array(dropped, f.handovers);

@@ -39,8 +39,8 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   fair_minute bigint NOT NULL DEFAULT 0,
   fair_grants_before integer NOT NULL DEFAULT 0,
   -- Permits released or reclaimed so far (a parked waiter's mark); the moving average
-  -- of hold times (ms); the last handover token (max(last + 1, now µs)), written by
-  -- hand_over() alone; whether a waiter ever asked for more than the default.
+  -- of hold times (ms); the last handover token (max(last + 1, now µs)), moved on by
+  -- dispatch_due() alone; whether a waiter ever asked for more than the default.
   released bigint NOT NULL DEFAULT 0,
   hold_ms bigint,
   handover bigint,
@@ -52,13 +52,20 @@ CREATE TABLE IF NOT EXISTS @T@.semaphores (
   shadow_rate_refusals bigint NOT NULL DEFAULT 0,
   shadow_wait_ms bigint NOT NULL DEFAULT 0,
   shadow_peak bigint NOT NULL DEFAULT 0,
+  -- Permits found lost (m_lost: by a renewal, or noted by a worker).
   lost_noted bigint NOT NULL DEFAULT 0,
+  -- The other counters and the histograms' buckets, by the Redis store's meta field
+  -- (m_granted, m_wait_b0...: model/counters.py).
+  counters jsonb NOT NULL DEFAULT '{}',
   -- When it was last used (ms) and how long it may stay idle: past that, the next
   -- call finds it empty, as Redis lets a semaphore's keys expire.
   used_ms bigint NOT NULL,
   idle_ms bigint NOT NULL,
   UNIQUE (namespace, name)
 ) WITH (fillfactor = 50);  -- every call rewrites its row: room for HOT updates
+
+-- Columns added after the table was first made (older installs get them here).
+ALTER TABLE @T@.semaphores ADD COLUMN IF NOT EXISTS counters jsonb NOT NULL DEFAULT '{}';
 
 -- When each semaphore goes idle: a new semaphore's first call drops a few that did.
 CREATE INDEX IF NOT EXISTS semaphores_by_idle_end ON @T@.semaphores ((used_ms + idle_ms));
@@ -111,6 +118,11 @@ CREATE TABLE IF NOT EXISTS @T@.parked (
 );
 CREATE INDEX IF NOT EXISTS parked_by_due ON @T@.parked (semaphore, due_ms, holder)
   WHERE due_ms IS NOT NULL;
+-- The records that are not tombstones, by state: a release looks up the waiters in
+-- place, status and the metrics count the parked and handed over, without reading the
+-- tombstones (a busy semaphore keeps an hour of them: one per task handed over).
+CREATE INDEX IF NOT EXISTS parked_live ON @T@.parked (semaphore, state, holder)
+  WHERE state IN ('p', 'h', 'w');
 
 -- A fair key's record while it has waiters (model.order.FairKey): where its next
 -- waiter starts, and its next urgent one; its waiters; its grants this minute and the

@@ -24,6 +24,8 @@ RECONNECT_MOST = 1.0
 #: How long a wait reads a kept pub/sub connection for the confirmation of the
 #: UNSUBSCRIBE the last wait sent (`listen`) before it makes a new one.
 UNSUBSCRIBE_TIMEOUT = 0.5
+#: How long `confirm` waits for Redis to answer the PING after a SUBSCRIBE.
+CONFIRM_TIMEOUT = 0.5
 
 
 def reconnectable(error: SemaphoreConnectionError) -> bool:
@@ -42,6 +44,7 @@ async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
                 await pubsub.get_message(timeout=left)  # stale until the confirmation
             if not pubsub.subscribed:
                 await pubsub.subscribe(*channels)
+                await confirm(client, pubsub)
                 return pubsub
         except redis.RedisError:  # its connection broke while it idled
             pass
@@ -49,10 +52,32 @@ async def listen(client: AsyncClient, url: str, channels: Sequence[str]) -> Any:
     pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
     try:
         await pubsub.subscribe(*channels)
+        await confirm(client, pubsub)
     except redis.RedisError as error:
         await close_quietly(pubsub)
         raise translate(error, url) from error
     return pubsub
+
+
+async def confirm(client: AsyncClient, pubsub: Any) -> None:
+    """Return once Redis has run the SUBSCRIBE just sent on ``pubsub`` (it answers a
+    PING sent after it), or after `CONFIRM_TIMEOUT`. Without this, a waiter's in-place
+    attempt, on another connection, may reach Redis first, and a grant in place
+    published between the two is never heard: the waiter learns of it only at its next
+    recheck, seconds later. What comes before the answer is dropped: the caller asks
+    after it listens, and that reads the state anyway. An ACL user that may not PING
+    (the rules the plugin needs do not include it) goes unconfirmed, as before."""
+    if is_cluster(client):  # a cluster's pub/sub connects per node: not confirmed
+        return
+    try:
+        await pubsub.ping()
+        deadline = time.monotonic() + CONFIRM_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0:
+            message = await pubsub.get_message(timeout=left)
+            if message is not None and message.get("type") == "pong":
+                return
+    except redis.ResponseError:  # NOPERM: still subscribed, only not confirmed
+        return
 
 
 async def unlisten(client: AsyncClient, pubsub: Any, *, keep: bool) -> None:

@@ -189,7 +189,7 @@ class RedisStore(RedisOperations):
         reply = self._call("dispatch", arguments.dispatch_args(spec, drop), (spec,))
         return arguments.parse_dispatch(reply)
 
-    def release(self, spec: SemaphoreSpec, request: Release) -> tuple[bool, list[Handover]]:
+    def release(self, spec: SemaphoreSpec, request: Release) -> tuple[int, list[Handover]]:
         reply = self._call("release", arguments.release_args(spec, request), (spec,))
         return arguments.parse_release(reply)
 
@@ -236,6 +236,20 @@ class RedisStore(RedisOperations):
             if grant is not None or wake_messages.admits(message, ticket):
                 return grant
         return None
+
+    def wait_for_message(self, subscription: Any, seconds: float) -> str | None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = subscription.get_message(timeout=left)
+            except redis.RedisError as error:
+                raise translate(error, self.url) from error
+            if message is not None and message.get("type") in {"message", "pmessage"}:
+                return text(message["channel"])
+        return None
+
+    def wake_channel(self, spec: SemaphoreSpec) -> str:
+        return self.keys_of(spec).channel
 
     def unlisten(self, subscription: Any, *, keep: bool) -> None:
         unlisten(self.client, subscription, keep=keep)

@@ -168,7 +168,7 @@ local function refuse_gate(s, g, ticket, lease_ms, in_place, counted)
   local m, holder = s.m, g.holder
   local queued = 0
   if lease_ms > 0 then
-    stand_in_line(m, holder, ticket, lease_ms, g.info, g.weight)
+    stand_in_line(m, holder, ticket, lease_ms, g.info, g.weight, g.channel)
     if in_place then
       mark_in_place(holder, g.lease_ms)
     elseif s.in_line then

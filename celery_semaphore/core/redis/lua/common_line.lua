@@ -62,7 +62,10 @@ end
 
 -- Puts ``holder`` in line at ``ticket`` for ``lease_ms``, keeping when it first asked;
 -- ``weight``: "<k>|<j>", or nil to keep the one recorded; ``m``: with n_weighted loaded.
-local function stand_in_line(m, holder, ticket, lease_ms, info, weight)
+-- The first waiter of an empty line publishes 'k' on ``channel``: the processes that
+-- keep permits give them back (see "Kept permits" in release.lua).
+local function stand_in_line(m, holder, ticket, lease_ms, info, weight, channel)
+  if redis.call('ZCARD', waiters) == 0 then redis.call('PUBLISH', channel, 'k') end
   weigh_waiter(m, holder, weight)
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('ZADD', wexp, now_ms + lease_ms, holder)

@@ -13,6 +13,8 @@
 -- ARG.dispatch     '' or "<max block ms>|<deadline ms>|<rate lead ms>" (dispatch())
 -- ARG.rate         the caller's rate, or '' for none declared (see "Rates" in common_rates.lua)
 --
+-- Publishes 'k' (processes give kept permits back: kept, they would start tasks past
+-- a lowered limit, a drain or a rate; see release.lua).
 -- Returns {the previous value or '', handovers}. Then after_free() (the caller
 -- declares no limit), so a raised limit or an ended drain admits waiters at once.
 --
@@ -41,6 +43,7 @@ else
   set_meta(m, field, value)
 end
 reclaim(m)
+redis.call('PUBLISH', channel, 'k')  -- kept permits go back: they would start tasks past it
 local out = after_free(m, '', channel, cfg)
 touch(idle_ms)
 if not m.limit then redis.call('PERSIST', meta) end

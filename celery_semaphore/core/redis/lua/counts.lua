@@ -9,11 +9,15 @@
 -- Returns {now ms, recorded limit or '', effective limit, draining 0/1, live holders,
 -- live waiters, parked, handed over, sent, the effective rate ("<interval µs>|<burst>"
 -- or ''), until when a RateLimited pause lasts (ms; 0: none), fair keys with waiters in
--- line, {the value of each field asked, or '' if absent}}: each figure as status.lua
--- reports it for a caller that declares no limit and no rate (the CLI, the metrics).
+-- line, the permits kept by worker processes between tasks, {the value of each field
+-- asked, or '' if absent}}: each figure as status.lua reports it for a caller that
+-- declares no limit and no rate (the CLI, the metrics).
 --
--- Each figure is a meta field or one ZCOUNT (O(log n)): no entry of any key is read
--- one by one, so a call costs the same with a line of ten waiters or of a million.
+-- Each figure is a meta field or one ZCOUNT (O(log n)), but for the kept permits: no
+-- entry of the line is read one by one, so a call costs the same with a line of ten
+-- waiters or of a million. The kept permits are counted among the live holders'
+-- members (KEPT_PREFIX), read one by one: the holders are at most the limit's worth
+-- (more only for a while after the limit was lowered).
 -- status.lua's lists, and what only they tell (the sent tasks whose place lapsed: a
 -- lookup in wexp per sent entry; which fair keys wait most: a scan of meta), are not
 -- read.
@@ -33,6 +37,10 @@ local values = {}
 for i = 1, #asked do values[i] = m[asked[i]] or '' end
 local rate = effective_rate(m)
 local pause = tonumber(m.rate_pause) or 0
+local kept = 0
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', holders, '(' .. now_ms, '+inf')) do
+  if string.sub(member, 1, #KEPT_PREFIX) == KEPT_PREFIX then kept = kept + 1 end
+end
 
 return {
   now_ms, m.limit or '', effective_limit(m, ''), m.draining == '1' and 1 or 0,
@@ -43,5 +51,6 @@ return {
   rate and fmt(rate.interval) .. '|' .. fmt(rate.burst) or '',
   pause > now_ms and pause or 0,
   math.max(0, tonumber(m.n_fair_keys) or 0),
+  kept,
   values,
 }

@@ -69,6 +69,7 @@ if new then
   local writes = {}
   ticket = new_ticket(m, weight, writes)
   write_meta(m, writes)
+  if redis.call('ZCARD', waiters) == 0 then redis.call('PUBLISH', channel, 'k') end
   redis.call('ZADD', waiters, fmt(ticket), holder)
   redis.call('HSETNX', winfo, holder, fmt(now_ms) .. '|' .. info)
 end

@@ -34,7 +34,7 @@ if not ticket then
   ticket = new_ticket(m, weight or '', writes)
   write_meta(m, writes)
 end
-stand_in_line(m, holder, ticket, park_ms, info, weight)
+stand_in_line(m, holder, ticket, park_ms, info, weight, channel)
 leave_payload(m, holder, payload, due_ms)
 local position = redis.call('ZCOUNT', waiters, '-inf', '(' .. fmt(ticket)) + 1
 local out

@@ -16,10 +16,20 @@
 --                  "Weights" in common_weights.lua); '': it was used
 -- ARG.shadow       the caller's shadow limits, as acquire.lua's ARG.shadow: what follows
 --                  the release moves the line by the limits the caller enforces
+-- ARG.keep_as      '' (release), or the holder id under which the task's process keeps
+--                  the permit for its next task, where nobody waits (see below)
+-- ARG.keep_info    the kept permit's info
+--
+-- Kept permits (SemaphoreModel.keep): with ARG.keep_as, the permit held with ARG.token
+-- moves to that holder (same token, permits and lease end; first held now) when nobody
+-- waits, admissions are not paused, the holders are within the limit, and there is no
+-- rate and no shadow limit; else it is released as without. The first waiter of an
+-- empty line publishes 'k' on the wake channel (stand_in_line()), so the processes give
+-- kept permits back.
 --
 -- Keeps meta.hold_ms, a moving average of hold times (acquire reports it to waiters),
 -- and counts m_abandoned: places in line given up (timeout, revoke).
--- Returns {released 0/1, held ms (0 if nothing released), handovers}: the
+-- Returns {released 0/1 (2: kept), held ms (0 if nothing released), handovers}: the
 -- parked waiters now due (see dispatch()). Idempotent: a second release, an
 -- unknown or expired holder, or a stale token releases nothing (a holder restored
 -- by id after a data loss has token 0: any token releases it).
@@ -28,16 +38,30 @@ local holder, token, idle_ms = ARGV[ARG.holder], ARGV[ARG.token], tonumber(ARGV[
 local channel, cfg = ARGV[ARG.channel], ARGV[ARG.dispatch]
 local declared, unused = ARGV[ARG.declared], tonumber(ARGV[ARG.unused]) or 0
 declared_shadow = ARGV[ARG.shadow]
+local keep_as, keep_info = ARGV[ARG.keep_as], ARGV[ARG.keep_info]
 
 local waiting = redis.call('ZCARD', waiters)
 local reclaimed, lapsed = reclaim(nil, waiting)
 if lapsed > 0 then waiting = redis.call('ZCARD', waiters) end
-local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat', 'n_weighted', 'expiry'}, waiting > 0)
+local m = load_meta({'hold_ms', 'rate', 'rate_override', 'tat', 'n_weighted', 'expiry', 'override',
+  'limit', 'draining', 'shadow'}, waiting > 0)
 local writes = {}  -- field, value, ...: one HSET of meta
 local released, held_ms = 0, 0
 local record = redis.call('HGET', hinfo, holder)
 local current = token_of(record)
-if (token == '' or current == token or current == '0')
+if keep_as ~= '' and current == token and waiting == 0 and not paused(m)
+    and redis.call('ZCARD', holders) <= effective_limit(m, declared) and not effective_rate(m)
+    and declared_shadow == '' and (m.shadow or '') == ''
+    and redis.call('HEXISTS', hinfo, keep_as) == 0 then
+  local permits = held_weight(record)
+  local expires = redis.call('ZSCORE', holders, holder)
+  redis.call('ZREM', holders, holder)
+  vacate(holder, permits)
+  redis.call('HDEL', hinfo, holder)
+  occupy(keep_as, expires, permits)
+  redis.call('HSET', hinfo, keep_as, holder_record(current, now_text, permits, keep_info))
+  released = 2
+elseif (token == '' or current == token or current == '0')
     and redis.call('ZREM', holders, holder) == 1 then
   redis.call('HDEL', hinfo, holder)
   local permits = held_weight(record)
