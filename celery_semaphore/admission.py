@@ -50,6 +50,7 @@ from .formats import GATES_HEADER, Gate, WaitState, decode_gates
 from .gates import joint_of, semaphore_of, task_gates, urgency
 from .kept_permits import Keeper, Kept, keepable, keeper_of, may_start_on_kept
 from .limits import RateLimited
+from .parking_queues import forget_moved_copy
 from .retry import WAITS_MARK, Waits
 from .state import state_of
 from .waiting import PLACE_GRACE, Countdown, GiveUp, Park, binding
@@ -388,6 +389,8 @@ def admitted_call(
         return body(*args, **kwargs)
     state = WaitState.of(request)
     config = task_config(task)
+    if state.moved and not request.is_eager:
+        forget_moved_copy(state_of(task.app).semaphores.broker_link, config.namespace, request.id)
     keeper = _keeper(task, request, gates, config)
     kept = None if keeper is None or not may_start_on_kept(state) else keeper.take(gates[0])
     if keeper is not None and kept is not None:

@@ -59,6 +59,7 @@ GATES_HEADER = "celery_semaphore_gates"  # the gates the worker's main process d
 QUEUE_HEADER = "celery_semaphore_queue"  # the queue the worker's main process resolved
 PARK_MARK = "celery_semaphore_may_park"  # a ParkingProducer publishes this message
 HANDOVER_KEY = "handover"  # in WAIT_HEADER: [semaphore name, handover token]
+MOVED_KEY = "moved"  # in WAIT_HEADER: true on a moved copy whose message the broker keeps
 
 # Handed-over tasks travel on "<queue>.semaphore-handover", which the workers of
 # <queue> consume too, so they do not wait behind the queue's backlog.
@@ -225,6 +226,8 @@ class WaitState:
     ``handover`` is set only on a copy published by a hand-over (the semaphore's
     name and the copy's token); it is never written back. ``unplaced``: the tickets
     are publish times, not places in a line (`celery_semaphore.room_at_publish`).
+    ``moved``: on a copy moved out of a parking queue of a Redis broker, whose start
+    forgets the copy kept there (`celery_semaphore.parking_lists`).
     """
 
     tickets: dict[str, int] = field(default_factory=dict)
@@ -233,6 +236,7 @@ class WaitState:
     period_start: int = 0
     handover: tuple[str, int] | None = None
     unplaced: bool = False
+    moved: bool = False
 
     @property
     def period_waits(self) -> int:
@@ -266,6 +270,7 @@ class WaitState:
             int(raw.get("period_start") or 0),
             (str(handover[0]), int(handover[1])) if handover else None,
             raw.get("unplaced") is True,
+            raw.get(MOVED_KEY) is True,
         )
 
     def encode(self) -> dict[str, Any]:
@@ -286,11 +291,19 @@ def has_wait_state(headers: dict[str, Any]) -> bool:
     return WAIT_HEADER in headers
 
 
-def with_handover(headers: dict[str, Any] | None, semaphore: str, token: int) -> dict[str, Any]:
-    """``headers`` with a hand-over's mark: the copy's semaphore and token."""
+def with_handover(
+    headers: dict[str, Any] | None, semaphore: str, token: int, *, moved: bool = False
+) -> dict[str, Any]:
+    """``headers`` with a hand-over's mark: the copy's semaphore and token, and whether
+    a copy of it is kept in the broker until its task starts (``moved``:
+    `celery_semaphore.parking_lists`)."""
     headers = dict(headers or {})
     state = dict(headers.get(WAIT_HEADER) or {})
     state[HANDOVER_KEY] = [semaphore, token]
+    if moved:
+        state[MOVED_KEY] = True
+    else:
+        state.pop(MOVED_KEY, None)
     headers[WAIT_HEADER] = state
     return headers
 

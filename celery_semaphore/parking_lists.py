@@ -18,7 +18,23 @@ gives it back to the head::
 A process killed mid-move leaves the message in its own list, named in the
 namespace's moving registry; `ParkingLists.sweep()` (each worker's heartbeat) puts
 back at the head of its queue what has stayed there longer than `STUCK_AFTER`
-seconds. The namespace's directory of parking queues is a hash of the broker's
+seconds.
+
+A message moved with a handover token is not dropped from the mover's list but kept,
+as a copy, until a worker starts its task (`ParkingLists.forget_moved()`, at its
+admission)::
+
+    publish to the handover queue -> HSET moved <task id> + ZADD moved-at + LREM <own list>
+                                                        (one MULTI)
+
+kombu's Redis transport pops a message and records it as unacknowledged in two
+steps, and a worker SIGKILLed between them loses it (kombu's gap, which any message
+of a Redis broker has); the moved message was its task's only copy, and its place
+in line would wait for it, handed over, until the place lapsed. The next handover
+of that place (after the deadline) moves the copy again instead
+(`ParkingLists.moved_copy()`); a copy that arrives after another is stale, as for
+any handover. A copy kept longer than `KEEP_MOVED` (its task revoked or its place
+gone) is dropped by the sweep. The namespace's directory of parking queues is a hash of the broker's
 Redis (`directory()` is its name): which queues a rebuild reads does not depend on
 the semaphores' Redis. Rebuilding reads a list without taking from it
 (`ParkingLists.messages()`).
@@ -49,6 +65,15 @@ logger = logging.getLogger(__name__)
 STUCK_AFTER = 30.0
 #: The suffix of the hash naming each process's own moving list (`ParkingLists`).
 MOVING_SUFFIX = ".parking-moving"
+#: The suffix of the hash keeping a copy of each message moved with a handover token
+#: until its task starts (`ParkingLists.keep_moved()`), and of its sorted set of times.
+MOVED_SUFFIX = ".parking-moved"
+MOVED_AT_SUFFIX = ".parking-moved-at"
+#: Seconds a copy of a moved message is kept at most: one still there was handed
+#: over no more (its task revoked, its place gone) or its task never started.
+KEEP_MOVED = 3600.0
+#: Copies one sweep drops at most.
+MOST_DROPPED = 1000
 #: Messages a rebuild reads from one list at most.
 MOST_READ = 100_000
 
@@ -70,12 +95,28 @@ class Taken:
     def ack(self) -> None:
         self.lists.client.lrem(self.lists.key(self.moving), 1, self.raw)
 
+    def ack_keeping_copy(self, task_id: str) -> None:
+        """Done, moved with a handover token: keep a copy of it until task ``task_id``
+        starts (`ParkingLists.keep_moved()`)."""
+        self.lists.keep_moved(task_id, self.raw, self.origin, dropping=self.moving)
+
     def reject(self, requeue: bool = False) -> None:
         lists = self.lists
         if requeue:
             lists.client.lmove(lists.key(self.moving), lists.key(self.origin), "LEFT", "RIGHT")
         else:
             self.ack()
+
+
+class MovedCopy(Taken):
+    """The copy of a message moved before (`ParkingLists.moved_copy()`), to move again:
+    once published, it stays kept (``ack``: kept anew from now) until its task starts."""
+
+    def ack(self) -> None:
+        self.lists.keep_moved(str(self.headers.get("id")), self.raw, self.origin)
+
+    def reject(self, requeue: bool = False) -> None:
+        """Not moved again: the copy stays as it was."""
 
 
 class ParkingLists:
@@ -90,6 +131,8 @@ class ParkingLists:
         self.namespace = namespace
         self.registry = namespace + MOVING_SUFFIX
         self.moving = f"{self.registry}.{owner}"
+        self.moved = self.key(namespace + MOVED_SUFFIX)
+        self.moved_at = self.key(namespace + MOVED_AT_SUFFIX)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -110,6 +153,38 @@ class ParkingLists:
             if raw is not None:
                 return Taken(self, raw, origin, self.moving)
         return None
+
+    def keep_moved(self, task_id: str, raw: bytes, origin: str, *, dropping: str = "") -> None:
+        """Keep ``raw`` (moved from list ``origin``) as task ``task_id``'s moved copy,
+        from now; ``dropping``: the own list it leaves, in the same transaction."""
+        entry = json.dumps({"raw": raw.decode(), "from": origin})
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(self.moved, task_id, entry)
+            pipe.zadd(self.moved_at, {task_id: time.time()})
+            if dropping:
+                pipe.lrem(self.key(dropping), 1, raw)
+            pipe.execute()
+
+    def moved_copy(self, task_id: str) -> MovedCopy | None:
+        """The copy kept of task ``task_id``'s message moved before, if it has not started
+        (or None)."""
+        value = self.client.hget(self.moved, task_id)
+        if value is None:
+            return None
+        try:
+            entry = json.loads(value)
+            return MovedCopy(self, entry["raw"].encode(), str(entry["from"]), "")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            logger.warning("dropped an unreadable moved copy of %s: %r", task_id, value)
+            self.forget_moved(task_id)
+            return None
+
+    def forget_moved(self, task_id: str) -> None:
+        """Task ``task_id`` started: its moved copy is not needed any more."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hdel(self.moved, task_id)
+            pipe.zrem(self.moved_at, task_id)
+            pipe.execute()
 
     def check(self) -> None:
         """Raise if the broker's Redis cannot move (LMOVE: Redis 6.2 or later, and a
@@ -184,7 +259,24 @@ class ParkingLists:
                 "while moving them to a handover queue",
                 put_back,
             )
+        self._drop_old_copies()
         return put_back
+
+    def _drop_old_copies(self) -> None:
+        """Drop the moved copies kept longer than `KEEP_MOVED` (at most `MOST_DROPPED`)."""
+        old = self.client.zrangebyscore(
+            self.moved_at, "-inf", time.time() - KEEP_MOVED, start=0, num=MOST_DROPPED
+        )
+        if old:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hdel(self.moved, *old)
+                pipe.zrem(self.moved_at, *old)
+                pipe.execute()
+            logger.info(
+                "celery-semaphore: dropped %d copies of moved messages kept over %.0f s "
+                "(their tasks were not handed over again: revoked, or their places gone)",
+                len(old), KEEP_MOVED,
+            )  # fmt: skip
 
     def _forget(self, field: Any, value: Any, moving: str) -> None:
         """Forget registry entry ``field`` if it still says ``value`` and its list

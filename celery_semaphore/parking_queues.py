@@ -47,7 +47,7 @@ from kombu import entity, messaging
 
 from .core import Claimed, Handover, Semaphore
 from .formats import PARKING_INFIX, Gate, InBroker, handover_queue, with_handover
-from .parking_lists import ParkingLists, owner_name
+from .parking_lists import MovedCopy, ParkingLists, Taken, owner_name
 
 logger = logging.getLogger(__name__)
 
@@ -241,10 +241,16 @@ def move(link: BrokerLink, semaphore: Semaphore, handover: Handover, where: InBr
     message of a task no longer in line met on the way goes on to a worker as it is
     (it asks there; Celery drops it there if it was revoked); a stale copy is
     dropped. An empty queue: the copy is on its way (another process holds it) or
-    gone; the handover's deadline brings the turn back."""
+    gone; the handover's deadline brings the turn back. On a Redis broker, a waiter
+    moved before and not started since is moved again from the copy kept of its
+    message (`celery_semaphore.parking_lists`)."""
     with link.channel() as channel:
         parking = parking_queue_entity(where.parking).bind(channel)
         lists = link.lists(semaphore.namespace)
+        copy = lists.moved_copy(handover.holder) if lists else None
+        if copy is not None:
+            _move_again(link.app, channel, semaphore, handover, home=where.home, copy=copy)
+            return
         for _ in range(MOST_TAKEN):
             message = lists.take(where.parking) if lists else parking.get(no_ack=False)
             if message is None:
@@ -262,15 +268,56 @@ def move(link: BrokerLink, semaphore: Semaphore, handover: Handover, where: InBr
                 token = handover if answer is Claimed.PUBLISH else None
                 try:
                     publish_moved(
-                        link.app, channel, message, where.home, semaphore.name, handover=token
-                    )
+                        link.app, channel, message, where.home, semaphore.name, handover=token,
+                        copy_kept=lists is not None and token is not None,
+                    )  # fmt: skip
                 except Exception:
                     with contextlib.suppress(Exception):  # else: when the connection closes
                         message.reject(requeue=True)
                     raise
-            message.ack()
             if answer is Claimed.PUBLISH:
+                if isinstance(message, Taken):
+                    message.ack_keeping_copy(str(taken))
+                else:
+                    message.ack()
                 return
+            message.ack()
+
+
+def _move_again(
+    app: Any, channel: Any, semaphore: Semaphore, handover: Handover, *, home: str, copy: MovedCopy
+) -> None:
+    """``handover``'s waiter was moved before and has not started: its message may be
+    lost on its way (see `celery_semaphore.parking_lists`), or only late. Move the
+    copy kept of it again, with the new token (the first copy to arrive takes the
+    place, a later one is stale); none if the place is no longer handed over to it."""
+    answer = semaphore.claim(handover.holder, handover)
+    if answer is Claimed.PUBLISH:
+        publish_moved(app, channel, copy, home, semaphore.name, handover=handover, copy_kept=True)
+        copy.ack()
+        logger.info(
+            "celery-semaphore: moved %s again from the copy kept of its message (handed "
+            "over by semaphore %s, not started by the deadline: late, or lost on its way)",
+            handover.holder, semaphore.name,
+        )  # fmt: skip
+    elif answer is Claimed.STALE:  # a copy arrived, or it was served
+        copy.lists.forget_moved(handover.holder)
+
+
+def forget_moved_copy(link: BrokerLink, namespace: str, task_id: str) -> None:
+    """Task ``task_id``, moved out of a parking queue of a Redis broker, starts: the copy
+    kept of its message is not needed any more. A failure is logged: the copy is
+    dropped later (moved again at the deadline, it arrives stale)."""
+    try:
+        with link.channel():
+            lists = link.lists(namespace)
+            if lists is not None:
+                lists.forget_moved(task_id)
+    except Exception as error:
+        logger.warning(
+            "celery-semaphore: could not forget the copy kept of %s's moved message "
+            "(it may be moved again, and dropped as stale): %r", task_id, error,
+        )  # fmt: skip
 
 
 def sweep(link: BrokerLink, namespace: str) -> int:
@@ -283,13 +330,22 @@ def sweep(link: BrokerLink, namespace: str) -> int:
 
 
 def publish_moved(
-    app: Any, channel: Any, message: Any, home: str, semaphore: str, *, handover: Handover | None
+    app: Any,
+    channel: Any,
+    message: Any,
+    home: str,
+    semaphore: str,
+    *,
+    handover: Handover | None,
+    copy_kept: bool = False,
 ) -> None:
     """Publish ``message`` to ``home``'s handover queue (confirmed), marked with
-    ``handover``'s token (None: as it is) and due after its delay (a rate's slot)."""
+    ``handover``'s token (None: as it is) and due after its delay (a rate's slot);
+    ``copy_kept``: marked so that its task's start forgets the copy kept of it
+    (`forget_moved_copy()`)."""
     headers = dict(message.headers or {})
     if handover is not None:
-        headers = with_handover(headers, semaphore, handover.token)
+        headers = with_handover(headers, semaphore, handover.token, moved=copy_kept)
         if handover.delay > 0:  # Celery's message protocol 2 carries the ETA in its headers
             eta = datetime.now(timezone.utc) + timedelta(seconds=handover.delay)
             headers["eta"] = eta.isoformat()

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery_harness import max_overlap
 from cluster_tools import Clusters, rabbitmqctl
 from kombu import Connection
@@ -300,3 +301,57 @@ def test_a_message_whose_mover_died_on_a_redis_broker_is_put_back_and_runs(
         assert took < 2 + 15, took  # put back after 2 s by the worker's heartbeat
         assert "put back 1 parked message(s)" in cluster.workers[0].text()
         print(f"all ran {took:.1f} s after the mover died")
+
+
+def test_a_moved_message_lost_on_its_way_to_a_worker_is_moved_again_from_its_copy(
+    clusters: Clusters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu's Redis transport pops a message from its queue and records it as
+    unacknowledged in two steps: a worker SIGKILLed between them loses it (kombu's gap,
+    docs/guarantees.md). A message moved out of its parking queue is its task's only
+    copy, and its place in line waits for it, handed over: lost so, its task would
+    never run, and under a limit of 1 nothing behind it would either, until its place
+    lapsed (a week). Here the first move's publish is confirmed and the message lost
+    on its way (this process moves it, and the copy never reaches the queue); the
+    move kept a copy, which the next handover (after the deadline, 1.5 s) moves again:
+    all five run, once each, one at a time."""
+    suffix = uuid.uuid4().hex[:8]
+    queue = f"pl-{suffix}"
+    with RedisServer() as broker_server:
+        broker = broker_server.url
+        cluster = clusters(limit=1, broker_url=broker, extra_conf=PARKING)
+        cluster.worker(f"l1-{suffix}", concurrency=2, queues=queue)
+        _, blocker, results = five_parked_behind_a_mover(cluster, broker, queue)
+        lost: list[str] = []
+        publish_moved = parking_queues.publish_moved
+
+        def lost_on_its_way(*args: Any, **kwargs: Any) -> None:
+            if not lost:
+                lost.append(args[2].headers["id"])
+                return
+            publish_moved(*args, **kwargs)
+
+        monkeypatch.setattr(parking_queues, "publish_moved", lost_on_its_way)
+        released = time.monotonic()
+        assert blocker.release()  # hands the head over: this process moves it, and it is lost
+        assert lost == [results[0].id]
+        copies = redis.Redis.from_url(broker)
+        assert copies.hkeys("celery_semaphore.parking-moved") == [lost[0].encode()]
+        try:
+            assert sorted(r.get(timeout=30) for r in results) == list(range(5))
+        except Exception as error:
+            line = [(w.holder, w.state) for w in cluster.semaphore("hold", 1).status().waiters]
+            raise AssertionError(f"{error!r}; line {line}") from error
+        took = time.monotonic() - released
+        events = cluster.events()
+        assert len(starts(events)) == 5  # none lost, none twice
+        assert max_overlap(events) == 1
+        assert took < PARKING["semaphore_handover_deadline"] + 15, took
+        status = cluster.semaphore("hold", 1).status()
+        assert (status.holder_count, status.waiter_count) == (0, 0)
+        assert "moved" in cluster.workers[0].text() and "again from the copy kept" in (
+            cluster.workers[0].text()
+        )
+        kept = copies.hlen("celery_semaphore.parking-moved")
+        assert kept == 0, "each task's start forgot the copy kept of its message"
+        print(f"all ran {took:.1f} s after the first copy was lost")

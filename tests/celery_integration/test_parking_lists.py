@@ -16,6 +16,7 @@ import pytest
 from celery import Celery
 from kombu import Connection, Producer
 
+from celery_semaphore import parking_lists
 from celery_semaphore.formats import Gate
 from celery_semaphore.parking_lists import ParkingLists
 from celery_semaphore.parking_queues import BrokerLink, parking_queue_entity
@@ -86,6 +87,43 @@ def test_a_message_a_process_stopped_moving_is_put_back_at_the_head(channel: Any
     assert ids_in(channel) == ["a", "b"]
     assert sweeper.sweep(stuck_after=0.0) == 0
     assert channel.client.hlen("ns.parking-moving") == 0  # the empty entry forgotten
+
+
+def test_a_message_moved_with_a_token_is_kept_as_a_copy_until_its_task_starts(
+    channel: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish(channel, "a", "b")
+    lists = ParkingLists(channel, "ns", "p1")
+    taken = lists.take(QUEUE)
+    assert taken is not None
+    taken.ack_keeping_copy("a")  # published on: out of the own list, kept as a copy
+    assert channel.client.llen(lists.key(lists.moving)) == 0
+    copy = lists.moved_copy("a")
+    assert copy is not None
+    assert copy.headers["id"] == "a"
+    assert json.loads(copy.body) == {"task": "a"}
+    copy.reject(requeue=True)  # not moved again: nothing changes
+    copy.ack()  # moved again: still kept
+    assert lists.moved_copy("a") is not None
+    assert lists.moved_copy("b") is None
+    assert ids_in(channel) == ["b"]  # the parking queue gave it up
+    assert lists.sweep() == 0
+    assert lists.moved_copy("a") is not None  # kept: not old
+    monkeypatch.setattr(parking_lists, "KEEP_MOVED", 0.0)
+    lists.sweep()
+    assert lists.moved_copy("a") is None  # kept longer than KEEP_MOVED: dropped
+    assert channel.client.zcard(lists.moved_at) == 0
+
+
+def test_a_started_tasks_copy_is_forgotten(channel: Any) -> None:
+    publish(channel, "a")
+    lists = ParkingLists(channel, "ns", "p1")
+    taken = lists.take(QUEUE)
+    assert taken is not None
+    taken.ack_keeping_copy("a")
+    lists.forget_moved("a")
+    assert lists.moved_copy("a") is None
+    assert channel.client.hlen(lists.moved) == channel.client.zcard(lists.moved_at) == 0
 
 
 def test_the_directory_lists_each_queue_with_its_messages(channel: Any) -> None:

@@ -88,3 +88,11 @@ def test_the_wait_state_reads_from_the_request_or_its_headers() -> None:
     marked = with_handover({WAIT_HEADER: header}, "s", 7)
     assert WaitState.in_headers(marked).handover == ("s", 7)
     assert "handover" not in WaitState.in_headers(marked).encode()  # never written back
+    assert not WaitState.in_headers(marked).moved
+    moved = with_handover(marked, "s", 8, moved=True)
+    assert (WaitState.in_headers(moved).handover, WaitState.in_headers(moved).moved) == (
+        ("s", 8),
+        True,
+    )
+    assert "moved" not in WaitState.in_headers(moved).encode()  # never written back
+    assert not WaitState.in_headers(with_handover(moved, "s", 9)).moved  # a copy not kept
