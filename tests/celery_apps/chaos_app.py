@@ -35,8 +35,14 @@ app.conf.update(
     semaphore_heartbeat_interval=1.0,
     semaphore_backoff_max=2.0,
     semaphore_handover_deadline=5.0,
-    # A killed worker's unacknowledged messages come back after this long (not 1 h).
-    broker_transport_options={"visibility_timeout": 12},
+    # A killed worker's unacknowledged messages come back after this long (not 1 h),
+    # looked for every 2 s (kombu 5.7's Redis transport looks every 10 s x 10 by default:
+    # up to 100 s, longer than the chaos tests settle).
+    broker_transport_options={
+        "visibility_timeout": 12,
+        "unacked_restore_interval": 2,
+        "unacked_restore_throttle": 1,
+    },
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     task_default_queue="chaos",

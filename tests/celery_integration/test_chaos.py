@@ -91,6 +91,8 @@ class Observer:
     executions: list[Execution] = field(default_factory=list)
     prerun: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
     holders: list[tuple[float, set[str]]] = field(default_factory=list)
+    #: When each waiter was first seen handed over (its message on its way to a worker).
+    handed: dict[str, float] = field(default_factory=dict)
     _read: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -125,8 +127,12 @@ class Observer:
                     if (execution.task_id, execution.pid) == (entry["id"], entry["pid"]):
                         execution.end = entry["at"]
                         break
-        held = {h.holder for h in self.semaphore.status().holders}
-        self.holders.append((time.time(), held))
+        status = self.semaphore.status()
+        now = time.time()
+        self.holders.append((now, {h.holder for h in status.holders}))
+        for waiter in status.waiters:
+            if waiter.state == "handed over":
+                self.handed.setdefault(waiter.holder, now)
 
     def stop(self) -> None:
         self._stop.set()

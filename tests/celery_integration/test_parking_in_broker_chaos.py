@@ -292,6 +292,7 @@ def run_chaos(
 
     revoked: dict[str, float] = {}
     worker_deaths: dict[int, float] = {}
+    shutdowns: list[float] = []
     done = dict.fromkeys(["child kill", "worker kill", "warm shutdown", "revoke", "stall",
                           "data loss"], 0)  # fmt: skip
     last_loss = time.monotonic()
@@ -341,6 +342,7 @@ def run_chaos(
                 done[action] += 1
             elif action == "warm shutdown" and done[action] < 1 and live:
                 leaving = rng.choice(live)
+                shutdowns.append(time.time())
                 leaving.signal(signal.SIGTERM)
                 leaving.finish(time.monotonic() + 20)
                 workers = [w for w in workers if w is not leaving] + [start_worker()]
@@ -396,8 +398,15 @@ def run_chaos(
     left = unfinished()
     if left:
         waiters = {w.holder: w.state for w in sem.status().waiters}
-        details = [(i, submitted[i].state, observer.prerun.get(i), waiters.get(i)) for i in left]
-        pytest.fail(f"{len(left)} tasks never ended: {details}\n{figures}\n{logs[-8000:]}")
+        details = [
+            (i, submitted[i].state, observer.prerun.get(i), waiters.get(i), observer.handed.get(i))
+            for i in left
+        ]
+        moments = {"worker kills": sorted(worker_deaths.values()), "warm shutdowns": shutdowns}
+        pytest.fail(
+            f"{len(left)} tasks never ended (id, state, preruns, place, first seen handed "
+            f"over): {details}\n{moments}\n{figures}\n{logs[-8000:]}"
+        )
     for task_id, when in revoked.items():
         late = [
             e
