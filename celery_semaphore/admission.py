@@ -32,7 +32,7 @@ from typing import Any
 from celery.exceptions import Ignore, Retry
 
 from . import events, signals
-from .config import SemaphoreConfig, task_config
+from .config import SemaphoreConfig, get_config, task_config
 from .core import (
     Permit,
     PermitSet,
@@ -384,13 +384,15 @@ def admitted_call(
     request = task.request
     if request.called_directly:
         return body(*args, **kwargs)
+    state = WaitState.of(request)
+    if state.moved and not request.is_eager:  # whether it asks or not (no gates here now)
+        forget_moved_copy(
+            state_of(task.app).semaphores.broker_link, get_config(task.app).namespace, request.id
+        )
     gates = gates_of(task, request, args, kwargs)
     if not gates:
         return body(*args, **kwargs)
-    state = WaitState.of(request)
     config = task_config(task)
-    if state.moved and not request.is_eager:
-        forget_moved_copy(state_of(task.app).semaphores.broker_link, config.namespace, request.id)
     keeper = _keeper(task, request, gates, config)
     kept = None if keeper is None or not may_start_on_kept(state) else keeper.take(gates[0])
     if keeper is not None and kept is not None:
