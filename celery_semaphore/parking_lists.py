@@ -34,9 +34,11 @@ in line would wait for it, handed over, until the place lapsed. The next handove
 of that place (after the deadline) moves the copy again instead
 (`ParkingLists.moved_copy()`); a copy that arrives after another is stale, as for
 any handover. A copy kept longer than `KEEP_MOVED` (its task revoked or its place
-gone) is dropped by the sweep. The namespace's directory of parking queues is a hash of the broker's
-Redis (`directory()` is its name): which queues a rebuild reads does not depend on
-the semaphores' Redis. Rebuilding reads a list without taking from it
+gone) is dropped by the sweep.
+
+The namespace's directory of parking queues is a hash of the broker's Redis
+(`directory()` is its name): which queues a rebuild reads does not depend on the
+semaphores' Redis. Rebuilding reads a list without taking from it
 (`ParkingLists.messages()`).
 
 A message here is exactly as safe as any message of the broker (LMOVE and MULTI
