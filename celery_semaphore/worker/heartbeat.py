@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str, Any]  # (semaphore, task id, the request's start time): one execution
 EPOCH_PROBE = "celery-semaphore-epoch"  # a semaphore name only used to learn the epoch
 FOLLOW_UP = 0.25  # seconds to the next beat after one that wrote permits back
+#: Seconds after a rebuild that followed a data loss before the parking queues are read
+#: once more: a task whose place was made before the loss and whose message reached its
+#: parking queue after the first read has a place only then.
+REBUILD_AGAIN_AFTER = 2.0
 
 
 def child_killed(request: Any) -> bool:
@@ -114,6 +118,7 @@ class Heartbeat:
         self._written_back = WrittenBack(app)
         self._beat_soon = False  # after a write-back: look again for ended ones soon
         self._rebuilt = False  # the parked tasks' places, looked at once at the start
+        self._rebuild_again_at: float | None = None  # after a loss: read them once more
         self._thread = threading.Thread(
             target=self._run, name="celery-semaphore-heartbeat", daemon=True
         )
@@ -223,8 +228,8 @@ class Heartbeat:
             # parked in the broker: nothing lost, their places are given back below
             report_loss(self.app, self.hostname, loss, restored, set() if in_broker else parked_in)
             restored = 0  # counted once, with the first loss reported
-        if in_broker and (losses or not self._rebuilt):
-            self._rebuilt = self.rebuild_parked(only_short=not losses)  # else: next beat
+        if in_broker:
+            self.place_broker_parked(lost=bool(losses))
         if in_broker and state_of(self.app).parking.broker_driver(self.app) == "redis":
             self.sweep_moving()
         if uses_handover(self.app):
@@ -232,6 +237,20 @@ class Heartbeat:
                 self.look_after_parked()
             except SemaphoreError as error:  # Redis away: the next beat looks again
                 logger.warning("could not look after parked tasks: %s", error)
+
+    def place_broker_parked(self, *, lost: bool) -> None:
+        """Give the tasks parked in the broker their places: at the start (those of a
+        loss while no worker ran), after a loss this worker noticed (``lost``), and once
+        more `REBUILD_AGAIN_AFTER` s later (a place made before the loss whose message
+        reached its parking queue after the first read)."""
+        if lost or not self._rebuilt:
+            self._rebuilt = self.rebuild_parked(only_short=not lost)  # else: next beat
+            if lost:
+                self._rebuild_again_at = self.clock() + REBUILD_AGAIN_AFTER
+            return
+        again = self._rebuild_again_at
+        if again is not None and self.clock() >= again and self.rebuild_parked():
+            self._rebuild_again_at = None
 
     def parks_in_broker(self) -> bool:
         """Whether the app's parked tasks wait in its broker's parking queues."""

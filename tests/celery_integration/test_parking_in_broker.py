@@ -22,7 +22,7 @@ import pytest
 import redis
 from celery_harness import max_overlap
 from cluster_tools import Clusters, rabbitmqctl
-from kombu import Connection
+from kombu import Connection, Producer
 from test_handover import PARKING, block, wait_parked
 
 from celery_semaphore import Permit, Semaphore, SemaphoreTimeout, parking_queues
@@ -163,6 +163,56 @@ def test_a_line_lost_while_no_worker_ran_is_rebuilt_when_a_worker_starts(
     assert len(starts(events)) == 8  # each once
     assert max_overlap(events) == 1
     assert parked_messages(broker, queue) == 0
+
+
+def publish_placeless(cluster: Any, broker: str, queue: str, tag: int) -> Any:
+    """A ``hold`` task's message put in ``queue``'s parking queue with no place in line
+    (through kombu alone: the plugin takes no place), as a publish that reached the
+    broker after a rebuild read the queue leaves it; its result."""
+    app = cluster.app_module.app
+    task_id = str(uuid.uuid4())
+    message = app.amqp.as_task_v2(task_id, cluster.app_module.hold.name, args=(0.05, tag))
+    parking = parking_queue(queue, Gate("hold", 1))
+    with Connection(broker) as connection:
+        Producer(connection.channel()).publish(
+            message.body, exchange="", routing_key=parking, headers=message.headers,
+            declare=[parking_queue_entity(parking)], serializer="json",
+            **message.properties,
+        )  # fmt: skip
+    return app.AsyncResult(task_id)
+
+
+def test_a_message_that_reaches_its_parking_queue_after_a_loss_was_read_gets_a_place(
+    clusters: Clusters, broker: str
+) -> None:
+    """A place made just before the semaphores' Redis loses its data, and its message
+    published to its parking queue just after the worker that noticed the loss read that
+    queue: the message has no place, and no handover would ever move it. The worker
+    reads the parking queues once more 2 s later (`REBUILD_AGAIN_AFTER`). Here a worker
+    gives 4 parked tasks their places again after a loss; then a fifth task's message
+    reaches the queue with no place; it runs too."""
+    suffix = uuid.uuid4().hex[:8]
+    queue = f"pr-{suffix}"
+    with RedisServer() as semaphores:
+        conf = {**PARKING, "semaphore_redis_url": semaphores.url}
+        cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
+        blocker = Semaphore(semaphores.url, "hold", 1).attempt("test-blocker")
+        assert isinstance(blocker, Permit)
+        worker = cluster.worker(f"r1-{suffix}", concurrency=2, queues=queue)
+        results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(4)]
+        wait_broker_parked(cluster, broker, queue, 4)
+        semaphores.restart()  # empty: the places and the blocker are gone
+        cluster.wait_for(
+            lambda: "parked in the broker their places in line again" in worker.text(),
+            20, "the worker's rebuild after the loss",
+        )  # fmt: skip
+        results.append(publish_placeless(cluster, broker, queue, 4))
+        assert sorted(r.get(timeout=30) for r in results) == list(range(5))
+    events = cluster.events()
+    assert len(starts(events)) == 5  # each once
+    assert max_overlap(events) == 1
+    assert parked_messages(broker, queue) == 0
+    assert worker.text().count("parked in the broker their places in line again") == 2
 
 
 def five_parked_behind_a_mover(cluster: Any, broker: str, queue: str) -> tuple[Any, Any, list[Any]]:
