@@ -698,3 +698,39 @@ def test_a_forked_child_uses_a_connection_of_its_own(database: Database) -> None
         assert database.backends() == {parents}, "on the same connection as before the fork"
     finally:
         sem.close()
+
+
+def test_threads_connecting_at_once_share_one_connection_and_drop_none_open(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads of one process make their first call at once (or after the connection
+    was lost): each connects, and the one that comes second closes its connection and
+    uses the first's. One left open and dropped is a connection the server keeps until
+    the garbage collector finds it (psycopg warns then: the chaos test's observer and
+    main thread met it after a pg_terminate_backend)."""
+    from celery_semaphore.core.postgres._sync import store as module
+
+    made: list[Any] = []
+    both = threading.Barrier(2)
+
+    def slow_connect(url: str) -> Any:
+        connection = real_connect(url)
+        made.append(connection)
+        both.wait(5)  # both threads hold a new connection before either uses it
+        return connection
+
+    real_connect = module.connect
+    monkeypatch.setattr(module, "connect", slow_connect)
+    sem = Semaphore(database.url, fresh_name(), 2)
+    try:
+        threads = [threading.Thread(target=sem.status) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert len(made) == 2
+        assert sorted(c.closed for c in made) == [False, True], "one kept, the other closed"
+        assert sem.status().holder_count == 0
+        assert len(database.backends()) == 1
+    finally:
+        sem.close()

@@ -190,6 +190,10 @@ class AsyncPostgresStore:
             except BaseException:
                 await connection.close()
                 raise
+            current = self._connection
+            if current is not None and not current.closed:  # another thread or task connected
+                await connection.close()  # meanwhile: one connection, none dropped open
+                return current
             self._connection = connection
         return self._connection
 

@@ -191,6 +191,10 @@ class PostgresStore:
             except BaseException:
                 connection.close()
                 raise
+            current = self._connection
+            if current is not None and not current.closed:  # another thread or task connected
+                connection.close()  # meanwhile: one connection, none dropped open
+                return current
             self._connection = connection
         return self._connection
 
