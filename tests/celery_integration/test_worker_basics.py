@@ -16,10 +16,18 @@ def test_cap_holds_across_two_workers_and_start_order_is_fifo(celery_cluster):
     assert [r.get(timeout=60) for r in results] == list(range(12))
     events = cluster.events()
     assert max_overlap(events) == 2
-    starts = [e["tag"] for e in sorted(events, key=lambda e: e["at"]) if e["event"] == "start"]
+    starts = sorted((e["at"], e["tag"]) for e in events if e["event"] == "start")
     assert len(starts) == 12
-    inversions = sum(1 for i, a in enumerate(starts) for b in starts[i + 1 :] if a > b)
-    assert inversions <= 3, starts
+    # Two permits free together (both holds are 0.3 s): the two tasks they go to start
+    # within milliseconds, in either order. A task that starts later by more than a
+    # tenth of the hold than one behind it in line is out of order.
+    inversions = [
+        (a, b)
+        for i, (at_a, a) in enumerate(starts)
+        for at_b, b in starts[i + 1 :]
+        if a > b and at_b - at_a > 0.03
+    ]
+    assert len(inversions) <= 1, (inversions, starts)
     cluster.wait_for(lambda: cluster.holders() == 0, 1.0, "holders back to zero")
     assert cluster.waiters() == 0
 
