@@ -142,16 +142,23 @@ def wait_broker_parked(cluster: Any, broker: str, queue: str, least: int) -> Non
     )
 
 
+def behind_a_blocker(clusters: Clusters, broker: str, semaphores: RedisServer) -> Any:
+    """A cluster (limit 1) whose semaphores live in ``semaphores``, a Redis of the test's
+    own, and the test holding the one permit there (a restart of that Redis frees it)."""
+    conf = {**PARKING, "semaphore_redis_url": semaphores.url}
+    cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
+    blocker = Semaphore(semaphores.url, "hold", 1).attempt("test-blocker")
+    assert isinstance(blocker, Permit)
+    return cluster
+
+
 def test_a_line_lost_while_no_worker_ran_is_rebuilt_when_a_worker_starts(
     clusters: Clusters, broker: str
 ) -> None:
     suffix = uuid.uuid4().hex[:8]
     queue = f"ps-{suffix}"
     with RedisServer() as semaphores:
-        conf = {**PARKING, "semaphore_redis_url": semaphores.url}
-        cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
-        blocker = Semaphore(semaphores.url, "hold", 1).attempt("test-blocker")
-        assert isinstance(blocker, Permit)
+        cluster = behind_a_blocker(clusters, broker, semaphores)
         results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(8)]
         wait_broker_parked(cluster, broker, queue, 6)
         semaphores.restart()  # empty: the places and the blocker are gone
@@ -194,10 +201,7 @@ def test_a_message_that_reaches_its_parking_queue_after_a_loss_was_read_gets_a_p
     suffix = uuid.uuid4().hex[:8]
     queue = f"pr-{suffix}"
     with RedisServer() as semaphores:
-        conf = {**PARKING, "semaphore_redis_url": semaphores.url}
-        cluster = clusters(limit=1, broker_url=broker, extra_conf=conf)
-        blocker = Semaphore(semaphores.url, "hold", 1).attempt("test-blocker")
-        assert isinstance(blocker, Permit)
+        cluster = behind_a_blocker(clusters, broker, semaphores)
         worker = cluster.worker(f"r1-{suffix}", concurrency=2, queues=queue)
         results = [cluster.app_module.hold.apply_async((0.05, i), queue=queue) for i in range(4)]
         wait_broker_parked(cluster, broker, queue, 4)
